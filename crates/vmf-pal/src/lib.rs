@@ -1,0 +1,36 @@
+//! Platform abstraction layer (layer 0 of vmfabric).
+//!
+//! Every system call the fabric makes goes through this crate, so the layers above stay free of `unsafe`
+//! libc calls and the hot path's syscall budget (none for small messages) can be audited in one place.
+//! Linux only.
+//!
+//! # Examples
+//! ```
+//! let me = vmf_pal::process::ProcessId::current();
+//! assert!(me.is_alive());
+//! ```
+#![warn(missing_docs)]
+
+pub mod cma;
+pub mod futex;
+pub mod process;
+
+/// Hint to the CPU that we are in a spin loop.
+#[inline(always)]
+pub fn cpu_relax() {
+    core::hint::spin_loop();
+}
+
+/// Give the CPU to another runnable thread (`sched_yield`).
+#[inline]
+pub fn yield_now() {
+    // SAFETY: sched_yield has no preconditions.
+    unsafe {
+        libc::sched_yield();
+    }
+}
+
+/// Number of CPUs this process may run on (its affinity mask), at least 1.
+pub fn available_cpus() -> usize {
+    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+}

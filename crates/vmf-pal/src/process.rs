@@ -1,0 +1,93 @@
+//! Process identity that survives pid reuse: pid plus the kernel's start time of that process.
+use std::io;
+
+/// A process named by pid and start time (clock ticks since boot, field 22 of `/proc/PID/stat`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcessId {
+    /// Process id.
+    pub pid: i32,
+    /// Start time in clock ticks since boot; 0 if unknown.
+    pub start_time: u64,
+}
+
+impl ProcessId {
+    /// The calling process.
+    pub fn current() -> Self {
+        let pid = std::process::id() as i32;
+        ProcessId { pid, start_time: start_time(pid).unwrap_or(0) }
+    }
+
+    /// True while this exact process (not a later one with the same pid) exists and is not a zombie.
+    pub fn is_alive(&self) -> bool {
+        if self.pid <= 0 {
+            return false;
+        }
+        match stat_fields(self.pid) {
+            Ok((state, st)) => state != 'Z' && state != 'X' && (self.start_time == 0 || st == self.start_time),
+            Err(_) => false,
+        }
+    }
+}
+
+/// Start time of `pid` in clock ticks since boot.
+pub fn start_time(pid: i32) -> io::Result<u64> {
+    stat_fields(pid).map(|(_, st)| st)
+}
+
+fn stat_fields(pid: i32) -> io::Result<(char, u64)> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // The command name (field 2) is in parentheses and may contain spaces: parse after the last ')'.
+    let rest = s.rfind(')').map(|i| &s[i + 1..]).ok_or_else(|| io::Error::other("malformed /proc stat"))?;
+    let mut it = rest.split_whitespace();
+    let state = it.next().and_then(|f| f.chars().next()).ok_or_else(|| io::Error::other("no state"))?;
+    // Fields after ')' start at field 3 (state); start time is field 22, i.e. 19 more.
+    let st = it.nth(18).and_then(|f| f.parse().ok()).ok_or_else(|| io::Error::other("no start time"))?;
+    Ok((state, st))
+}
+
+/// Ask the kernel to send `sig` to this process when its parent thread exits (`PR_SET_PDEATHSIG`).
+pub fn set_parent_death_signal(sig: i32) -> io::Result<()> {
+    // SAFETY: integer-only prctl.
+    let r = unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, sig as libc::c_ulong, 0, 0, 0) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// CPU time (user + system) consumed so far by the calling process, in seconds.
+pub fn cpu_time_s() -> f64 {
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: ru is a valid out-pointer.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn current_process_is_alive() {
+        let me = ProcessId::current();
+        assert!(me.start_time > 0);
+        assert!(me.is_alive());
+    }
+
+    #[test]
+    fn reused_pid_is_not_alive() {
+        let mut me = ProcessId::current();
+        me.start_time += 1;
+        assert!(!me.is_alive());
+    }
+
+    #[test]
+    fn exited_child_is_not_alive() {
+        let mut c = std::process::Command::new("true").spawn().unwrap();
+        let id = ProcessId { pid: c.id() as i32, start_time: 0 };
+        c.wait().unwrap();
+        assert!(!id.is_alive());
+    }
+}
