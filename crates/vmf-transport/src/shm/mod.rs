@@ -1,0 +1,334 @@
+//! The shared-memory transport: one region per host, one SPSC ring per ordered pair of co-resident ranks.
+//!
+//! A ring `i → j` is created by its producer `i` on first send (heap allocation in the region, published in
+//! the pair table) and discovered by `j` while polling. Small messages are copied into the ring with no
+//! system call, allocation or lock. Large messages are the core's business (rendezvous with a single copy by
+//! `process_vm_readv`, or pipelined chunks through this ring); this transport only moves packets.
+//!
+//! Sleep/wake: a receiver that wants to block sets `sleeping` in its slot and waits on its `doorbell` futex;
+//! a sender checks `sleeping` after publishing (only when [`ShmTransport::set_wake_check`] is on) and makes
+//! the one system call only if the receiver really sleeps.
+pub mod region;
+
+use crate::proto::{Kind, PktHeader, HDR_SIZE};
+use crate::{Incoming, Transport, TransportError};
+use region::Region;
+use std::sync::atomic::{fence, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use vmf_bb::ring::{Consumer, Producer, ReadRecord, Ring, RingError, RING_CTL_SIZE};
+use vmf_pal::process::ProcessId;
+
+struct ShmPeer {
+    local: u32,
+    tx: Option<Producer>,
+    rx: Option<Consumer>,
+    proc_id: ProcessId,
+}
+
+/// The shared-memory transport of one rank.
+pub struct ShmTransport {
+    region: Arc<Region>,
+    me: usize,
+    me_local: u32,
+    peers: Vec<Option<ShmPeer>>,
+    rx_list: Vec<usize>,
+    undiscovered: Vec<usize>,
+    cursor: usize,
+    ring_size: u64,
+    wake_check: bool,
+}
+
+fn corrupt(peer: usize, e: RingError) -> TransportError {
+    TransportError::Corrupt { peer, what: e.to_string() }
+}
+
+impl ShmTransport {
+    /// A transport for global rank `me`, attached to `region` at slot `me_local`. Rings this rank creates
+    /// have `ring_size` data bytes.
+    pub fn new(region: Arc<Region>, me: usize, me_local: u32, nranks: usize, ring_size: u64) -> Self {
+        ShmTransport {
+            region,
+            me,
+            me_local,
+            peers: (0..nranks).map(|_| None).collect(),
+            rx_list: Vec::new(),
+            undiscovered: Vec::new(),
+            cursor: 0,
+            ring_size,
+            wake_check: false,
+        }
+    }
+
+    /// Declare `peer` co-resident at local slot `local` (learnt from the bootstrap exchange of region UUIDs).
+    pub fn add_peer(&mut self, peer: usize, local: u32) -> Result<(), TransportError> {
+        if peer == self.me || peer >= self.peers.len() {
+            return Err(TransportError::Setup(format!("invalid shm peer {peer}")));
+        }
+        let proc_id = self.region.slot_process(local)?;
+        self.peers[peer] = Some(ShmPeer { local, tx: None, rx: None, proc_id });
+        self.undiscovered.push(peer);
+        Ok(())
+    }
+
+    /// The region.
+    pub fn region(&self) -> &Arc<Region> {
+        &self.region
+    }
+
+    /// This rank's slot index.
+    pub fn local_index(&self) -> u32 {
+        self.me_local
+    }
+
+    /// Enable the sender-side check for sleeping receivers (needed when any rank may block).
+    pub fn set_wake_check(&mut self, on: bool) {
+        self.wake_check = on;
+    }
+
+    /// Number of co-resident peers.
+    pub fn peer_count(&self) -> usize {
+        self.peers.iter().filter(|p| p.is_some()).count()
+    }
+
+    /// True if `peer`'s process is alive (reads /proc: not for the hot path).
+    pub fn peer_alive(&self, peer: usize) -> bool {
+        self.peers.get(peer).and_then(|p| p.as_ref()).is_none_or(|p| p.proc_id.is_alive())
+    }
+
+    /// The first co-resident peer whose process died while still attached (a peer that detached in an
+    /// orderly way and exited is not dead for this purpose).
+    pub fn find_dead_peer(&self) -> Option<(usize, i32)> {
+        self.peers.iter().enumerate().find_map(|(r, p)| {
+            let p = p.as_ref()?;
+            let attached = self.region.slot(p.local).is_ok_and(|s| s.state.load(Ordering::Acquire) == 1);
+            (attached && !p.proc_id.is_alive()).then_some((r, p.proc_id.pid))
+        })
+    }
+
+    fn create_tx(&mut self, peer: usize) -> Result<(), TransportError> {
+        let local = self.peers[peer].as_ref().unwrap().local;
+        let entry = self.region.pair(self.me_local, local)?;
+        let off = entry.load(Ordering::Acquire);
+        let (base, cap) = if off != 0 {
+            // Re-attaching to a ring this slot created before (restart of the transport object).
+            self.region.ring_at(off, None)?
+        } else {
+            let off = self.region.alloc(RING_CTL_SIZE as u64 + self.ring_size)?;
+            let (base, cap) = self.region.ring_at(off, Some(self.ring_size))?;
+            // SAFETY: freshly allocated, in bounds, 128-aligned, nobody else knows the offset yet.
+            unsafe { Ring::init(base, cap) }.map_err(|e| corrupt(peer, e))?;
+            entry.store(off, Ordering::Release);
+            (base, cap)
+        };
+        // SAFETY: validated in bounds of the region, which the Arc keeps mapped.
+        let p = unsafe { Ring::producer(base, cap) }.map_err(|e| corrupt(peer, e))?;
+        self.peers[peer].as_mut().unwrap().tx = Some(p);
+        Ok(())
+    }
+
+    fn discover(&mut self) -> Result<(), TransportError> {
+        let mut i = 0;
+        while i < self.undiscovered.len() {
+            let peer = self.undiscovered[i];
+            let local = self.peers[peer].as_ref().unwrap().local;
+            let off = self.region.pair(local, self.me_local)?.load(Ordering::Acquire);
+            if off == 0 {
+                i += 1;
+                continue;
+            }
+            let (base, cap) = self.region.ring_at(off, None).map_err(|e| TransportError::Corrupt {
+                peer,
+                what: e.to_string(),
+            })?;
+            // SAFETY: validated in bounds; this rank is the ring's only consumer.
+            let c = unsafe { Ring::consumer(base, cap) }.map_err(|e| corrupt(peer, e))?;
+            self.peers[peer].as_mut().unwrap().rx = Some(c);
+            self.rx_list.push(peer);
+            self.undiscovered.swap_remove(i);
+        }
+        Ok(())
+    }
+
+    /// Before sleeping: announce it and return the doorbell value to wait on.
+    pub fn prepare_sleep(&self) -> u32 {
+        let s = self.region.slot(self.me_local).expect("own slot");
+        let d = s.doorbell.load(Ordering::Acquire);
+        s.sleeping.store(1, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        d
+    }
+
+    /// True if any incoming ring has a record (or a new ring appeared).
+    pub fn has_incoming(&self) -> bool {
+        self.rx_list.iter().any(|&p| self.peers[p].as_ref().unwrap().rx.as_ref().unwrap().has_data())
+            || self.undiscovered.iter().any(|&p| {
+                let l = self.peers[p].as_ref().unwrap().local;
+                self.region.pair(l, self.me_local).is_ok_and(|e| e.load(Ordering::Acquire) != 0)
+            })
+    }
+
+    /// Sleep on the doorbell until a sender rings it or `timeout` passes; then clear `sleeping`.
+    pub fn sleep(&self, doorbell: u32, timeout: Duration) {
+        let s = self.region.slot(self.me_local).expect("own slot");
+        vmf_pal::futex::wait(&s.doorbell, doorbell, Some(timeout));
+        s.sleeping.store(0, Ordering::Relaxed);
+    }
+
+    /// Clear `sleeping` without sleeping.
+    pub fn cancel_sleep(&self) {
+        let s = self.region.slot(self.me_local).expect("own slot");
+        s.sleeping.store(0, Ordering::Relaxed);
+    }
+
+    #[inline]
+    fn ring_doorbell(&self, local: u32) {
+        fence(Ordering::SeqCst);
+        if let Ok(s) = self.region.slot(local) {
+            if s.sleeping.load(Ordering::Relaxed) != 0 {
+                s.doorbell.fetch_add(1, Ordering::Release);
+                vmf_pal::futex::wake(&s.doorbell, 1);
+            }
+        }
+    }
+
+    /// Test hook: a pointer to the control block of the ring `me → peer` (creating it if needed), so
+    /// integration tests can corrupt a live ring. Not for applications.
+    #[doc(hidden)]
+    pub fn debug_tx_ring(&mut self, peer: usize) -> Result<*mut u8, TransportError> {
+        if self.peers.get(peer).and_then(|p| p.as_ref()).is_none() {
+            return Err(TransportError::Unreachable { peer, transport: "shm" });
+        }
+        if self.peers[peer].as_ref().unwrap().tx.is_none() {
+            self.create_tx(peer)?;
+        }
+        Ok(self.peers[peer].as_ref().unwrap().tx.as_ref().unwrap().ctl() as *const _ as *mut u8)
+    }
+}
+
+impl Transport for ShmTransport {
+    type Token = ReadRecord;
+
+    fn name(&self) -> &'static str {
+        "shm"
+    }
+
+    fn reaches(&self, peer: usize) -> bool {
+        self.peers.get(peer).is_some_and(|p| p.is_some())
+    }
+
+    fn max_payload(&self, _peer: usize) -> usize {
+        (self.ring_size as usize) / 4 - HDR_SIZE - vmf_bb::ring::REC_HDR
+    }
+
+    #[inline]
+    fn try_send(&mut self, peer: usize, hdr: &PktHeader, a: &[u8], b: &[u8]) -> Result<bool, TransportError> {
+        let Some(Some(p)) = self.peers.get_mut(peer) else {
+            return Err(TransportError::Unreachable { peer, transport: "shm" });
+        };
+        if p.tx.is_none() {
+            self.create_tx(peer)?;
+        }
+        let p = self.peers[peer].as_mut().unwrap();
+        let tx = p.tx.as_mut().unwrap();
+        let body = HDR_SIZE + a.len() + b.len();
+        if body > tx.max_body() {
+            return Err(TransportError::TooLarge { peer, len: a.len() + b.len(), max: tx.max_body() - HDR_SIZE });
+        }
+        match tx.reserve(body).map_err(|e| corrupt(peer, e))? {
+            None => Ok(false),
+            Some(slot) => {
+                // SAFETY: the slot holds `body` bytes.
+                unsafe {
+                    slot.write(0, hdr.as_bytes());
+                    slot.write(HDR_SIZE, a);
+                    slot.write(HDR_SIZE + a.len(), b);
+                }
+                tx.commit(slot);
+                if self.wake_check {
+                    let l = p.local;
+                    self.ring_doorbell(l);
+                }
+                Ok(true)
+            }
+        }
+    }
+
+    #[inline]
+    fn poll(&mut self) -> Result<Option<Incoming<ReadRecord>>, TransportError> {
+        if !self.undiscovered.is_empty() {
+            self.discover()?;
+        }
+        let n = self.rx_list.len();
+        for k in 0..n {
+            let idx = (self.cursor + k) % n;
+            let peer = self.rx_list[idx];
+            let rx = self.peers[peer].as_mut().unwrap().rx.as_mut().unwrap();
+            if let Some(rec) = rx.peek().map_err(|e| corrupt(peer, e))? {
+                if rec.len() < HDR_SIZE {
+                    return Err(TransportError::Corrupt { peer, what: format!("packet of {} bytes", rec.len()) });
+                }
+                // SAFETY: record validated to hold at least HDR_SIZE bytes inside the ring.
+                let hdr = unsafe { PktHeader::read_from(rec.ptr()) };
+                if hdr.src as usize != peer || Kind::from_u8(hdr.kind).is_none() {
+                    return Err(TransportError::Corrupt {
+                        peer,
+                        what: format!("packet claims source {} and kind {}", hdr.src, hdr.kind),
+                    });
+                }
+                self.cursor = idx + 1;
+                // SAFETY: payload lies inside the validated record.
+                let payload = unsafe { rec.ptr().add(HDR_SIZE) };
+                let len = rec.len() - HDR_SIZE;
+                return Ok(Some(Incoming::new(peer, hdr, payload, len, rec)));
+            }
+        }
+        Ok(None)
+    }
+
+    #[inline]
+    fn release(&mut self, inc: Incoming<ReadRecord>) {
+        if let Some(Some(p)) = self.peers.get_mut(inc.peer) {
+            if let Some(rx) = p.rx.as_mut() {
+                rx.release(inc.token);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::region::{RegionSizing, RegionSource};
+    use super::*;
+
+    #[test]
+    fn two_endpoints_in_one_process_exchange_works() {
+        let d = std::env::temp_dir().join(format!("vmf-shm-test-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        let sz = RegionSizing { max_local: 2, heap: 1 << 20 };
+        let r = Arc::new(Region::open(&RegionSource::Dir(d.clone()), "t", sz, None, Duration::from_secs(1)).unwrap());
+        let (l0, l1) = (r.attach(0).unwrap(), r.attach(1).unwrap());
+        let mut t0 = ShmTransport::new(r.clone(), 0, l0, 2, 65536);
+        let mut t1 = ShmTransport::new(r.clone(), 1, l1, 2, 65536);
+        t0.add_peer(1, l1).unwrap();
+        t1.add_peer(0, l0).unwrap();
+        assert!(t1.poll().unwrap().is_none());
+        for i in 0..1000u64 {
+            let h = PktHeader::new(Kind::Eager, 0, i as i32, 0, i, 8);
+            while !t0.try_send(1, &h, &[], &i.to_le_bytes()).unwrap() {}
+            let inc = loop {
+                if let Some(x) = t1.poll().unwrap() {
+                    break x;
+                }
+            };
+            assert_eq!(inc.hdr.seq, i);
+            assert_eq!(unsafe { inc.payload() }, &i.to_le_bytes());
+            t1.release(inc);
+        }
+        // A header lying about its source is rejected.
+        let h = PktHeader::new(Kind::Eager, 5, 0, 0, 0, 0);
+        t0.try_send(1, &h, &[], &[]).unwrap();
+        assert!(matches!(t1.poll(), Err(TransportError::Corrupt { peer: 0, .. })));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+}

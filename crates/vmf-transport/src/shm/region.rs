@@ -1,0 +1,546 @@
+//! Layout of a host's shared region, and attaching to it.
+//!
+//! ```text
+//! 0              RegionHeader (4 KiB): magic, version, size, UUID, init word, offsets
+//! slots_off      max_local × Slot (128 B each): pid, start time, rank, state, doorbell
+//! pairs_off      max_local × max_local × u64: offset of the ring src→dst, 0 = not yet created
+//!                (indexed [dst][src], so a receiver's incoming entries are contiguous)
+//! heap_off       rings, allocated on first use by their producer (bump allocator, heap_top)
+//! heap_end
+//! ```
+//! All positions are offsets from the start of the region; every offset read from the region is checked
+//! against the mapping before use. The same code serves a file under /dev/shm and an existing mappable
+//! file or device (an ivshmem PCI BAR): there no file is created and the size is the device's.
+//!
+//! Initialisation is a compare-and-swap on `init_word` = (job hash << 2 | state), so ranks of one job agree
+//! on who initialises even across VMs (where no file lock or pid can be shared), and memory left by an
+//! earlier job in a reused device is re-initialised instead of trusted.
+use crate::TransportError;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+use vmf_bb::segment::{Segment, ShmSafe};
+use vmf_bb::{align_up, ring::RING_CTL_SIZE};
+use vmf_pal::process::ProcessId;
+
+/// "VMFREGN\0" little-endian.
+pub const REGION_MAGIC: u64 = u64::from_le_bytes(*b"VMFREGN\0");
+/// Layout version. 1 = initial layout.
+pub const LAYOUT_VERSION: u32 = 1;
+/// Bytes reserved for the header.
+pub const HEADER_SIZE: u64 = 4096;
+/// Bytes per slot.
+pub const SLOT_SIZE: u64 = 128;
+/// Prefix of region files created in the region directory.
+pub const FILE_PREFIX: &str = "vmf-";
+/// Suffix of region files.
+pub const FILE_SUFFIX: &str = ".shm";
+
+const STATE_INIT: u64 = 1;
+const STATE_READY: u64 = 2;
+
+/// The region header.
+#[repr(C, align(128))]
+pub struct RegionHeader {
+    /// [`REGION_MAGIC`], written last during initialisation.
+    pub magic: AtomicU64,
+    /// [`LAYOUT_VERSION`].
+    pub version: AtomicU32,
+    /// Max local ranks (slots).
+    pub max_local: AtomicU32,
+    /// Total size in bytes.
+    pub size: AtomicU64,
+    /// Region UUID (random, 128 bits).
+    pub uuid: [AtomicU64; 2],
+    /// (job hash << 2) | state.
+    pub init_word: AtomicU64,
+    /// Offset of the slot table.
+    pub slots_off: AtomicU64,
+    /// Offset of the pair table.
+    pub pairs_off: AtomicU64,
+    /// Start of the ring heap.
+    pub heap_off: AtomicU64,
+    /// End of the ring heap.
+    pub heap_end: AtomicU64,
+    /// Next free heap byte.
+    pub heap_top: AtomicU64,
+    /// Slots claimed so far.
+    pub nattached: AtomicU32,
+    /// pid of the launcher that owns the job (0: none known).
+    pub launcher_pid: AtomicU32,
+    /// Start time of that launcher.
+    pub launcher_start: AtomicU64,
+    /// pid of the rank that initialised the region.
+    pub creator_pid: AtomicU32,
+    _r: AtomicU32,
+    /// Its start time.
+    pub creator_start: AtomicU64,
+}
+// SAFETY: atomics only.
+unsafe impl ShmSafe for RegionHeader {}
+
+/// One local rank's slot.
+#[repr(C, align(128))]
+pub struct Slot {
+    /// 0 free, 1 attached, 2 detached.
+    pub state: AtomicU32,
+    /// Global rank in the job.
+    pub rank: AtomicU32,
+    /// pid.
+    pub pid: AtomicU32,
+    /// Futex word the owner sleeps on; senders bump and wake it.
+    pub doorbell: AtomicU32,
+    /// Process start time (with pid: identity that survives pid reuse).
+    pub start_time: AtomicU64,
+    /// Nonzero while the owner is (about to be) asleep on `doorbell`.
+    pub sleeping: AtomicU32,
+    _r: AtomicU32,
+}
+// SAFETY: atomics only.
+unsafe impl ShmSafe for Slot {}
+const _: () = assert!(std::mem::size_of::<Slot>() as u64 == SLOT_SIZE);
+const _: () = assert!(std::mem::size_of::<RegionHeader>() as u64 <= HEADER_SIZE);
+
+/// Where the region lives.
+#[derive(Debug, Clone)]
+pub enum RegionSource {
+    /// A file `vmf-<job>.shm` in this directory, created by the first rank.
+    Dir(PathBuf),
+    /// An existing mappable file or device, used as it is.
+    Device(PathBuf),
+}
+
+/// Sizing of a new region.
+#[derive(Debug, Clone, Copy)]
+pub struct RegionSizing {
+    /// Slots (the most ranks that may attach).
+    pub max_local: u32,
+    /// Heap bytes for rings.
+    pub heap: u64,
+}
+
+impl RegionSizing {
+    /// Bytes of header and tables before the heap.
+    pub fn tables(&self) -> u64 {
+        let n = self.max_local as u64;
+        align_up(HEADER_SIZE + n * SLOT_SIZE + n * n * 8, 4096)
+    }
+    /// Total region bytes.
+    pub fn total(&self) -> u64 {
+        self.tables() + self.heap
+    }
+}
+
+/// 64-bit FNV-1a of the job key, never 0.
+pub fn job_hash(key: &str) -> u64 {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for b in key.bytes() {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x100000001b3);
+    }
+    (h >> 2).max(1)
+}
+
+/// File name of a job's region in a region directory.
+pub fn region_file_name(job: &str) -> String {
+    format!("{FILE_PREFIX}{job}{FILE_SUFFIX}")
+}
+
+/// An attached region.
+pub struct Region {
+    seg: Segment,
+    /// Validated copies of header values (never re-read from shared memory).
+    pub uuid: [u64; 2],
+    /// Number of slots.
+    pub max_local: u32,
+    slots_off: u64,
+    pairs_off: u64,
+    heap_off: u64,
+    heap_end: u64,
+    /// True if this process created the backing file (it lives in a region directory).
+    pub is_file: bool,
+}
+
+fn err(what: impl Into<String>) -> TransportError {
+    TransportError::Setup(what.into())
+}
+
+impl Region {
+    /// Open (creating if needed) and initialise the region of job `job` from `src`.
+    /// `launcher` is recorded for stale-region cleanup.
+    pub fn open(
+        src: &RegionSource,
+        job: &str,
+        sizing: RegionSizing,
+        launcher: Option<ProcessId>,
+        timeout: Duration,
+    ) -> Result<Region, TransportError> {
+        let (seg, is_file) = match src {
+            RegionSource::Dir(d) => {
+                let p = d.join(region_file_name(job));
+                let (s, _) = Segment::open_or_create(&p, sizing.total())
+                    .map_err(|e| err(format!("Unable to create the shared region since {e}")))?;
+                (s, true)
+            }
+            RegionSource::Device(p) => (
+                Segment::open_existing(p).map_err(|e| err(format!("Unable to map the shared region since {e}")))?,
+                false,
+            ),
+        };
+        let jh = job_hash(job);
+        let hdr: &RegionHeader = seg.at(0).map_err(|e| err(e.to_string()))?;
+        let deadline = Instant::now() + timeout;
+        loop {
+            let w = hdr.init_word.load(Ordering::Acquire);
+            if w >> 2 == jh {
+                if w & 3 == STATE_READY {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    return Err(err(format!(
+                        "Unable to attach to the shared region {} since its initialisation did not finish within {:?}",
+                        seg.path().display(),
+                        timeout
+                    )));
+                }
+                std::thread::sleep(Duration::from_micros(200));
+                continue;
+            }
+            // Not ours (fresh zeroes, or an earlier job's leftovers in a device): try to become the initialiser.
+            if hdr.init_word.compare_exchange(w, jh << 2 | STATE_INIT, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                Self::initialise(&seg, sizing, launcher)?;
+                hdr.init_word.store(jh << 2 | STATE_READY, Ordering::Release);
+                break;
+            }
+        }
+        Self::validate(seg, is_file)
+    }
+
+    fn initialise(seg: &Segment, mut sizing: RegionSizing, launcher: Option<ProcessId>) -> Result<(), TransportError> {
+        let size = seg.len();
+        if sizing.total() > size {
+            // A device smaller than requested: shrink the heap to what is there.
+            if sizing.tables() + 64 * 1024 > size {
+                return Err(err(format!(
+                    "Unable to initialise the shared region since it has {size} bytes and {} ranks need at least {}",
+                    sizing.max_local,
+                    sizing.tables() + 64 * 1024
+                )));
+            }
+            sizing.heap = size - sizing.tables();
+        }
+        let tables = sizing.tables();
+        // Zero the header and tables (a reused device may hold anything); the heap is zeroed per ring.
+        let p = seg.ptr(0, tables).map_err(|e| err(e.to_string()))?;
+        // SAFETY: in bounds; we hold the INIT state so no other rank reads these bytes yet (apart from the
+        // init word, which lives in the header and is re-stored right below).
+        unsafe { std::ptr::write_bytes(p.add(16), 0, tables as usize - 16) };
+        let hdr: &RegionHeader = seg.at(0).map_err(|e| err(e.to_string()))?;
+        let n = sizing.max_local as u64;
+        hdr.version.store(LAYOUT_VERSION, Ordering::Relaxed);
+        hdr.max_local.store(sizing.max_local, Ordering::Relaxed);
+        hdr.size.store(size, Ordering::Relaxed);
+        let mut u = [0u8; 16];
+        getrandom::fill(&mut u).map_err(|e| err(format!("Unable to create a region UUID since {e}")))?;
+        hdr.uuid[0].store(u64::from_le_bytes(u[..8].try_into().unwrap()), Ordering::Relaxed);
+        hdr.uuid[1].store(u64::from_le_bytes(u[8..].try_into().unwrap()), Ordering::Relaxed);
+        hdr.slots_off.store(HEADER_SIZE, Ordering::Relaxed);
+        hdr.pairs_off.store(HEADER_SIZE + n * SLOT_SIZE, Ordering::Relaxed);
+        hdr.heap_off.store(tables, Ordering::Relaxed);
+        hdr.heap_top.store(tables, Ordering::Relaxed);
+        hdr.heap_end.store(tables + sizing.heap, Ordering::Relaxed);
+        hdr.nattached.store(0, Ordering::Relaxed);
+        if let Some(l) = launcher {
+            hdr.launcher_pid.store(l.pid as u32, Ordering::Relaxed);
+            hdr.launcher_start.store(l.start_time, Ordering::Relaxed);
+        }
+        let me = ProcessId::current();
+        hdr.creator_pid.store(me.pid as u32, Ordering::Relaxed);
+        hdr.creator_start.store(me.start_time, Ordering::Relaxed);
+        hdr.magic.store(REGION_MAGIC, Ordering::Release);
+        Ok(())
+    }
+
+    fn validate(seg: Segment, is_file: bool) -> Result<Region, TransportError> {
+        let hdr: &RegionHeader = seg.at(0).map_err(|e| err(e.to_string()))?;
+        let bad = |what: &str| err(format!("Unable to use the shared region {} since {what}", seg.path().display()));
+        if hdr.magic.load(Ordering::Acquire) != REGION_MAGIC {
+            return Err(bad("its magic number is wrong"));
+        }
+        let v = hdr.version.load(Ordering::Relaxed);
+        if v != LAYOUT_VERSION {
+            return Err(bad(&format!("its layout version is {v}, this build speaks {LAYOUT_VERSION}")));
+        }
+        let size = hdr.size.load(Ordering::Relaxed);
+        let n = hdr.max_local.load(Ordering::Relaxed) as u64;
+        let slots_off = hdr.slots_off.load(Ordering::Relaxed);
+        let pairs_off = hdr.pairs_off.load(Ordering::Relaxed);
+        let heap_off = hdr.heap_off.load(Ordering::Relaxed);
+        let heap_end = hdr.heap_end.load(Ordering::Relaxed);
+        let ok = size <= seg.len()
+            && (1..=65536).contains(&n)
+            && slots_off >= HEADER_SIZE
+            && slots_off % SLOT_SIZE == 0
+            && pairs_off >= slots_off + n * SLOT_SIZE
+            && pairs_off % 8 == 0
+            && heap_off >= pairs_off + n * n * 8
+            && heap_off <= heap_end
+            && heap_end <= size;
+        if !ok {
+            return Err(bad("its header offsets are inconsistent"));
+        }
+        let uuid = [hdr.uuid[0].load(Ordering::Relaxed), hdr.uuid[1].load(Ordering::Relaxed)];
+        Ok(Region { seg, uuid, max_local: n as u32, slots_off, pairs_off, heap_off, heap_end, is_file })
+    }
+
+    /// The header.
+    pub fn header(&self) -> &RegionHeader {
+        self.seg.at(0).expect("header validated at open")
+    }
+
+    /// The backing segment.
+    pub fn segment(&self) -> &Segment {
+        &self.seg
+    }
+
+    /// Path of the backing file or device.
+    pub fn path(&self) -> &Path {
+        self.seg.path()
+    }
+
+    /// UUID as 32 hex digits.
+    pub fn uuid_hex(&self) -> String {
+        format!("{:016x}{:016x}", self.uuid[0], self.uuid[1])
+    }
+
+    /// Claim a slot for global rank `rank` (this process). Returns the local index.
+    pub fn attach(&self, rank: u32) -> Result<u32, TransportError> {
+        let idx = self.header().nattached.fetch_add(1, Ordering::AcqRel);
+        if idx >= self.max_local {
+            return Err(err(format!(
+                "Unable to attach rank {rank} to the shared region since all {} slots are taken",
+                self.max_local
+            )));
+        }
+        let s = self.slot(idx)?;
+        let me = ProcessId::current();
+        s.rank.store(rank, Ordering::Relaxed);
+        s.pid.store(me.pid as u32, Ordering::Relaxed);
+        s.start_time.store(me.start_time, Ordering::Relaxed);
+        s.state.store(1, Ordering::Release);
+        Ok(idx)
+    }
+
+    /// Slot `idx`.
+    pub fn slot(&self, idx: u32) -> Result<&Slot, TransportError> {
+        if idx >= self.max_local {
+            return Err(err(format!("slot index {idx} out of range")));
+        }
+        self.seg.at(self.slots_off + idx as u64 * SLOT_SIZE).map_err(|e| err(e.to_string()))
+    }
+
+    /// Process identity recorded in slot `idx`.
+    pub fn slot_process(&self, idx: u32) -> Result<ProcessId, TransportError> {
+        let s = self.slot(idx)?;
+        Ok(ProcessId { pid: s.pid.load(Ordering::Acquire) as i32, start_time: s.start_time.load(Ordering::Acquire) })
+    }
+
+    /// The pair-table entry for ring `src → dst` (local indices).
+    pub fn pair(&self, src: u32, dst: u32) -> Result<&AtomicU64, TransportError> {
+        if src >= self.max_local || dst >= self.max_local {
+            return Err(err(format!("pair ({src},{dst}) out of range")));
+        }
+        let n = self.max_local as u64;
+        self.seg.at(self.pairs_off + (dst as u64 * n + src as u64) * 8).map_err(|e| err(e.to_string()))
+    }
+
+    /// Allocate `len` bytes (128-aligned) from the ring heap. Returns the offset.
+    pub fn alloc(&self, len: u64) -> Result<u64, TransportError> {
+        let hdr = self.header();
+        let len = align_up(len, 128);
+        let mut top = hdr.heap_top.load(Ordering::Acquire);
+        loop {
+            if top < self.heap_off || top % 128 != 0 {
+                return Err(err("the shared region's heap pointer is corrupt"));
+            }
+            let end = top.checked_add(len).filter(|&e| e <= self.heap_end).ok_or_else(|| {
+                err(format!(
+                    "Unable to allocate a {len}-byte ring since the shared region's heap ({} bytes) is exhausted; \
+                     raise VMF_SHM_BUDGET or lower VMF_SHM_RING_SIZE",
+                    self.heap_end - self.heap_off
+                ))
+            })?;
+            match hdr.heap_top.compare_exchange_weak(top, end, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return Ok(top),
+                Err(t) => top = t,
+            }
+        }
+    }
+
+    /// Validate a ring offset read from the pair table and its capacity; return its base pointer.
+    pub fn ring_at(&self, off: u64, expected_cap: Option<u64>) -> Result<(*mut u8, u64), TransportError> {
+        if off < self.heap_off || off % 128 != 0 || off >= self.heap_end {
+            return Err(err(format!("ring offset {off} lies outside the region's heap")));
+        }
+        let ctl: &vmf_bb::ring::RingCtl = {
+            self.seg.check(off, RING_CTL_SIZE as u64, 128).map_err(|e| err(e.to_string()))?;
+            let p = self.seg.ptr(off, RING_CTL_SIZE as u64).map_err(|e| err(e.to_string()))?;
+            // SAFETY: in bounds and aligned (checked); RingCtl is atomics only.
+            unsafe { &*(p as *const vmf_bb::ring::RingCtl) }
+        };
+        let cap = expected_cap.unwrap_or_else(|| ctl.capacity.load(Ordering::Acquire));
+        if !cap.is_power_of_two() || cap < vmf_bb::ring::MIN_CAPACITY {
+            return Err(err(format!("ring capacity {cap} is invalid")));
+        }
+        let total = RING_CTL_SIZE as u64 + cap;
+        if off.checked_add(total).is_none_or(|e| e > self.heap_end) {
+            return Err(err(format!("ring at {off} with capacity {cap} overruns the heap")));
+        }
+        Ok((self.seg.ptr(off, total).map_err(|e| err(e.to_string()))?, cap))
+    }
+
+    /// Mark slot `idx` detached (on orderly shutdown).
+    pub fn detach(&self, idx: u32) {
+        if let Ok(s) = self.slot(idx) {
+            s.state.store(2, Ordering::Release);
+        }
+    }
+}
+
+/// What [`stale_regions`] found about one region file.
+#[derive(Debug)]
+pub struct RegionFileInfo {
+    /// Path.
+    pub path: PathBuf,
+    /// Job id (from the file name).
+    pub job: String,
+    /// True if no process of the job is alive.
+    pub stale: bool,
+}
+
+/// List region files in `dir` and whether each belongs to a dead job: its launcher is dead, or (no launcher
+/// recorded) none of its attached ranks is alive and it is older than `grace`.
+pub fn scan_regions(dir: &Path, grace: Duration) -> Vec<RegionFileInfo> {
+    let mut out = Vec::new();
+    let Ok(rd) = std::fs::read_dir(dir) else { return out };
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        let Some(job) = name.strip_prefix(FILE_PREFIX).and_then(|r| r.strip_suffix(FILE_SUFFIX)) else { continue };
+        let path = e.path();
+        let age = e.metadata().ok().and_then(|m| m.modified().ok()).and_then(|t| t.elapsed().ok());
+        // A recorded launcher that is gone is conclusive; otherwise (unreadable, or no launcher recorded) a
+        // file younger than `grace` may still be under construction.
+        let old = age.is_none_or(|a| a >= grace);
+        let stale = match region_is_stale(&path) {
+            Some((true, true)) => true,
+            Some((stale, _)) => stale && old,
+            None => old,
+        };
+        out.push(RegionFileInfo { path, job: job.to_owned(), stale });
+    }
+    out
+}
+
+/// (stale, conclusive): conclusive when decided by the recorded launcher.
+fn region_is_stale(path: &Path) -> Option<(bool, bool)> {
+    let seg = Segment::open_existing(path).ok()?;
+    let hdr: &RegionHeader = seg.at(0).ok()?;
+    if hdr.magic.load(Ordering::Acquire) != REGION_MAGIC {
+        return Some((true, false));
+    }
+    let lp = hdr.launcher_pid.load(Ordering::Relaxed);
+    if lp != 0 {
+        let l = ProcessId { pid: lp as i32, start_time: hdr.launcher_start.load(Ordering::Relaxed) };
+        return Some((!l.is_alive(), true));
+    }
+    let n = hdr.max_local.load(Ordering::Relaxed).min(65536) as u64;
+    let slots_off = hdr.slots_off.load(Ordering::Relaxed);
+    for i in 0..n {
+        let Ok(s) = seg.at::<Slot>(slots_off + i * SLOT_SIZE) else { break };
+        if s.state.load(Ordering::Acquire) == 1 {
+            let p = ProcessId { pid: s.pid.load(Ordering::Relaxed) as i32, start_time: s.start_time.load(Ordering::Relaxed) };
+            if p.is_alive() {
+                return Some((false, false));
+            }
+        }
+    }
+    let c = ProcessId { pid: hdr.creator_pid.load(Ordering::Relaxed) as i32, start_time: hdr.creator_start.load(Ordering::Relaxed) };
+    Some((!c.is_alive(), false))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("vmf-region-test-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+    const SZ: RegionSizing = RegionSizing { max_local: 4, heap: 1 << 20 };
+
+    #[test]
+    fn two_openers_share_uuid_works() {
+        let d = dir("share");
+        let a = Region::open(&RegionSource::Dir(d.clone()), "j1", SZ, None, Duration::from_secs(2)).unwrap();
+        let b = Region::open(&RegionSource::Dir(d.clone()), "j1", SZ, None, Duration::from_secs(2)).unwrap();
+        assert_eq!(a.uuid, b.uuid);
+        assert_eq!(a.attach(0).unwrap(), 0);
+        assert_eq!(b.attach(1).unwrap(), 1);
+        assert_eq!(b.slot_process(0).unwrap(), ProcessId::current());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn device_is_reinitialised_for_new_job_works() {
+        let d = dir("dev");
+        let p = d.join("bar");
+        std::fs::File::create(&p).unwrap().set_len(4 << 20).unwrap();
+        let a = Region::open(&RegionSource::Device(p.clone()), "jobA", SZ, None, Duration::from_secs(2)).unwrap();
+        a.attach(0).unwrap();
+        let b = Region::open(&RegionSource::Device(p.clone()), "jobB", SZ, None, Duration::from_secs(2)).unwrap();
+        assert_ne!(a.uuid, b.uuid);
+        assert_eq!(b.attach(0).unwrap(), 0, "slots of the old job must be gone");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn corrupt_header_fails() {
+        let d = dir("corrupt");
+        let a = Region::open(&RegionSource::Dir(d.clone()), "j", SZ, None, Duration::from_secs(2)).unwrap();
+        a.header().heap_end.store(u64::MAX, Ordering::Relaxed);
+        assert!(Region::open(&RegionSource::Dir(d.clone()), "j", SZ, None, Duration::from_secs(2)).is_err());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn heap_exhaustion_and_bad_ring_offsets_fail() {
+        let d = dir("heap");
+        let a = Region::open(&RegionSource::Dir(d.clone()), "j", SZ, None, Duration::from_secs(2)).unwrap();
+        assert!(a.alloc(1 << 19).is_ok());
+        assert!(a.alloc(1 << 20).is_err());
+        assert!(a.ring_at(3, None).is_err());
+        assert!(a.ring_at(u64::MAX - 127, None).is_err());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn stale_scan_finds_dead_job_works() {
+        let d = dir("stale");
+        let dead = ProcessId { pid: i32::MAX - 1, start_time: 1 };
+        drop(Region::open(&RegionSource::Dir(d.clone()), "deadjob", SZ, Some(dead), Duration::from_secs(2)).unwrap());
+        drop(Region::open(&RegionSource::Dir(d.clone()), "livejob", SZ, Some(ProcessId::current()), Duration::from_secs(2)).unwrap());
+        let found = scan_regions(&d, Duration::ZERO);
+        assert_eq!(found.len(), 2);
+        for f in found {
+            assert_eq!(f.stale, f.job == "deadjob", "{f:?}");
+        }
+        // A dead launcher is conclusive even for a fresh file; a live one never is stale.
+        let found = scan_regions(&d, Duration::from_secs(3600));
+        for f in found {
+            assert_eq!(f.stale, f.job == "deadjob", "{f:?}");
+        }
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+}
