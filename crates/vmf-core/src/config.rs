@@ -1,0 +1,210 @@
+//! Tunables: declared once (name, default, one-line doc), read from `VMF_<NAME>` environment variables,
+//! listed by `vmfabric info`.
+use std::collections::BTreeMap;
+use thiserror::Error;
+
+/// A declared tunable.
+#[derive(Debug, Clone, Copy)]
+pub struct Param {
+    /// Name without the `VMF_` prefix.
+    pub name: &'static str,
+    /// Default value (as text).
+    pub default: &'static str,
+    /// One-line description.
+    pub doc: &'static str,
+}
+
+/// Every tunable of the fabric.
+pub const PARAMS: &[Param] = &[
+    Param { name: "REGION_DIR", default: "/dev/shm", doc: "directory that holds each host's shared region file" },
+    Param { name: "REGION_PATH", default: "", doc: "existing mappable file or device to use as the region (e.g. an ivshmem BAR /sys/bus/pci/devices/*/resource2); empty: a file in REGION_DIR" },
+    Param { name: "SHM_EAGER_LIMIT", default: "64K", doc: "largest message (bytes) copied through the ring; larger ones use rendezvous" },
+    Param { name: "SHM_RING_SIZE", default: "1M", doc: "largest ring (bytes) per ordered pair of co-resident ranks; shrunk to fit SHM_BUDGET" },
+    Param { name: "SHM_BUDGET", default: "48M", doc: "ring memory per host region (bytes); rings get min(SHM_RING_SIZE, budget / pairs), at least 64K" },
+    Param { name: "SHM_CMA", default: "1", doc: "1: large messages by a single process_vm_readv copy where the kernel allows; 0: pipelined copy through the region (the path between VMs)" },
+    Param { name: "SHM_CMA_MIN", default: "auto", doc: "smallest rendezvous message (bytes) moved by single copy when SHM_CMA=1; auto: every rendezvous message when this host's ranks outnumber its CPUs, else none (the pipelined copy measured faster)" },
+    Param { name: "SHM_CHUNK", default: "64K", doc: "chunk size (bytes) of the pipelined rendezvous copy" },
+    Param { name: "SHM_MAX_LOCAL", default: "256", doc: "most ranks that may share one region" },
+    Param { name: "SPIN_COUNT", default: "20000", doc: "idle polls of all channels before a waiting rank starts yielding the CPU" },
+    Param { name: "INIT_TIMEOUT", default: "30", doc: "seconds to wait for the region to be initialised by another rank" },
+    Param { name: "LIVENESS_MS", default: "100", doc: "while waiting, check co-resident peers for death every this many milliseconds" },
+    Param { name: "VERBOSE", default: "0", doc: "1: print setup decisions (region, channels, protocols) to stderr" },
+];
+
+/// A tunable value that could not be parsed.
+#[derive(Debug, Error)]
+#[error("Unable to read VMF_{name}={value:?} since {why}")]
+pub struct ConfigError {
+    /// Tunable name.
+    pub name: &'static str,
+    /// The value given.
+    pub value: String,
+    /// Why it was rejected.
+    pub why: &'static str,
+}
+
+/// Effective configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    values: BTreeMap<&'static str, String>,
+    /// REGION_DIR.
+    pub region_dir: String,
+    /// REGION_PATH.
+    pub region_path: String,
+    /// SHM_EAGER_LIMIT.
+    pub shm_eager_limit: usize,
+    /// SHM_RING_SIZE.
+    pub shm_ring_size: u64,
+    /// SHM_BUDGET.
+    pub shm_budget: u64,
+    /// SHM_CMA.
+    pub shm_cma: bool,
+    /// SHM_CMA_MIN (None = auto).
+    pub shm_cma_min: Option<usize>,
+    /// SHM_CHUNK.
+    pub shm_chunk: usize,
+    /// SHM_MAX_LOCAL.
+    pub shm_max_local: u32,
+    /// SPIN_COUNT.
+    pub spin_count: u32,
+    /// INIT_TIMEOUT.
+    pub init_timeout_s: u64,
+    /// LIVENESS_MS.
+    pub liveness_ms: u64,
+    /// VERBOSE.
+    pub verbose: bool,
+}
+
+/// Parse a size with an optional K/M/G suffix (powers of 1024).
+pub fn parse_size(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let (num, mul) = match s.chars().last()? {
+        'k' | 'K' => (&s[..s.len() - 1], 1u64 << 10),
+        'm' | 'M' => (&s[..s.len() - 1], 1 << 20),
+        'g' | 'G' => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.trim().parse::<u64>().ok()?.checked_mul(mul)
+}
+
+impl Config {
+    /// Defaults overridden by `VMF_*` variables of this process.
+    pub fn from_env() -> Result<Config, ConfigError> {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// Defaults overridden by `lookup("VMF_<NAME>")`.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
+        let mut values = BTreeMap::new();
+        for p in PARAMS {
+            let v = lookup(&format!("VMF_{}", p.name)).unwrap_or_else(|| p.default.to_owned());
+            values.insert(p.name, v);
+        }
+        let get = |n: &'static str| values[n].clone();
+        let size = |n: &'static str, min: u64, max: u64| -> Result<u64, ConfigError> {
+            let v = get(n);
+            match parse_size(&v) {
+                Some(x) if x >= min && x <= max => Ok(x),
+                Some(_) => Err(ConfigError { name: n, value: v, why: "it is out of range" }),
+                None => Err(ConfigError { name: n, value: v, why: "it is not a size (e.g. 65536, 64K, 1M)" }),
+            }
+        };
+        let flag = |n: &'static str| -> Result<bool, ConfigError> {
+            match get(n).as_str() {
+                "1" | "yes" | "true" | "on" => Ok(true),
+                "0" | "no" | "false" | "off" | "" => Ok(false),
+                _ => Err(ConfigError { name: n, value: get(n), why: "it is not 0 or 1" }),
+            }
+        };
+        let ring = size("SHM_RING_SIZE", 64 << 10, 1 << 30)?;
+        if !ring.is_power_of_two() {
+            return Err(ConfigError { name: "SHM_RING_SIZE", value: get("SHM_RING_SIZE"), why: "it is not a power of two" });
+        }
+        Ok(Config {
+            region_dir: get("REGION_DIR"),
+            region_path: get("REGION_PATH"),
+            shm_eager_limit: size("SHM_EAGER_LIMIT", 0, 1 << 30)? as usize,
+            shm_ring_size: ring,
+            shm_budget: size("SHM_BUDGET", 1 << 20, 1 << 40)?,
+            shm_cma: flag("SHM_CMA")?,
+            shm_cma_min: if get("SHM_CMA_MIN") == "auto" {
+                None
+            } else {
+                Some(size("SHM_CMA_MIN", 0, u64::MAX >> 1)? as usize)
+            },
+            shm_chunk: size("SHM_CHUNK", 4096, 1 << 30)? as usize,
+            shm_max_local: size("SHM_MAX_LOCAL", 1, 65536)? as u32,
+            spin_count: size("SPIN_COUNT", 0, u32::MAX as u64)? as u32,
+            init_timeout_s: size("INIT_TIMEOUT", 1, 86400)?,
+            liveness_ms: size("LIVENESS_MS", 1, 60_000)?,
+            verbose: flag("VERBOSE")?,
+            values,
+        })
+    }
+
+    /// (name, effective value, default, doc) of every tunable, in declaration order.
+    pub fn effective(&self) -> Vec<(String, String, &'static str, &'static str)> {
+        PARAMS.iter().map(|p| (format!("VMF_{}", p.name), self.values[p.name].clone(), p.default, p.doc)).collect()
+    }
+
+    /// Ring size for a host with `n_local` co-resident ranks.
+    pub fn ring_size_for(&self, n_local: usize) -> u64 {
+        let pairs = (n_local.max(2) * (n_local.max(2) - 1)) as u64;
+        let fit = (self.shm_budget / pairs).max(64 << 10);
+        let fit = 1u64 << (63 - fit.leading_zeros());
+        fit.min(self.shm_ring_size).max(64 << 10)
+    }
+
+    /// Region sizing for a job of `job_size` ranks (the most that may share one region).
+    pub fn region_sizing(&self, job_size: usize) -> vmf_transport::shm::region::RegionSizing {
+        let n = (job_size as u64).clamp(1, self.shm_max_local as u64);
+        let ring_ctl = vmf_bb::ring::RING_CTL_SIZE as u64;
+        let pairs = n * n.saturating_sub(1);
+        let heap = (0..=n as usize)
+            .map(|k| (k * k.saturating_sub(1)) as u64 * (self.ring_size_for(k) + ring_ctl))
+            .max()
+            .unwrap_or(0)
+            .max(pairs * ring_ctl + (1 << 16));
+        vmf_transport::shm::region::RegionSizing { max_local: n as u32, heap }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_parse_works() {
+        let c = Config::from_lookup(|_| None).unwrap();
+        assert_eq!(c.shm_ring_size, 1 << 20);
+        assert_eq!(c.effective().len(), PARAMS.len());
+        assert!(c.effective().iter().all(|(n, v, d, _)| n.starts_with("VMF_") && v == d));
+    }
+
+    #[test]
+    fn bad_values_fail_with_name() {
+        let e = Config::from_lookup(|k| (k == "VMF_SHM_RING_SIZE").then(|| "100000".into())).unwrap_err();
+        assert!(e.to_string().contains("VMF_SHM_RING_SIZE"), "{e}");
+        assert!(Config::from_lookup(|k| (k == "VMF_SHM_CMA").then(|| "maybe".into())).is_err());
+        assert!(Config::from_lookup(|k| (k == "VMF_SHM_CHUNK").then(|| "12Q".into())).is_err());
+        assert!(Config::from_lookup(|k| (k == "VMF_SHM_CMA_MIN").then(|| "sometimes".into())).is_err());
+        let c = Config::from_lookup(|k| (k == "VMF_SHM_CMA_MIN").then(|| "1M".into())).unwrap();
+        assert_eq!(c.shm_cma_min, Some(1 << 20));
+    }
+
+    #[test]
+    fn region_for_16_ranks_fits_64_mib() {
+        let c = Config::from_lookup(|_| None).unwrap();
+        let s = c.region_sizing(16);
+        assert!(s.total() <= 64 << 20, "{} bytes", s.total());
+        assert!(c.ring_size_for(2) == 1 << 20);
+        assert!(c.ring_size_for(16) >= 64 << 10);
+    }
+
+    #[test]
+    fn sizes_parse_works() {
+        assert_eq!(parse_size("64K"), Some(65536));
+        assert_eq!(parse_size("2m"), Some(2 << 20));
+        assert_eq!(parse_size("x"), None);
+    }
+}

@@ -1,0 +1,441 @@
+//! vmfabric core (layer 3): endpoints, tag matching, protocols, progress, and the native Rust API.
+//!
+//! A [`Fabric`] is one rank's endpoint into a job started by `vmfabric run` (or any PMI-1 launcher such as
+//! MPICH's Hydra). It offers MPI-style tagged point-to-point messaging: blocking and nonblocking sends and
+//! receives, source and tag wildcards, MPI's non-overtaking order, requests with test/wait/wait_all/
+//! wait_any, and probe.
+//!
+//! # Examples
+//! Run as `vmfabric run -n 2 ./prog`:
+//! ```no_run
+//! use vmf_core::{Fabric, Source, TagSel};
+//! let f = Fabric::init()?;
+//! if f.rank() == 0 {
+//!     f.send(b"ping", 1, 7)?;
+//!     let mut buf = [0u8; 4];
+//!     let st = f.recv(&mut buf, Source::Rank(1), TagSel::Any)?;
+//!     assert_eq!((&buf, st.source), (b"pong", 1));
+//! } else if f.rank() == 1 {
+//!     let mut buf = [0u8; 16];
+//!     let st = f.recv(&mut buf, Source::Any, TagSel::Tag(7))?;
+//!     assert_eq!(&buf[..st.count], b"ping");
+//!     let req = f.isend(b"pong", 0, 8)?;
+//!     f.wait(req)?;
+//! }
+//! f.finalize()?;
+//! # Ok::<(), vmf_core::Error>(())
+//! ```
+#![warn(missing_docs)]
+
+pub mod config;
+pub mod engine;
+pub mod error;
+
+pub use config::Config;
+pub use engine::{Route, SendMode, Status, ANY_SOURCE, ANY_TAG};
+pub use error::{Error, Op, Result};
+
+use engine::{Engine, ReqId};
+use std::cell::{Cell, RefCell};
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::time::Duration;
+use vmf_pal::process::ProcessId;
+use vmf_pmi::PmiClient;
+use vmf_transport::shm::region::{Region, RegionSource};
+use vmf_transport::shm::ShmTransport;
+
+/// Where a receive or probe takes messages from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// Any rank.
+    Any,
+    /// This rank.
+    Rank(usize),
+}
+
+impl Source {
+    fn raw(self) -> i64 {
+        match self {
+            Source::Any => ANY_SOURCE as i64,
+            Source::Rank(r) => r as i64,
+        }
+    }
+}
+
+impl From<usize> for Source {
+    fn from(r: usize) -> Self {
+        Source::Rank(r)
+    }
+}
+
+/// Which tags a receive or probe accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TagSel {
+    /// Any tag.
+    Any,
+    /// Exactly this tag.
+    Tag(i32),
+}
+
+impl TagSel {
+    fn raw(self) -> i32 {
+        match self {
+            TagSel::Any => ANY_TAG,
+            TagSel::Tag(t) => t,
+        }
+    }
+}
+
+/// The context (communicator) of the native API's messages.
+const CTX_USER: u32 = 0;
+/// The context of internal collective traffic.
+const CTX_COLL: u32 = 1;
+
+/// A pending nonblocking operation. It borrows its buffer until completed by [`Fabric::wait`] or
+/// [`Fabric::test`]; dropping an unfinished request waits for it (a receive that never matched is cancelled).
+#[must_use = "a request must be waited for"]
+pub struct Request<'a> {
+    fab: &'a Fabric,
+    id: Option<ReqId>,
+    is_recv: bool,
+    _buf: PhantomData<&'a mut [u8]>,
+}
+
+impl Drop for Request<'_> {
+    fn drop(&mut self) {
+        if let Some(id) = self.id.take() {
+            let mut e = self.fab.eng.borrow_mut();
+            if self.is_recv && e.cancel_recv(id) {
+                let _ = e.take(id);
+                return;
+            }
+            let _ = e.wait_until(Op::Wait, |e| e.is_done(id));
+            let _ = e.take(id);
+        }
+    }
+}
+
+/// One rank's endpoint into the job.
+pub struct Fabric {
+    eng: RefCell<Engine>,
+    pmi: RefCell<Option<PmiClient>>,
+    rank: usize,
+    size: usize,
+    job: String,
+    region_path: Option<std::path::PathBuf>,
+    region: Option<Arc<Region>>,
+    finalized: Cell<bool>,
+    coll_tag: Cell<i32>,
+}
+
+fn setup(rank: usize, why: impl std::fmt::Display) -> Error {
+    Error::Setup { rank, op: Op::Init, why: why.to_string() }
+}
+
+impl Fabric {
+    /// Join the job described by the launcher's environment (PMI_FD / PMI_PORT, PMI_RANK, PMI_SIZE and the
+    /// `VMF_*` tunables). Without a launcher the process is a job of one rank.
+    pub fn init() -> Result<Fabric> {
+        let cfg = Config::from_env().map_err(|e| setup(0, e))?;
+        let mut pmi = PmiClient::from_env().map_err(|e| setup(0, e))?;
+        let (rank, size) = pmi.as_ref().map_or((0, 1), |p| (p.rank(), p.size()));
+        let job = match std::env::var("VMF_JOB_ID") {
+            Ok(j) if !j.is_empty() => sanitize(&j),
+            _ => match &pmi {
+                Some(p) => sanitize(p.kvsname()),
+                None => format!("single-{}", std::process::id()),
+            },
+        };
+        let mut shm = None;
+        let mut region = None;
+        let mut region_path = None;
+        if size > 1 {
+            let src = if cfg.region_path.is_empty() {
+                RegionSource::Dir(cfg.region_dir.clone().into())
+            } else {
+                RegionSource::Device(cfg.region_path.clone().into())
+            };
+            let launcher = launcher_from_env();
+            let timeout = Duration::from_secs(cfg.init_timeout_s);
+            let reg = Region::open(&src, &job, cfg.region_sizing(size), launcher, timeout).map_err(|e| setup(rank, e))?;
+            let reg = Arc::new(reg);
+            let idx = reg.attach(rank as u32).map_err(|e| setup(rank, e))?;
+            let p = pmi.as_mut().unwrap();
+            let key = |r: usize| format!("vmf-shm-{r}");
+            p.put(&key(rank), &format!("{}:{idx}", reg.uuid_hex())).map_err(|e| setup(rank, e))?;
+            p.fence().map_err(|e| setup(rank, e))?;
+            let mut local = Vec::new();
+            for r in 0..size {
+                if r == rank {
+                    continue;
+                }
+                let v = p.get(&key(r)).map_err(|e| setup(rank, e))?;
+                let (uuid, li) = v.split_once(':').ok_or_else(|| setup(rank, format!("bad bootstrap value {v:?}")))?;
+                if uuid == reg.uuid_hex() {
+                    let li: u32 = li.parse().map_err(|_| setup(rank, format!("bad bootstrap value {v:?}")))?;
+                    local.push((r, li));
+                }
+            }
+            let ring = cfg.ring_size_for(local.len() + 1);
+            let mut t = ShmTransport::new(reg.clone(), rank, idx, size, ring);
+            for (r, li) in local {
+                t.add_peer(r, li).map_err(|e| setup(rank, e))?;
+            }
+            if cfg.verbose {
+                eprintln!(
+                    "vmfabric: rank {rank}: region {} (uuid {}), slot {idx}, {} co-resident peers, ring {} KiB",
+                    reg.path().display(),
+                    reg.uuid_hex(),
+                    t.peer_count(),
+                    ring >> 10
+                );
+            }
+            region_path = Some(reg.path().to_owned());
+            region = Some(reg);
+            shm = Some(t);
+        }
+        let eng = Engine::new(rank, size, cfg, shm);
+        Ok(Fabric {
+            eng: RefCell::new(eng),
+            pmi: RefCell::new(pmi),
+            rank,
+            size,
+            job,
+            region_path,
+            region,
+            finalized: Cell::new(false),
+            coll_tag: Cell::new(0),
+        })
+    }
+
+    /// This rank's number, 0-based.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Number of ranks in the job.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// The job identifier (from the launcher).
+    pub fn job_id(&self) -> &str {
+        &self.job
+    }
+
+    /// The shared region this rank mapped, if any.
+    pub fn region_path(&self) -> Option<&std::path::Path> {
+        self.region_path.as_deref()
+    }
+
+    /// The channel used to reach `peer` ("self", "shm" or "none").
+    pub fn channel(&self, peer: usize) -> Route {
+        self.eng.borrow().route(peer)
+    }
+
+    /// Largest message sent eagerly through shared memory.
+    pub fn eager_limit(&self) -> usize {
+        self.eng.borrow().eager_limit()
+    }
+
+    /// True if large messages move by single copy (process_vm_readv).
+    pub fn cma_enabled(&self) -> bool {
+        self.eng.borrow().cma_enabled()
+    }
+
+    /// Blocking standard-mode send.
+    pub fn send(&self, buf: &[u8], dest: usize, tag: i32) -> Result<()> {
+        let r = self.isend(buf, dest, tag)?;
+        self.wait(r).map(|_| ())
+    }
+
+    /// Blocking synchronous-mode send: returns once the receiver has matched the message.
+    pub fn ssend(&self, buf: &[u8], dest: usize, tag: i32) -> Result<()> {
+        let r = self.start_send(buf, dest, tag, CTX_USER, SendMode::Synchronous)?;
+        self.wait(r).map(|_| ())
+    }
+
+    /// Nonblocking send.
+    pub fn isend<'b>(&'b self, buf: &'b [u8], dest: usize, tag: i32) -> Result<Request<'b>> {
+        self.start_send(buf, dest, tag, CTX_USER, SendMode::Standard)
+    }
+
+    fn start_send<'b>(&'b self, buf: &'b [u8], dest: usize, tag: i32, ctx: u32, mode: SendMode) -> Result<Request<'b>> {
+        // SAFETY: the Request borrows `buf` until it completes.
+        let id = unsafe { self.eng.borrow_mut().isend(buf.as_ptr(), buf.len(), dest as i64, tag, ctx, mode)? };
+        Ok(Request { fab: self, id: Some(id), is_recv: false, _buf: PhantomData })
+    }
+
+    /// Blocking receive. A message longer than `buf` yields [`Error::Truncated`].
+    pub fn recv(&self, buf: &mut [u8], src: Source, tag: TagSel) -> Result<Status> {
+        let r = self.irecv(buf, src, tag)?;
+        self.wait(r)
+    }
+
+    /// Nonblocking receive.
+    pub fn irecv<'b>(&'b self, buf: &'b mut [u8], src: Source, tag: TagSel) -> Result<Request<'b>> {
+        self.start_recv(buf, src, tag, CTX_USER)
+    }
+
+    fn start_recv<'b>(&'b self, buf: &'b mut [u8], src: Source, tag: TagSel, ctx: u32) -> Result<Request<'b>> {
+        // SAFETY: the Request borrows `buf` mutably until it completes.
+        let id = unsafe { self.eng.borrow_mut().irecv(buf.as_mut_ptr(), buf.len(), src.raw(), tag.raw(), ctx)? };
+        Ok(Request { fab: self, id: Some(id), is_recv: true, _buf: PhantomData })
+    }
+
+    /// Test a request: `Some(status)` (and the request is finished) if it completed.
+    pub fn test(&self, req: &mut Request<'_>) -> Result<Option<Status>> {
+        let Some(id) = req.id else { return Err(Error::InvalidRequest { rank: self.rank, op: Op::Wait }) };
+        let mut e = self.eng.borrow_mut();
+        if !e.is_done(id) {
+            e.progress()?;
+            if !e.is_done(id) {
+                return Ok(None);
+            }
+        }
+        req.id = None;
+        e.take(id).map(Some)
+    }
+
+    /// Wait for a request.
+    pub fn wait(&self, mut req: Request<'_>) -> Result<Status> {
+        let id = req.id.take().ok_or(Error::InvalidRequest { rank: self.rank, op: Op::Wait })?;
+        let mut e = self.eng.borrow_mut();
+        e.wait_until(Op::Wait, |e| e.is_done(id))?;
+        e.take(id)
+    }
+
+    /// Wait for all requests; returns their statuses in order (the first error, if any, after all finished).
+    pub fn wait_all(&self, reqs: Vec<Request<'_>>) -> Result<Vec<Status>> {
+        let mut ids: Vec<ReqId> = Vec::with_capacity(reqs.len());
+        for mut r in reqs {
+            ids.push(r.id.take().ok_or(Error::InvalidRequest { rank: self.rank, op: Op::Wait })?);
+        }
+        let mut e = self.eng.borrow_mut();
+        let waited = e.wait_until(Op::Wait, |e| ids.iter().all(|&id| e.is_done(id)));
+        let mut out = Vec::with_capacity(ids.len());
+        let mut first_err = waited.err();
+        for id in ids {
+            if e.is_done(id) {
+                match e.take(id) {
+                    Ok(s) => out.push(s),
+                    Err(err) => {
+                        first_err.get_or_insert(err);
+                    }
+                }
+            }
+        }
+        match first_err {
+            Some(err) => Err(err),
+            None => Ok(out),
+        }
+    }
+
+    /// Wait until one of `reqs` completes; removes it from the vector and returns its former index and status.
+    pub fn wait_any(&self, reqs: &mut Vec<Request<'_>>) -> Result<(usize, Status)> {
+        if reqs.is_empty() {
+            return Err(Error::InvalidRequest { rank: self.rank, op: Op::Wait });
+        }
+        let ids: Vec<ReqId> = reqs.iter().map(|r| r.id.expect("live request")).collect();
+        let mut e = self.eng.borrow_mut();
+        e.wait_until(Op::Wait, |e| ids.iter().any(|&id| e.is_done(id)))?;
+        let i = ids.iter().position(|&id| e.is_done(id)).unwrap();
+        let mut r = reqs.remove(i);
+        r.id = None;
+        e.take(ids[i]).map(|s| (i, s))
+    }
+
+    /// Check for a matching message without receiving it.
+    pub fn iprobe(&self, src: Source, tag: TagSel) -> Result<Option<Status>> {
+        self.eng.borrow_mut().iprobe(src.raw(), tag.raw(), CTX_USER)
+    }
+
+    /// Block until a matching message is available; return its status without receiving it.
+    pub fn probe(&self, src: Source, tag: TagSel) -> Result<Status> {
+        self.eng.borrow_mut().probe(src.raw(), tag.raw(), CTX_USER)
+    }
+
+    /// Block until every rank has entered the barrier (dissemination algorithm, ⌈log₂ n⌉ rounds).
+    pub fn barrier(&self) -> Result<()> {
+        let t = self.coll_tag.get();
+        self.coll_tag.set(t.wrapping_add(1) & 0x3fff_ffff);
+        let n = self.size;
+        let mut k = 1;
+        while k < n {
+            let to = (self.rank + k) % n;
+            let from = (self.rank + n - k) % n;
+            let mut b = [0u8; 0];
+            let r = self.start_recv(&mut b, Source::Rank(from), TagSel::Tag(t), CTX_COLL)?;
+            let s = self.start_send(&[], to, t, CTX_COLL, SendMode::Standard)?;
+            self.wait(s)?;
+            self.wait(r)?;
+            k *= 2;
+        }
+        Ok(())
+    }
+
+    /// Drive progress once (for callers polling their own state).
+    pub fn progress(&self) -> Result<usize> {
+        self.eng.borrow_mut().progress()
+    }
+
+    /// Finish: complete outstanding sends, synchronise with the other ranks, detach from the region.
+    /// Idempotent; after it no more communication is possible. Called by `Drop` if not called before.
+    pub fn finalize(&self) -> Result<()> {
+        self.finalize_inner()
+    }
+
+    fn finalize_inner(&self) -> Result<()> {
+        if self.finalized.replace(true) {
+            return Ok(());
+        }
+        // Even after an error the rank leaves the job in an orderly way (PMI fence + finalize), so the
+        // launcher can tell a rank that reported an error from one that vanished.
+        let flushed = self.eng.borrow_mut().flush();
+        let fin = |e: vmf_pmi::PmiError| Error::Setup { rank: self.rank, op: Op::Finalize, why: e.to_string() };
+        if let Some(p) = self.pmi.borrow_mut().as_mut() {
+            p.fence().map_err(fin)?;
+        }
+        if let (Some(reg), Some(shm)) = (&self.region, self.eng.borrow().shm()) {
+            reg.detach(shm.local_index());
+        }
+        if let Some(p) = self.pmi.borrow_mut().as_mut() {
+            p.finalize().map_err(fin)?;
+        }
+        flushed
+    }
+
+    /// Ask the launcher to end the whole job with `code`.
+    pub fn abort(&self, code: i32, msg: &str) -> ! {
+        if let Some(p) = self.pmi.borrow_mut().as_mut() {
+            let _ = p.abort(code, msg);
+            std::thread::sleep(Duration::from_secs(2));
+        }
+        std::process::exit(code)
+    }
+
+    /// Raw access to the engine (for the MPI library layered on top and for tests).
+    #[doc(hidden)]
+    pub fn engine(&self) -> std::cell::RefMut<'_, Engine> {
+        self.eng.borrow_mut()
+    }
+}
+
+impl Drop for Fabric {
+    fn drop(&mut self) {
+        if !self.finalized.get() {
+            let _ = self.finalize_inner();
+        }
+    }
+}
+
+fn sanitize(s: &str) -> String {
+    s.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' }).take(64).collect()
+}
+
+fn launcher_from_env() -> Option<ProcessId> {
+    let pid = std::env::var("VMF_LAUNCHER_PID").ok()?.parse().ok()?;
+    let start_time = std::env::var("VMF_LAUNCHER_START").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
+    Some(ProcessId { pid, start_time })
+}
