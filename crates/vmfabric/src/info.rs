@@ -1,0 +1,71 @@
+//! `vmfabric info`.
+use vmf_core::Config;
+
+fn cma_status() -> &'static str {
+    let mut buf = [0u8; 8];
+    let src = [1u8; 8];
+    match vmf_pal::cma::read_from(std::process::id() as i32, src.as_ptr() as u64, &mut buf) {
+        Ok(()) => "available (single-copy rendezvous)",
+        Err(_) => "not permitted (pipelined copies through the region)",
+    }
+}
+
+fn human(b: u64) -> String {
+    if b >= 1 << 20 {
+        format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64)
+    } else {
+        format!("{:.1} KiB", b as f64 / 1024.0)
+    }
+}
+
+pub fn run(ranks: Option<usize>) -> i32 {
+    let cfg = match Config::from_env() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("vmfabric: {e}");
+            return 2;
+        }
+    };
+    println!("vmfabric {}", env!("CARGO_PKG_VERSION"));
+    println!();
+    println!("Transports:");
+    println!("  self   loopback to the same rank");
+    println!("  shm    shared-memory rings between ranks that map the same region (same UUID)");
+    println!("         large messages: process_vm_readv {}", cma_status());
+    println!();
+    if cfg.region_path.is_empty() {
+        let d = std::path::Path::new(&cfg.region_dir);
+        let ok = d.is_dir();
+        println!("Region directory: {} ({})", cfg.region_dir, if ok { "present" } else { "MISSING" });
+    } else {
+        println!("Region device: {}", cfg.region_path);
+    }
+    println!();
+    println!("Region memory per host (rings sized by VMF_SHM_RING_SIZE and VMF_SHM_BUDGET):");
+    let counts: Vec<usize> = match ranks {
+        Some(n) => vec![n],
+        None => vec![2, 4, 8, 16],
+    };
+    for n in counts {
+        let s = cfg.region_sizing(n);
+        let ring = cfg.ring_size_for(n);
+        let used = s.tables() + (n * n.saturating_sub(1)) as u64 * (ring + vmf_bb::ring::RING_CTL_SIZE as u64);
+        println!(
+            "  {n:>4} ranks: {} at most ({} rings of {}), region file {}",
+            human(used),
+            n * n.saturating_sub(1),
+            human(ring),
+            human(s.total())
+        );
+    }
+    println!();
+    println!("Configuration (set with environment variables):");
+    let eff = cfg.effective();
+    let w = eff.iter().map(|e| e.0.len()).max().unwrap_or(0);
+    let wv = eff.iter().map(|e| e.1.len().max(e.2.len())).max().unwrap_or(0).max(5);
+    println!("  {:w$}  {:wv$}  {:wv$}  description", "name", "value", "default");
+    for (name, value, default, doc) in eff {
+        println!("  {name:w$}  {value:wv$}  {default:wv$}  {doc}");
+    }
+    0
+}

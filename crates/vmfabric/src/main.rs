@@ -1,0 +1,96 @@
+//! `vmfabric`: the command line of the fabric — run jobs, clean stale regions, show configuration, benchmark.
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+
+mod bench;
+mod info;
+mod selftest;
+
+#[derive(Parser)]
+#[command(name = "vmfabric", version, about = "Message-passing fabric for virtual worker nodes")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Start N ranks of PROGRAM on this host with a PMI-1 bootstrap channel.
+    Run {
+        /// Number of ranks.
+        #[arg(short = 'n', long = "np", default_value_t = 1)]
+        np: usize,
+        /// Prefix every output line with "[rank] ".
+        #[arg(long)]
+        tag_output: bool,
+        /// Directory for the shared regions (default: $VMF_REGION_DIR or /dev/shm).
+        #[arg(long)]
+        region_dir: Option<PathBuf>,
+        /// Print setup decisions (job id, regions, channels).
+        #[arg(short, long)]
+        verbose: bool,
+        /// Program and its arguments.
+        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+        command: Vec<String>,
+    },
+    /// Remove shared regions left behind by dead jobs.
+    Clean {
+        /// Directory to clean (default: $VMF_REGION_DIR or /dev/shm).
+        #[arg(long)]
+        region_dir: Option<PathBuf>,
+    },
+    /// Show transports, the region directory, region memory and every tunable.
+    Info {
+        /// Report region memory for this many co-resident ranks (default: 2, 4, 8, 16).
+        #[arg(long)]
+        ranks: Option<usize>,
+    },
+    /// Benchmarks (run inside a job: `vmfabric run -n 2 vmfabric bench latency`).
+    Bench(bench::BenchArgs),
+    /// Rank programs for the integration tests.
+    #[command(hide = true)]
+    Selftest(selftest::SelftestArgs),
+}
+
+fn default_region_dir(given: Option<PathBuf>) -> PathBuf {
+    given
+        .or_else(|| std::env::var_os("VMF_REGION_DIR").filter(|v| !v.is_empty()).map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from("/dev/shm"))
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let code = match cli.cmd {
+        Cmd::Run { np, tag_output, region_dir, verbose, command } => {
+            let opts = vmf_launch::RunOptions {
+                np,
+                program: command[0].clone(),
+                args: command[1..].to_vec(),
+                tag_output,
+                region_dir: default_region_dir(region_dir),
+                verbose,
+                extra_env: if verbose { vec![("VMF_VERBOSE".into(), "1".into())] } else { vec![] },
+            };
+            match vmf_launch::run(&opts) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("vmfabric: {e}");
+                    2
+                }
+            }
+        }
+        Cmd::Clean { region_dir } => {
+            let dir = default_region_dir(region_dir);
+            let removed = vmf_launch::clean(&dir);
+            for p in &removed {
+                println!("removed {}", p.display());
+            }
+            println!("{} stale region(s) removed from {}", removed.len(), dir.display());
+            0
+        }
+        Cmd::Info { ranks } => info::run(ranks),
+        Cmd::Bench(a) => bench::run(a),
+        Cmd::Selftest(a) => selftest::run(a),
+    };
+    std::process::exit(code);
+}

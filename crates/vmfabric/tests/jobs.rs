@@ -1,0 +1,261 @@
+//! Multi-process integration tests: real jobs started by `vmfabric run`, each in its own region directory.
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_vmfabric")
+}
+
+/// A fresh, private region directory.
+struct Dir(PathBuf);
+impl Dir {
+    fn new(name: &str) -> Dir {
+        let d = std::env::temp_dir().join(format!("vmf-it-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        Dir(d)
+    }
+    fn files(&self) -> Vec<String> {
+        std::fs::read_dir(&self.0).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect()
+    }
+}
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn wait_timeout(mut c: Child, limit: Duration) -> Output {
+    let start = Instant::now();
+    loop {
+        if c.try_wait().unwrap().is_some() {
+            return c.wait_with_output().unwrap();
+        }
+        if start.elapsed() > limit {
+            let _ = c.kill();
+            let o = c.wait_with_output().unwrap();
+            panic!(
+                "job exceeded {limit:?}\nstdout:\n{}\nstderr:\n{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn job(dir: &Dir, np: usize, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut c = Command::new(bin());
+    c.arg("run").arg("-n").arg(np.to_string()).arg("--region-dir").arg(&dir.0).arg(bin()).args(args);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.stdout(Stdio::piped()).stderr(Stdio::piped());
+    wait_timeout(c.spawn().unwrap(), Duration::from_secs(120))
+}
+
+fn text(o: &Output) -> (String, String) {
+    (String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
+}
+
+fn assert_ok(o: &Output) -> String {
+    let (out, err) = text(o);
+    assert!(o.status.success(), "job failed ({:?})\nstdout:\n{out}\nstderr:\n{err}", o.status);
+    out
+}
+
+#[test]
+fn random_sizes_across_thresholds_work() {
+    let d = Dir::new("random");
+    let out = assert_ok(&job(&d, 4, &["selftest", "random", "--count", "40"], &[("VMF_SHM_CMA_MIN", "100K")]));
+    assert!(out.contains("selftest Random: OK"), "{out}");
+    assert_eq!(out.matches("verified").count(), 4, "{out}");
+    assert!(d.files().is_empty(), "region left behind: {:?}", d.files());
+}
+
+#[test]
+fn random_sizes_pipelined_path_works() {
+    let d = Dir::new("random-pipe");
+    let env = [("VMF_SHM_CMA", "0"), ("VMF_SHM_CHUNK", "16K")];
+    let out = assert_ok(&job(&d, 3, &["selftest", "random", "--count", "40", "--seed", "7"], &env));
+    assert!(out.contains("OK"), "{out}");
+    assert!(d.files().is_empty());
+}
+
+#[test]
+fn wildcard_matching_keeps_order_works() {
+    let d = Dir::new("order");
+    let out = assert_ok(&job(&d, 4, &["selftest", "order", "--count", "200"], &[]));
+    assert!(out.contains("wildcard receives in order"), "{out}");
+}
+
+#[test]
+fn both_directions_large_messages_work() {
+    let d = Dir::new("bidir");
+    assert_ok(&job(&d, 2, &["selftest", "bidir"], &[("VMF_SHM_CMA_MIN", "0")]));
+    assert_ok(&job(&d, 2, &["selftest", "bidir"], &[("VMF_SHM_CMA", "0")]));
+    assert!(d.files().is_empty());
+}
+
+#[test]
+fn dead_rank_stops_job_and_names_it() {
+    let d = Dir::new("die");
+    let t = Instant::now();
+    let o = job(&d, 3, &["selftest", "die"], &[]);
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(7), "stderr: {err}");
+    assert!(err.contains("rank 1") && err.contains('7'), "stderr: {err}");
+    assert!(t.elapsed() < Duration::from_secs(10));
+    assert!(d.files().is_empty(), "region left behind: {:?}", d.files());
+}
+
+#[test]
+fn killed_rank_reports_signal() {
+    let d = Dir::new("kill");
+    let o = job(&d, 2, &["selftest", "kill"], &[]);
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(128 + 9), "stderr: {err}");
+    assert!(err.contains("rank 1") && err.to_lowercase().contains("signal"), "stderr: {err}");
+    assert!(d.files().is_empty());
+}
+
+#[test]
+fn corrupted_consumer_index_is_an_error_not_a_hang() {
+    let d = Dir::new("ctail");
+    let o = job(&d, 2, &["selftest", "corrupt-tail"], &[]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "stdout: {out}\nstderr: {err}");
+    assert!(out.contains("rank 0 detected") && out.contains("consumer index"), "{out}");
+    assert!(d.files().is_empty());
+}
+
+#[test]
+fn corrupted_record_is_an_error_not_a_crash() {
+    let d = Dir::new("crec");
+    let o = job(&d, 2, &["selftest", "corrupt-record"], &[]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "stdout: {out}\nstderr: {err}");
+    assert!(out.contains("rank 1 detected") && out.contains("invalid length"), "{out}");
+}
+
+#[test]
+fn region_from_existing_device_file_works() {
+    // An ivshmem BAR is an existing mappable file of fixed size: the same code path.
+    let d = Dir::new("dev");
+    let dev = d.0.join("fake-bar");
+    std::fs::File::create(&dev).unwrap().set_len(64 << 20).unwrap();
+    let dev_s = dev.to_string_lossy().into_owned();
+    let out = assert_ok(&job(&d, 3, &["selftest", "random", "--count", "20"], &[("VMF_REGION_PATH", &dev_s)]));
+    assert!(out.contains("OK"));
+    assert!(dev.exists(), "a device given by path must not be removed");
+}
+
+#[test]
+fn channels_are_self_and_shm() {
+    let d = Dir::new("hello");
+    let out = assert_ok(&job(&d, 3, &["selftest", "hello"], &[]));
+    assert!(out.contains("hello from rank 1 of 3: channels 0:shm 1:self 2:shm"), "{out}");
+}
+
+#[test]
+fn tag_output_prefixes_lines() {
+    let d = Dir::new("tag");
+    let o = wait_timeout(
+        Command::new(bin())
+            .args(["run", "-n", "2", "--tag-output", "--region-dir"])
+            .arg(&d.0)
+            .args(["sh", "-c", "echo line-$PMI_RANK"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+        Duration::from_secs(30),
+    );
+    let out = assert_ok(&o);
+    assert!(out.contains("[0] line-0") && out.contains("[1] line-1"), "{out}");
+}
+
+#[test]
+fn bench_writes_json() {
+    let d = Dir::new("bench");
+    let j = d.0.join("lat.json");
+    let js = j.to_string_lossy().into_owned();
+    assert_ok(&job(&d, 2, &["bench", "latency", "--sizes", "8,64K,1M", "--iters", "50", "--json", &js], &[]));
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&j).unwrap()).unwrap();
+    assert_eq!(v["benchmark"], "latency");
+    assert_eq!(v["transport"], "vmfabric-shm");
+    let r = v["results"].as_array().unwrap();
+    assert_eq!(r.len(), 3);
+    assert_eq!(r[0]["size"], 8);
+    assert!(r[0]["latency_us"].as_f64().unwrap() > 0.0 && r[2]["mb_per_s"].as_f64().unwrap() > 0.0);
+    let j2 = d.0.join("bw.json");
+    let js2 = j2.to_string_lossy().into_owned();
+    assert_ok(&job(&d, 2, &["bench", "bibw", "--sizes", "4K", "--iters", "20", "--json", &js2], &[]));
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&j2).unwrap()).unwrap();
+    assert!(v["results"][0]["mb_per_s"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn bad_user_input_gets_clear_errors() {
+    let o = Command::new(bin()).args(["bench", "latency", "--sizes", "12Q"]).output().unwrap();
+    assert!(!o.status.success());
+    let o = Command::new(bin()).env("VMF_SHM_RING_SIZE", "3000").arg("info").output().unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("VMF_SHM_RING_SIZE"));
+    let o = Command::new(bin()).args(["run", "-n", "0", "true"]).output().unwrap();
+    assert!(!o.status.success());
+}
+
+#[test]
+fn info_lists_tunables_and_memory_for_16_ranks() {
+    let o = Command::new(bin()).args(["info", "--ranks", "16"]).output().unwrap();
+    let out = assert_ok(&o);
+    for name in ["VMF_REGION_DIR", "VMF_SHM_EAGER_LIMIT", "VMF_SHM_CMA", "VMF_SPIN_COUNT"] {
+        assert!(out.contains(name), "{name} missing:\n{out}");
+    }
+    let line = out.lines().find(|l| l.contains("16 ranks")).unwrap();
+    let mib: f64 = line.split_whitespace().nth(2).unwrap().parse().unwrap();
+    assert!(line.contains("MiB") && mib <= 64.0, "{line}");
+}
+
+fn wait_for_file(d: &Path, limit: Duration) -> bool {
+    let t = Instant::now();
+    while t.elapsed() < limit {
+        if std::fs::read_dir(d).unwrap().next().is_some() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+#[test]
+fn launcher_killed_leaves_region_that_clean_and_next_run_remove() {
+    for next in ["clean", "run"] {
+        let d = Dir::new(&format!("kill9-{next}"));
+        let mut c = Command::new(bin())
+            .args(["run", "-n", "2", "--region-dir"])
+            .arg(&d.0)
+            .args([bin(), "selftest", "hold", "--secs", "60"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        assert!(wait_for_file(&d.0, Duration::from_secs(20)), "no region appeared");
+        std::thread::sleep(Duration::from_millis(200));
+        c.kill().unwrap(); // SIGKILL: the launcher cannot clean up itself
+        c.wait().unwrap();
+        std::thread::sleep(Duration::from_millis(300)); // ranks die with their parent (PDEATHSIG)
+        assert!(!d.files().is_empty());
+        if next == "clean" {
+            let o = Command::new(bin()).args(["clean", "--region-dir"]).arg(&d.0).output().unwrap();
+            assert_ok(&o);
+        } else {
+            std::thread::sleep(Duration::from_secs(2)); // the grace period for a fresh file
+            let o = Command::new(bin()).args(["run", "-n", "1", "--region-dir"]).arg(&d.0).arg("true").output().unwrap();
+            assert_ok(&o);
+        }
+        assert!(d.files().is_empty(), "after {next}: {:?}", d.files());
+    }
+}

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Installs what the build and tests need beyond the machine's toolchains. Idempotent: does nothing when
+# everything is present.
+set -euo pipefail
+if ! command -v cargo >/dev/null 2>&1; then
+  if [ -x "$HOME/.cargo/bin/cargo" ]; then export PATH="$HOME/.cargo/bin:$PATH"; else
+    echo "deps: cargo not found; install Rust (rustup) first" >&2; exit 1; fi
+fi
+need=()
+command -v cc >/dev/null 2>&1 || need+=(gcc)
+command -v make >/dev/null 2>&1 || need+=(make)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "deps: installing ${need[*]}"
+  if [ "$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi
+  $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}"
+fi
