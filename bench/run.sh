@@ -1,0 +1,288 @@
+#!/usr/bin/env bash
+# bench/run.sh -- vmfabric vs MPICH vs Open MPI, side by side on this machine.
+#
+# Invoked by `make bench` from the repo root as `bash bench/run.sh`.
+# See bench/README.md for what is measured and where results go.
+#
+# Environment knobs (all optional):
+#   BENCH_SIZES=8,64,...      message sizes for every implementation
+#   BENCH_ITERS=N             base iteration count (scaled down for big sizes)
+#   BENCH_MODES="latency bw bibw"
+#   BENCH_CACHELINE_ITERS=N   round trips for the cache-line floor (1000000)
+#   BENCH_SKIP_VMFABRIC=1 / BENCH_SKIP_MPICH=1 / BENCH_SKIP_OPENMPI=1 /
+#   BENCH_SKIP_CACHELINE=1    leave one column out
+#   BENCH_ROUNDS=R            interleaved rounds; best round kept (default 3)
+#   BENCH_TIMEOUT=SECONDS     per-run time limit (default 600)
+#   BENCH_MPICH_ARGS / BENCH_OPENMPI_ARGS / BENCH_VMFABRIC_ARGS
+#                             extra launcher arguments (word-split)
+#   BENCH_PYTHON=path         python3 to run compare.py with
+#   BENCH_RESULTS_DIR=dir     where results go (default bench/results)
+#   BENCH_VMFABRIC=path       vmfabric binary (default target/release/vmfabric)
+#   BENCH_STRICT=1            exit 1 if any run failed (default: warn, exit 0)
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+BUILD=bench/build
+RESULTS="${BENCH_RESULTS_DIR:-bench/results}"
+LOGS="$BUILD/logs"
+STATUS="$RESULTS/status.tsv"
+VMF="${BENCH_VMFABRIC:-target/release/vmfabric}"
+read -r -a MODES <<<"${BENCH_MODES:-latency bw bibw}"
+TIMEOUT="${BENCH_TIMEOUT:-600}"
+ROUNDS="${BENCH_ROUNDS:-3}"
+ROUNDS_DIR="$BUILD/rounds"
+FAILURES=()
+FAILED_ROUNDS=()
+
+log()  { printf '[bench] %s\n' "$*"; }
+warn() { printf '[bench] WARNING: %s\n' "$*" >&2; }
+
+# ---------------------------------------------------------------- packages
+SUDO=""
+if [ "$(id -u)" != 0 ] && command -v sudo >/dev/null 2>&1; then
+    SUDO="sudo"
+fi
+APT_UPDATED=0
+apt_install() {
+    if ! command -v apt-get >/dev/null 2>&1; then
+        warn "apt-get not available; cannot install: $*"
+        return 1
+    fi
+    if [ "$APT_UPDATED" = 0 ]; then
+        log "apt-get update"
+        $SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq || warn "apt-get update failed"
+        APT_UPDATED=1
+    fi
+    log "apt-get install -y $*"
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" </dev/null
+}
+
+# need COMMAND PACKAGE... : install PACKAGEs only if COMMAND is missing
+need() {
+    local cmd="$1"; shift
+    if ! command -v "$cmd" >/dev/null 2>&1; then
+        apt_install "$@" || warn "could not install $* (for $cmd)"
+    fi
+    command -v "$cmd" >/dev/null 2>&1
+}
+
+HAVE_GCC=1; HAVE_MPICH=1; HAVE_OPENMPI=1
+need gcc gcc || HAVE_GCC=0
+if [ "${BENCH_SKIP_MPICH:-0}" != 1 ]; then
+    { need mpicc.mpich mpich libmpich-dev && need mpiexec.mpich mpich; } || HAVE_MPICH=0
+fi
+if [ "${BENCH_SKIP_OPENMPI:-0}" != 1 ]; then
+    { need mpicc.openmpi openmpi-bin libopenmpi-dev && need mpirun.openmpi openmpi-bin; } || HAVE_OPENMPI=0
+fi
+command -v timeout >/dev/null 2>&1 || need timeout coreutils || true
+
+# python3 with matplotlib (the PATH python3 may be a pyenv one without it)
+PY="${BENCH_PYTHON:-}"
+if [ -z "$PY" ]; then
+    for cand in python3 /usr/bin/python3; do
+        if command -v "$cand" >/dev/null 2>&1 && "$cand" -c 'import matplotlib' >/dev/null 2>&1; then
+            PY="$cand"; break
+        fi
+    done
+fi
+if [ -z "$PY" ]; then
+    apt_install python3 python3-matplotlib || warn "could not install python3-matplotlib"
+    if /usr/bin/python3 -c 'import matplotlib' >/dev/null 2>&1; then
+        PY=/usr/bin/python3
+    else
+        PY=python3
+        warn "matplotlib unavailable: plots will be skipped"
+    fi
+fi
+
+# ---------------------------------------------------------------- build
+mkdir -p "$BUILD" "$RESULTS" "$LOGS"
+CFLAGS=(-O2 -Wall -Wextra)
+
+if [ "$HAVE_GCC" = 1 ]; then
+    gcc "${CFLAGS[@]}" -o "$BUILD/cacheline" bench/c/cacheline.c || { warn "cacheline build failed"; HAVE_GCC=0; }
+fi
+if [ "${BENCH_SKIP_MPICH:-0}" != 1 ] && [ "$HAVE_MPICH" = 1 ]; then
+    mpicc.mpich "${CFLAGS[@]}" -o "$BUILD/mpi_pingpong.mpich" bench/c/mpi_pingpong.c \
+        || { warn "mpi_pingpong.mpich build failed"; HAVE_MPICH=0; }
+fi
+if [ "${BENCH_SKIP_OPENMPI:-0}" != 1 ] && [ "$HAVE_OPENMPI" = 1 ]; then
+    mpicc.openmpi "${CFLAGS[@]}" -o "$BUILD/mpi_pingpong.openmpi" bench/c/mpi_pingpong.c \
+        || { warn "mpi_pingpong.openmpi build failed"; HAVE_OPENMPI=0; }
+fi
+
+HAVE_VMF=1
+if [ "${BENCH_SKIP_VMFABRIC:-0}" != 1 ] && [ ! -x "$VMF" ]; then
+    if command -v cargo >/dev/null 2>&1; then
+        log "$VMF missing: cargo build --release -p vmfabric"
+        cargo build --release -p vmfabric || warn "cargo build --release -p vmfabric failed"
+    else
+        warn "cargo not found and $VMF missing"
+    fi
+fi
+[ -x "$VMF" ] || HAVE_VMF=0
+
+# Open MPI's shared-memory BTL is `vader` in 4.x and `sm` in 5.x.
+OMPI_ARGS=(--allow-run-as-root --oversubscribe)
+if [ "${BENCH_SKIP_OPENMPI:-0}" != 1 ] && [ "$HAVE_OPENMPI" = 1 ]; then
+    btls="$(ompi_info 2>/dev/null | grep -E 'MCA btl:' || true)"
+    if grep -qE 'MCA btl: vader ' <<<"$btls"; then
+        OMPI_ARGS+=(--mca pml ob1 --mca btl vader,self)
+    elif grep -qE 'MCA btl: sm ' <<<"$btls"; then
+        OMPI_ARGS+=(--mca pml ob1 --mca btl sm,self)
+    else
+        warn "Open MPI has neither btl vader nor sm; using its defaults"
+    fi
+fi
+
+# ---------------------------------------------------------------- runs
+COMMON=()
+[ -n "${BENCH_SIZES:-}" ] && COMMON+=(--sizes "$BENCH_SIZES")
+[ -n "${BENCH_ITERS:-}" ] && COMMON+=(--iters "$BENCH_ITERS")
+read -r -a X_MPICH <<<"${BENCH_MPICH_ARGS:-}"
+read -r -a X_OMPI <<<"${BENCH_OPENMPI_ARGS:-}"
+read -r -a X_VMF <<<"${BENCH_VMFABRIC_ARGS:-}"
+
+# Start from a clean slate so a failed run never leaves stale numbers behind.
+for impl in vmfabric mpich openmpi; do
+    for mode in latency bw bibw "${MODES[@]}"; do
+        rm -f "$RESULTS/$impl-$mode.json" "$RESULTS/$impl-$mode.json.tmp"
+    done
+done
+rm -f "$RESULTS/cacheline.json" "$RESULTS/summary.md" "$RESULTS/summary.json" \
+      "$RESULTS"/*.png "$STATUS"
+rm -rf "$ROUNDS_DIR"
+mkdir -p "$ROUNDS_DIR"
+printf 'impl\tbenchmark\tstatus\n' >"$STATUS"
+
+record() { printf '%s\t%s\t%s\n' "$1" "$2" "$3" >>"$STATUS"; }
+
+# run_one IMPL BENCH ROUND CMD... : CMD must write $ROUNDS_DIR/IMPL-BENCH.rROUND.json
+run_one() {
+    local impl="$1" bench="$2" round="$3"; shift 3
+    local out="$ROUNDS_DIR/$impl-$bench.r$round.json" logf="$LOGS/$impl-$bench.r$round.log" rc=0
+    log "round $round/$ROUNDS: $impl $bench: $*"
+    # pipefail: rc is the launcher's status (or tee's, if only tee failed)
+    timeout --kill-after=10 "$TIMEOUT" "$@" </dev/null 2>&1 | tee "$logf" || rc=$?
+    if [ "$rc" = 0 ] && [ -s "$out" ] && "$PY" -c 'import json,sys; json.load(open(sys.argv[1]))' "$out" 2>/dev/null; then
+        return 0
+    fi
+    rm -f "$out"
+    [ "$rc" = 0 ] && rc="no-valid-json"
+    [ "$rc" = 124 ] && rc="timeout-${TIMEOUT}s"
+    warn "$impl $bench round $round FAILED (rc=$rc); see $logf -- continuing"
+    FAILED_ROUNDS+=("$impl $bench round $round (rc=$rc)")
+    return 0
+}
+
+# merge IMPL BENCH OUTFILE : best-of-rounds into bench/results
+merge() {
+    local impl="$1" bench="$2" outf="$3" n
+    local files=("$ROUNDS_DIR/$impl-$bench".r*.json)
+    if [ ! -e "${files[0]}" ]; then
+        record "$impl" "$bench" "FAILED (all $ROUNDS rounds)"
+        FAILURES+=("$impl $bench (all rounds failed)")
+        return 0
+    fi
+    n="${#files[@]}"
+    if "$PY" bench/merge_rounds.py "$outf" "${files[@]}"; then
+        if [ "$n" = "$ROUNDS" ]; then
+            record "$impl" "$bench" ok
+        else
+            record "$impl" "$bench" "ok ($n/$ROUNDS rounds)"
+        fi
+    else
+        record "$impl" "$bench" "FAILED (merge)"
+        FAILURES+=("$impl $bench (merge failed)")
+    fi
+}
+
+skip_reason() { # IMPL -> prints why it is skipped, or nothing
+    case "$1" in
+        vmfabric)
+            if [ "${BENCH_SKIP_VMFABRIC:-0}" = 1 ]; then echo "BENCH_SKIP_VMFABRIC=1"
+            elif [ "$HAVE_VMF" != 1 ]; then echo "$VMF not built"; fi ;;
+        mpich)
+            if [ "${BENCH_SKIP_MPICH:-0}" = 1 ]; then echo "BENCH_SKIP_MPICH=1"
+            elif [ "$HAVE_MPICH" != 1 ]; then echo "MPICH not available"; fi ;;
+        openmpi)
+            if [ "${BENCH_SKIP_OPENMPI:-0}" = 1 ]; then echo "BENCH_SKIP_OPENMPI=1"
+            elif [ "$HAVE_OPENMPI" != 1 ]; then echo "Open MPI not available"; fi ;;
+        cacheline)
+            if [ "${BENCH_SKIP_CACHELINE:-0}" = 1 ]; then echo "BENCH_SKIP_CACHELINE=1"
+            elif [ "$HAVE_GCC" != 1 ]; then echo "no C compiler"; fi ;;
+    esac
+}
+
+CL=()
+[ -n "${BENCH_CACHELINE_ITERS:-}" ] && CL+=(--iters "$BENCH_CACHELINE_ITERS")
+
+T0=$SECONDS
+for round in $(seq 1 "$ROUNDS"); do
+    # (d) the cache-line floor, once per round
+    if [ -z "$(skip_reason cacheline)" ]; then
+        run_one cacheline cacheline "$round" "$BUILD/cacheline" "${CL[@]}" \
+            --json "$ROUNDS_DIR/cacheline-cacheline.r$round.json"
+    fi
+    for mode in "${MODES[@]}"; do
+        # (a) vmfabric
+        if [ -z "$(skip_reason vmfabric)" ]; then run_one vmfabric "$mode" "$round" \
+            "$VMF" run -n 2 "${X_VMF[@]}" "$VMF" bench "$mode" \
+            "${COMMON[@]}" --json "$ROUNDS_DIR/vmfabric-$mode.r$round.json"
+        fi
+        # (b) MPICH
+        if [ -z "$(skip_reason mpich)" ]; then run_one mpich "$mode" "$round" \
+            mpiexec.mpich -n 2 "${X_MPICH[@]}" "$BUILD/mpi_pingpong.mpich" "$mode" \
+            "${COMMON[@]}" --json "$ROUNDS_DIR/mpich-$mode.r$round.json" --label mpich
+        fi
+        # (c) Open MPI
+        if [ -z "$(skip_reason openmpi)" ]; then run_one openmpi "$mode" "$round" \
+            mpirun.openmpi "${OMPI_ARGS[@]}" -n 2 "${X_OMPI[@]}" \
+            "$BUILD/mpi_pingpong.openmpi" "$mode" \
+            "${COMMON[@]}" --json "$ROUNDS_DIR/openmpi-$mode.r$round.json" --label openmpi
+        fi
+    done
+done
+log "runs finished in $((SECONDS - T0)) s"
+
+# best-of-rounds into bench/results/
+why="$(skip_reason cacheline)"
+if [ -z "$why" ]; then
+    merge cacheline cacheline "$RESULTS/cacheline.json"
+else
+    record cacheline cacheline "skipped: $why"
+fi
+for mode in "${MODES[@]}"; do
+    for impl in vmfabric mpich openmpi; do
+        why="$(skip_reason "$impl")"
+        if [ -z "$why" ]; then
+            merge "$impl" "$mode" "$RESULTS/$impl-$mode.json"
+        else
+            record "$impl" "$mode" "skipped: $why"
+            case "$why" in BENCH_SKIP_*) ;; *) FAILURES+=("$impl $mode ($why)") ;; esac
+        fi
+    done
+done
+
+# ---------------------------------------------------------------- report
+CMP_RC=0
+"$PY" bench/compare.py "$RESULTS" || CMP_RC=$?
+if [ "$CMP_RC" != 0 ]; then
+    warn "compare.py failed (rc=$CMP_RC)"
+fi
+
+if [ "${#FAILED_ROUNDS[@]}" -gt 0 ]; then
+    warn "${#FAILED_ROUNDS[@]} individual round(s) failed:"
+    for f in "${FAILED_ROUNDS[@]}"; do warn "  - $f"; done
+fi
+if [ "${#FAILURES[@]}" -gt 0 ]; then
+    warn "================================================================"
+    warn "${#FAILURES[@]} benchmark run(s) FAILED or were unavailable:"
+    for f in "${FAILURES[@]}"; do warn "  - $f"; done
+    warn "their columns are missing from $RESULTS/summary.md (logs: $LOGS/)"
+    warn "================================================================"
+    if [ "${BENCH_STRICT:-0}" = 1 ]; then exit 1; fi
+fi
+exit "$CMP_RC"
