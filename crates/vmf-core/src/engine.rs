@@ -15,6 +15,10 @@ use vmf_transport::selfq::SelfTransport;
 use vmf_transport::shm::ShmTransport;
 use vmf_transport::{Transport, TransportError};
 
+/// Engine operations needed by the MPI library (matched probe, status peeks, ...), kept in their own file.
+#[path = "engine_mpi.rs"]
+pub mod mpi_ext;
+
 /// Wildcard source for receives and probes.
 pub const ANY_SOURCE: i32 = -1;
 /// Wildcard tag for receives and probes.
