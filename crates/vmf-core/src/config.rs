@@ -25,11 +25,40 @@ pub const PARAMS: &[Param] = &[
     Param { name: "SHM_CMA_MIN", default: "auto", doc: "smallest rendezvous message (bytes) moved by single copy when SHM_CMA=1; auto: every rendezvous message when this host's ranks outnumber its CPUs, else none (the pipelined copy measured faster)" },
     Param { name: "SHM_CHUNK", default: "64K", doc: "chunk size (bytes) of the pipelined rendezvous copy" },
     Param { name: "SHM_MAX_LOCAL", default: "256", doc: "most ranks that may share one region" },
-    Param { name: "SPIN_COUNT", default: "20000", doc: "idle polls of all channels before a waiting rank starts yielding the CPU" },
+    Param { name: "WAIT", default: "adaptive", doc: "how a rank waits: spin (poll), yield (poll, then sched_yield), block (poll briefly, then sleep until a message arrives), adaptive (spin budget learnt from observed waits and cores per rank, then yield if oversubscribed, then sleep)" },
+    Param { name: "WAIT_SPIN_MAX_US", default: "50", doc: "adaptive: longest spin (microseconds) before sleeping when every rank of the host has a core" },
+    Param { name: "WAIT_YIELD_US", default: "50", doc: "adaptive, when ranks outnumber cores: time (microseconds) spent yielding before sleeping" },
+    Param { name: "SPIN_COUNT", default: "100", doc: "yield policy: idle polls before the first sched_yield" },
+    Param { name: "HOST_CPUS", default: "auto", doc: "CPUs available to this host's ranks (set by the launcher); auto: this process's affinity mask" },
     Param { name: "INIT_TIMEOUT", default: "30", doc: "seconds to wait for the region to be initialised by another rank" },
     Param { name: "LIVENESS_MS", default: "100", doc: "while waiting, check co-resident peers for death every this many milliseconds" },
     Param { name: "VERBOSE", default: "0", doc: "1: print setup decisions (region, channels, protocols) to stderr" },
 ];
+
+/// How a waiting rank uses the CPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitPolicy {
+    /// Poll all channels continuously.
+    Spin,
+    /// Poll, then `sched_yield` between polls.
+    Yield,
+    /// Poll briefly, then sleep until a message arrives.
+    Block,
+    /// Spin for a budget learnt from observed waits; yield when ranks outnumber cores; then sleep.
+    Adaptive,
+}
+
+impl WaitPolicy {
+    /// Name as accepted by `VMF_WAIT`.
+    pub fn name(self) -> &'static str {
+        match self {
+            WaitPolicy::Spin => "spin",
+            WaitPolicy::Yield => "yield",
+            WaitPolicy::Block => "block",
+            WaitPolicy::Adaptive => "adaptive",
+        }
+    }
+}
 
 /// A tunable value that could not be parsed.
 #[derive(Debug, Error)]
@@ -65,8 +94,16 @@ pub struct Config {
     pub shm_chunk: usize,
     /// SHM_MAX_LOCAL.
     pub shm_max_local: u32,
+    /// WAIT.
+    pub wait: WaitPolicy,
+    /// WAIT_SPIN_MAX_US.
+    pub wait_spin_max_us: u64,
+    /// WAIT_YIELD_US.
+    pub wait_yield_us: u64,
     /// SPIN_COUNT.
     pub spin_count: u32,
+    /// HOST_CPUS (None = auto).
+    pub host_cpus: Option<usize>,
     /// INIT_TIMEOUT.
     pub init_timeout_s: u64,
     /// LIVENESS_MS.
@@ -134,7 +171,17 @@ impl Config {
             },
             shm_chunk: size("SHM_CHUNK", 4096, 1 << 30)? as usize,
             shm_max_local: size("SHM_MAX_LOCAL", 1, 65536)? as u32,
+            wait: match get("WAIT").as_str() {
+                "spin" => WaitPolicy::Spin,
+                "yield" => WaitPolicy::Yield,
+                "block" => WaitPolicy::Block,
+                "adaptive" => WaitPolicy::Adaptive,
+                _ => return Err(ConfigError { name: "WAIT", value: get("WAIT"), why: "it is not spin, yield, block or adaptive" }),
+            },
+            wait_spin_max_us: size("WAIT_SPIN_MAX_US", 1, 10_000_000)?,
+            wait_yield_us: size("WAIT_YIELD_US", 0, 10_000_000)?,
             spin_count: size("SPIN_COUNT", 0, u32::MAX as u64)? as u32,
+            host_cpus: if get("HOST_CPUS") == "auto" { None } else { Some(size("HOST_CPUS", 1, 1 << 20)? as usize) },
             init_timeout_s: size("INIT_TIMEOUT", 1, 86400)?,
             liveness_ms: size("LIVENESS_MS", 1, 60_000)?,
             verbose: flag("VERBOSE")?,
@@ -188,6 +235,10 @@ mod tests {
         assert!(Config::from_lookup(|k| (k == "VMF_SHM_CMA").then(|| "maybe".into())).is_err());
         assert!(Config::from_lookup(|k| (k == "VMF_SHM_CHUNK").then(|| "12Q".into())).is_err());
         assert!(Config::from_lookup(|k| (k == "VMF_SHM_CMA_MIN").then(|| "sometimes".into())).is_err());
+        let e = Config::from_lookup(|k| (k == "VMF_WAIT").then(|| "nap".into())).unwrap_err();
+        assert!(e.to_string().contains("VMF_WAIT"), "{e}");
+        let c = Config::from_lookup(|k| (k == "VMF_WAIT").then(|| "block".into())).unwrap();
+        assert_eq!(c.wait, WaitPolicy::Block);
         let c = Config::from_lookup(|k| (k == "VMF_SHM_CMA_MIN").then(|| "1M".into())).unwrap();
         assert_eq!(c.shm_cma_min, Some(1 << 20));
     }

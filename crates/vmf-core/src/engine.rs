@@ -6,7 +6,7 @@
 //! posting order) or parks it as unexpected (in arrival order), and for an RTS copies the data with one
 //! `process_vm_readv` and answers FIN (or, without CMA, answers CTS and receives pipelined DATA chunks).
 //! Per-pair sequence numbers are checked on every packet.
-use crate::config::Config;
+use crate::config::{Config, WaitPolicy};
 use crate::error::{Error, Op, Result};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -199,6 +199,55 @@ pub struct Engine {
     cma_warned: bool,
     last_liveness: Instant,
     fatal: Option<Error>,
+    waiter: Waiter,
+}
+
+/// State of the waiting policy of one rank.
+#[derive(Debug, Clone)]
+pub struct Waiter {
+    /// Policy in force.
+    pub policy: WaitPolicy,
+    /// True when this host's ranks outnumber its CPUs.
+    pub oversubscribed: bool,
+    /// Current adaptive spin budget.
+    pub spin: Duration,
+    min_spin: Duration,
+    max_spin: Duration,
+    yield_for: Duration,
+    /// Waits that ended in a sleep.
+    pub sleeps: u64,
+}
+
+impl Waiter {
+    fn new(cfg: &Config, local_ranks: usize) -> Waiter {
+        let cpus = cfg.host_cpus.unwrap_or_else(vmf_pal::available_cpus).max(1);
+        let oversubscribed = local_ranks > cpus;
+        let min_spin = Duration::from_micros(2);
+        // With fewer cores than ranks, spinning burns the time slice the awaited rank needs.
+        let max_spin = if oversubscribed { min_spin } else { Duration::from_micros(cfg.wait_spin_max_us).max(min_spin) };
+        let yield_for = if oversubscribed { Duration::from_micros(cfg.wait_yield_us) } else { Duration::ZERO };
+        let (spin, yield_for) = match cfg.wait {
+            WaitPolicy::Block => (Duration::from_micros(1), Duration::ZERO),
+            _ => (max_spin, yield_for),
+        };
+        Waiter { policy: cfg.wait, oversubscribed, spin, min_spin, max_spin, yield_for, sleeps: 0 }
+    }
+
+    fn budgets(&self) -> (Duration, Duration) {
+        (self.spin, self.yield_for)
+    }
+
+    /// Learn from a finished wait: a wait that spinning up to the maximum budget would have caught pulls
+    /// the budget towards twice its length; a longer one pulls it towards the minimum (spinning would only
+    /// have burnt CPU). Exponential moving average, weight 1/4.
+    fn record(&mut self, waited: Duration, _slept: bool) {
+        if self.policy != WaitPolicy::Adaptive {
+            return;
+        }
+        let target = if waited <= self.max_spin { (waited * 2).max(self.min_spin) } else { self.min_spin };
+        let next = (self.spin * 3 + target) / 4;
+        self.spin = next.clamp(self.min_spin, self.max_spin);
+    }
 }
 
 const SYNC_PREFIX: usize = 8;
@@ -223,6 +272,10 @@ impl Engine {
         }
         peers[me].route = Route::SelfLoop;
         let cma = cfg.shm_cma && vmf_pal::cma::allow_any_ptracer().is_ok();
+        let mut shm = shm;
+        if let Some(s) = shm.as_mut() {
+            s.set_wake_check(matches!(cfg.wait, WaitPolicy::Block | WaitPolicy::Adaptive));
+        }
         // Single copy pays for page pinning and copies on one core; the pipelined copy overlaps sender and
         // receiver and stays in cache, which measured 2-3x faster at every size when both ranks have a core.
         // When ranks outnumber cores the pipeline stalls whenever one side is descheduled: use CMA then.
@@ -248,6 +301,7 @@ impl Engine {
             cma_warned: false,
             last_liveness: Instant::now(),
             fatal: None,
+            waiter: Waiter::new(&cfg, local),
             cfg,
         }
     }
@@ -890,34 +944,112 @@ impl Engine {
         }
     }
 
-    /// Wait until `done(self)` holds, driving progress: spin for `SPIN_COUNT` idle polls, then yield the
-    /// CPU between polls; check co-resident peers for death every `LIVENESS_MS`.
+    /// Wait until `done(self)` holds, driving progress, with the configured [`WaitPolicy`]:
+    ///
+    /// - `spin`: poll continuously;
+    /// - `yield`: poll `SPIN_COUNT` times, then `sched_yield` between polls;
+    /// - `block`: poll for about a microsecond, then sleep on the doorbell until a sender rings it;
+    /// - `adaptive`: spin for a budget learnt from recent waits (up to `WAIT_SPIN_MAX_US`), then — only when
+    ///   this host's ranks outnumber its CPUs — yield for `WAIT_YIELD_US`, then sleep.
+    ///
+    /// Co-resident peers are checked for death every `LIVENESS_MS` whatever the policy.
     pub fn wait_until(&mut self, op: Op, mut done: impl FnMut(&Engine) -> bool) -> Result<()> {
-        let mut idle: u32 = 0;
-        let mut since = Instant::now();
+        if done(self) {
+            return Ok(());
+        }
+        let mut polls: u32 = 0;
+        let mut start: Option<Instant> = None;
+        let mut slept = false;
+        let mut backoff = Duration::from_micros(1);
+        let live_every = Duration::from_millis(self.cfg.liveness_ms);
         loop {
-            if done(self) {
-                return Ok(());
-            }
             let n = self.progress().map_err(|e| retag(e, op))?;
-            if n > 0 {
-                idle = 0;
-                continue;
-            }
             if done(self) {
+                if let Some(st) = start {
+                    self.waiter.record(st.elapsed(), slept);
+                }
                 return Ok(());
             }
-            idle = idle.saturating_add(1);
-            if idle < self.cfg.spin_count {
-                vmf_pal::cpu_relax();
+            if n > 0 {
                 continue;
             }
-            vmf_pal::yield_now();
-            if idle % 256 == 0 && since.elapsed() >= Duration::from_millis(self.cfg.liveness_ms) {
-                since = Instant::now();
-                self.check_liveness(op)?;
+            polls = polls.wrapping_add(1);
+            match self.waiter.policy {
+                WaitPolicy::Spin => {
+                    vmf_pal::cpu_relax();
+                    if polls % 8192 == 0 && self.last_liveness.elapsed() >= live_every {
+                        self.check_liveness(op)?;
+                    }
+                }
+                WaitPolicy::Yield => {
+                    if polls > self.cfg.spin_count {
+                        vmf_pal::yield_now();
+                    } else {
+                        vmf_pal::cpu_relax();
+                    }
+                    if polls % 256 == 0 && self.last_liveness.elapsed() >= live_every {
+                        self.check_liveness(op)?;
+                    }
+                }
+                WaitPolicy::Block | WaitPolicy::Adaptive => {
+                    // Read the clock only every 16 idle polls: the hot path stays free of it.
+                    if polls % 16 != 0 {
+                        vmf_pal::cpu_relax();
+                        continue;
+                    }
+                    let now = Instant::now();
+                    let el = now - *start.get_or_insert(now);
+                    let (spin, yield_for) = self.waiter.budgets();
+                    if el < spin {
+                        vmf_pal::cpu_relax();
+                    } else if el < spin + yield_for {
+                        vmf_pal::yield_now();
+                    } else {
+                        slept = true;
+                        self.block_once(op, &mut backoff)?;
+                    }
+                    if self.last_liveness.elapsed() >= live_every {
+                        self.check_liveness(op)?;
+                    }
+                }
             }
         }
+    }
+
+    /// Sleep until something may have arrived (or a timeout for liveness checks).
+    fn block_once(&mut self, op: Op, backoff: &mut Duration) -> Result<()> {
+        let live_every = Duration::from_millis(self.cfg.liveness_ms);
+        // Queued sends wait for a peer to consume, and consumers do not ring doorbells: keep polling.
+        if self.n_pending > 0 || !self.streaming.is_empty() {
+            vmf_pal::yield_now();
+            return Ok(());
+        }
+        match &self.shm {
+            Some(shm) if shm.can_futex() => {
+                let d = shm.prepare_sleep();
+                if shm.has_incoming() {
+                    shm.cancel_sleep();
+                    return Ok(());
+                }
+                shm.sleep(d, live_every);
+                self.waiter.sleeps += 1;
+            }
+            Some(_) => {
+                // A peer in another VM cannot wake us: bounded exponential sleep (1 us .. 1 ms).
+                std::thread::sleep(*backoff);
+                *backoff = (*backoff * 2).min(Duration::from_millis(1));
+            }
+            None => vmf_pal::yield_now(),
+        }
+        if self.last_liveness.elapsed() >= live_every {
+            self.check_liveness(op)?;
+        }
+        Ok(())
+    }
+
+    /// The waiting state (policy, learnt spin budget, counters).
+    pub fn waiter(&self) -> &Waiter {
+        &self.waiter
     }
 
     /// Report the first co-resident peer that died without detaching.

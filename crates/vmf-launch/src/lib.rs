@@ -16,6 +16,7 @@
 //! | `VMF_LAUNCHER_PID`, `VMF_LAUNCHER_START` | pid and start time (clock ticks) of the launcher |
 //! | `VMF_REGION_DIR` | the region directory |
 //! | `VMF_LOCAL_SIZE`, `MPI_LOCALNRANKS` | ranks on this host (`np`) |
+//! | `VMF_HOST_CPUS` | CPUs in the launcher's affinity mask (for the waiting policy) |
 //! | `MPI_LOCALRANKID` | the rank's index on this host (its rank) |
 //!
 //! then [`RunOptions::extra_env`], which may override any of these. Every rank's stdin is `/dev/null`.
@@ -94,6 +95,8 @@ pub struct RunOptions {
     pub verbose: bool,
     /// Extra environment variables for every rank (applied last, so they override the launcher's).
     pub extra_env: Vec<(String, String)>,
+    /// Pin rank `r` to the `r mod n`-th CPU the launcher may use (`--bind core`).
+    pub bind_cores: bool,
 }
 
 impl RunOptions {
@@ -108,6 +111,7 @@ impl RunOptions {
             region_dir: PathBuf::from(DEFAULT_REGION_DIR),
             verbose: false,
             extra_env: Vec::new(),
+            bind_cores: false,
         }
     }
 }
@@ -308,6 +312,11 @@ impl Job<'_> {
 
         let mut cmd = Command::new(&o.program);
         let n = o.np.to_string();
+        // The CPUs of this host's job (the launcher's affinity mask): ranks compare their count with the
+        // number of ranks to know whether they are oversubscribed, even when pinned to one CPU each.
+        let cpus = vmf_pal::process::allowed_cpus();
+        let bind_cpu = o.bind_cores.then(|| cpus[rank % cpus.len()]);
+        cmd.env("VMF_HOST_CPUS", cpus.len().to_string());
         cmd.args(&o.args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -330,13 +339,16 @@ impl Job<'_> {
         }
         let parent = me.pid;
         // SAFETY: the closure runs between fork and exec and only makes async-signal-safe system calls
-        // (fcntl, prctl, getppid, raise).
+        // (fcntl, prctl, sched_setaffinity, getppid, raise).
         unsafe {
             cmd.pre_exec(move || {
                 if libc::fcntl(fd, libc::F_SETFD, 0) < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
                 set_parent_death_signal(libc::SIGKILL)?;
+                if let Some(cpu) = bind_cpu {
+                    vmf_pal::process::pin_to_cpu(cpu)?;
+                }
                 if libc::getppid() != parent {
                     // The launcher died before the death signal was armed.
                     libc::raise(libc::SIGKILL);

@@ -13,6 +13,7 @@
 
 pub mod cma;
 pub mod futex;
+pub mod membarrier;
 pub mod process;
 
 /// Hint to the CPU that we are in a spin loop.

@@ -56,6 +56,46 @@ pub fn set_parent_death_signal(sig: i32) -> io::Result<()> {
     }
 }
 
+/// A 64-bit hash of this kernel's boot id: two processes with the same value run on the same kernel (so
+/// futexes and membarrier reach across them); 0 if unknown.
+pub fn kernel_id() -> u64 {
+    let Ok(s) = std::fs::read_to_string("/proc/sys/kernel/random/boot_id") else { return 0 };
+    let mut h: u64 = 0xcbf29ce484222325;
+    for b in s.trim().bytes() {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x100000001b3);
+    }
+    h.max(1)
+}
+
+/// Pin the calling thread (and the process, if single-threaded) to one CPU.
+pub fn pin_to_cpu(cpu: usize) -> io::Result<()> {
+    // SAFETY: cpu_set_t is plain data; CPU_SET writes within it (cpu checked against its capacity).
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if cpu >= 8 * std::mem::size_of::<libc::cpu_set_t>() {
+            return Err(io::Error::other("cpu index out of range"));
+        }
+        libc::CPU_SET(cpu, &mut set);
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// The CPUs this process may run on, in order.
+pub fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: sched_getaffinity fills the set; CPU_ISSET reads within it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return vec![0];
+        }
+        (0..8 * std::mem::size_of::<libc::cpu_set_t>()).filter(|&c| libc::CPU_ISSET(c, &set)).collect()
+    }
+}
+
 /// CPU time (user + system) consumed so far by the calling process, in seconds.
 pub fn cpu_time_s() -> f64 {
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
@@ -81,6 +121,12 @@ mod tests {
         let mut me = ProcessId::current();
         me.start_time += 1;
         assert!(!me.is_alive());
+    }
+
+    #[test]
+    fn kernel_id_is_stable_works() {
+        assert_eq!(kernel_id(), kernel_id());
+        assert!(!allowed_cpus().is_empty());
     }
 
     #[test]

@@ -18,12 +18,17 @@ pub enum Kind {
     Bibw,
     /// Latency and bandwidth in one table (what `make demo` runs).
     Demo,
+    /// Waiting under oversubscription: ring or all-to-all patterns (see `--pattern`).
+    Overcommit,
 }
 
 #[derive(Args)]
 pub struct BenchArgs {
     /// Which benchmark.
     kind: Kind,
+    /// Options of `overcommit`.
+    #[command(flatten)]
+    over: crate::overcommit::OvercommitArgs,
     /// Message sizes in bytes, comma separated (K/M suffixes allowed).
     #[arg(long, value_delimiter = ',')]
     sizes: Option<Vec<String>>,
@@ -57,6 +62,9 @@ fn fail(f: &Fabric, e: Error) -> i32 {
 }
 
 pub fn run(a: BenchArgs) -> i32 {
+    if a.kind == Kind::Overcommit {
+        return crate::overcommit::run(a.over, a.json);
+    }
     let f = match Fabric::init() {
         Ok(f) => f,
         Err(e) => {
@@ -107,7 +115,7 @@ pub fn run(a: BenchArgs) -> i32 {
                 Kind::Latency => latency(&f, &sbuf[..size], &mut rbuf[..size], it),
                 Kind::Bw => bandwidth(&f, &sbuf[..size], &mut rbuf[..size], it, a.window, false),
                 Kind::Bibw => bandwidth(&f, &sbuf[..size], &mut rbuf[..size], it, a.window, true),
-                Kind::Demo => unreachable!(),
+                Kind::Demo | Kind::Overcommit => unreachable!(),
             };
             match r {
                 Ok(row) => rows.push(row),
@@ -125,7 +133,7 @@ pub fn run(a: BenchArgs) -> i32 {
                 Kind::Latency => "latency",
                 Kind::Bw => "bw",
                 Kind::Bibw => "bibw",
-                Kind::Demo => "demo",
+                Kind::Demo | Kind::Overcommit => "demo",
             };
             let results: Vec<serde_json::Value> = rows
                 .iter()

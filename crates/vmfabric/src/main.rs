@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 mod bench;
 mod info;
+mod overcommit;
 mod selftest;
 
 #[derive(Parser)]
@@ -29,6 +30,12 @@ enum Cmd {
         /// Print setup decisions (job id, regions, channels).
         #[arg(short, long)]
         verbose: bool,
+        /// How waiting ranks use the CPU (sets VMF_WAIT for every rank).
+        #[arg(long, value_parser = ["spin", "yield", "block", "adaptive"])]
+        wait: Option<String>,
+        /// Pin ranks to cores (rank r on the r-th allowed CPU, round robin) or not.
+        #[arg(long, value_parser = ["none", "core"], default_value = "none")]
+        bind: String,
         /// Program and its arguments.
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
         command: Vec<String>,
@@ -61,7 +68,14 @@ fn default_region_dir(given: Option<PathBuf>) -> PathBuf {
 fn main() {
     let cli = Cli::parse();
     let code = match cli.cmd {
-        Cmd::Run { np, tag_output, region_dir, verbose, command } => {
+        Cmd::Run { np, tag_output, region_dir, verbose, wait, bind, command } => {
+            let mut extra_env = Vec::new();
+            if verbose {
+                extra_env.push(("VMF_VERBOSE".into(), "1".into()));
+            }
+            if let Some(w) = wait {
+                extra_env.push(("VMF_WAIT".into(), w));
+            }
             let opts = vmf_launch::RunOptions {
                 np,
                 program: command[0].clone(),
@@ -69,7 +83,8 @@ fn main() {
                 tag_output,
                 region_dir: default_region_dir(region_dir),
                 verbose,
-                extra_env: if verbose { vec![("VMF_VERBOSE".into(), "1".into())] } else { vec![] },
+                extra_env,
+                bind_cores: bind == "core",
             };
             match vmf_launch::run(&opts) {
                 Ok(c) => c,

@@ -24,6 +24,10 @@ pub enum Scenario {
     Hold,
     /// Print rank, size and the channel to every peer.
     Hello,
+    /// Rank 1 waits 1 s for a message from rank 0 and reports the CPU it used meanwhile (from /proc).
+    BlockCpu,
+    /// Many sleep/wake cycles between all ranks (token ring plus all-to-all), to catch lost wake-ups.
+    WakeStress,
 }
 
 #[derive(Args)]
@@ -93,6 +97,8 @@ pub fn run(a: SelftestArgs) -> i32 {
             std::thread::sleep(Duration::from_secs(a.secs));
             Ok(())
         }
+        Scenario::BlockCpu => block_cpu(&f),
+        Scenario::WakeStress => wake_stress(&f, a.count),
         Scenario::Hello => {
             let ch: Vec<String> = (0..f.size()).map(|p| format!("{p}:{}", f.channel(p).name())).collect();
             println!("hello from rank {} of {}: channels {}", f.rank(), f.size(), ch.join(" "));
@@ -337,4 +343,69 @@ fn corrupt_record(f: &Fabric) -> Result<(), Error> {
         }
     }
     Ok(())
+}
+
+/// utime + stime of this process in seconds, from /proc/self/stat.
+fn proc_cpu_s() -> f64 {
+    let s = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let rest = s.rfind(')').map_or("", |i| &s[i + 1..]);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // Fields after ')' start at field 3; utime is field 14, stime field 15.
+    let ticks: f64 = [11, 12].iter().filter_map(|&i| f.get(i).and_then(|v| v.parse::<f64>().ok())).sum();
+    // SAFETY: sysconf has no preconditions.
+    ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+}
+
+fn block_cpu(f: &Fabric) -> Result<(), Error> {
+    match f.rank() {
+        0 => {
+            std::thread::sleep(Duration::from_secs(1));
+            f.send(b"wake up!", 1, 5)?;
+        }
+        1 => {
+            let cpu0 = proc_cpu_s();
+            let t0 = std::time::Instant::now();
+            let mut b = [0u8; 8];
+            f.recv(&mut b, Source::Rank(0), TagSel::Tag(5))?;
+            let (wall, cpu) = (t0.elapsed().as_secs_f64(), proc_cpu_s() - cpu0);
+            if &b != b"wake up!" {
+                die(f, "wrong payload".into());
+            }
+            println!("rank 1 blocked {wall:.3} s using {cpu:.3} s of CPU ({:.2}% of a core)", 100.0 * cpu / wall);
+        }
+        _ => {}
+    }
+    f.barrier()
+}
+
+fn wake_stress(f: &Fabric, count: usize) -> Result<(), Error> {
+    let (me, n) = (f.rank(), f.size());
+    let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
+    let mut tok = [0u8; 8];
+    for i in 0..count as u64 {
+        // Token ring: every rank but one sleeps at each step.
+        if me == 0 {
+            f.send(&i.to_le_bytes(), next, 1)?;
+            f.recv(&mut tok, Source::Rank(prev), TagSel::Tag(1))?;
+        } else {
+            f.recv(&mut tok, Source::Rank(prev), TagSel::Tag(1))?;
+            f.send(&tok, next, 1)?;
+        }
+        if u64::from_le_bytes(tok) != i {
+            die(f, format!("token {} where {i} was due", u64::from_le_bytes(tok)));
+        }
+        // A burst from everyone to everyone, received with a wildcard.
+        if i % 16 == 0 {
+            for p in (0..n).filter(|&p| p != me) {
+                f.send(&i.to_le_bytes(), p, 2)?;
+            }
+            for _ in 1..n {
+                f.recv(&mut tok, Source::Any, TagSel::Tag(2))?;
+            }
+        }
+    }
+    if me == 0 {
+        println!("wake stress: {count} rounds, {} sleeps on rank 0", f.engine().waiter().sleeps);
+    }
+    f.barrier()
 }

@@ -259,3 +259,80 @@ fn launcher_killed_leaves_region_that_clean_and_next_run_remove() {
         assert!(d.files().is_empty(), "after {next}: {:?}", d.files());
     }
 }
+
+// ---------------------------------------------------------------- waiting policies (issue 4)
+
+#[test]
+fn blocked_rank_uses_little_cpu_and_wakes() {
+    for wait in ["block", "adaptive"] {
+        let d = Dir::new(&format!("blockcpu-{wait}"));
+        let out = assert_ok(&job(&d, 2, &["selftest", "block-cpu"], &[("VMF_WAIT", wait)]));
+        let line = out.lines().find(|l| l.contains("rank 1 blocked")).unwrap_or_else(|| panic!("{out}"));
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let (wall, cpu): (f64, f64) = (f[3].parse().unwrap(), f[6].parse().unwrap());
+        assert!(wall >= 0.9, "{line}");
+        // Generous bound (the target is 1% of a core; /proc has 10 ms resolution and the machine is shared).
+        assert!(cpu <= 0.1 * wall, "{wait}: {line}");
+    }
+}
+
+#[test]
+fn no_lost_wakeups_under_sleep_wake_stress() {
+    // With liveness checks pushed to a minute, a lost wake-up would hang the job (and the test's 120 s
+    // limit would fail it) instead of being hidden by a timeout.
+    let d = Dir::new("wakestress");
+    let env = [("VMF_WAIT", "block"), ("VMF_LIVENESS_MS", "60000")];
+    let out = assert_ok(&job(&d, 4, &["selftest", "wake-stress", "--count", "3000"], &env));
+    let sleeps: u64 = out.split("rounds, ").nth(1).and_then(|s| s.split_whitespace().next()).unwrap().parse().unwrap();
+    assert!(sleeps > 100, "the stress must actually sleep: {out}");
+}
+
+#[test]
+fn every_wait_policy_passes_correctness_tests() {
+    for wait in ["spin", "yield", "block", "adaptive"] {
+        let d = Dir::new(&format!("policy-{wait}"));
+        let env = [("VMF_WAIT", wait)];
+        assert_ok(&job(&d, 3, &["selftest", "random", "--count", "15"], &env));
+        assert_ok(&job(&d, 3, &["selftest", "order", "--count", "60"], &env));
+        assert_ok(&job(&d, 2, &["selftest", "bidir"], &env));
+    }
+}
+
+#[test]
+fn wait_and_bind_flags_work() {
+    let d = Dir::new("flags");
+    let o = wait_timeout(
+        Command::new(bin())
+            .args(["run", "-n", "2", "--wait", "block", "--bind", "core", "--region-dir"])
+            .arg(&d.0)
+            .args(["sh", "-c", "echo $VMF_WAIT; grep Cpus_allowed_list /proc/self/status"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+        Duration::from_secs(30),
+    );
+    let out = assert_ok(&o);
+    assert_eq!(out.matches("block").count(), 2, "{out}");
+    let allowed: Vec<&str> = out.lines().filter(|l| l.starts_with("Cpus_allowed_list")).collect();
+    assert_eq!(allowed.len(), 2);
+    if vmf_pal::available_cpus() > 1 {
+        assert!(allowed.iter().all(|l| !l.contains('-') && !l.contains(',')), "each rank on one CPU: {out}");
+    }
+    let o = Command::new(bin()).args(["run", "-n", "1", "--wait", "nap", "true"]).output().unwrap();
+    assert!(!o.status.success());
+}
+
+#[test]
+fn overcommit_bench_writes_json() {
+    let d = Dir::new("over");
+    let j = d.0.join("o.json");
+    let js = j.to_string_lossy().into_owned();
+    assert_ok(&job(&d, 3, &["bench", "overcommit", "--pattern", "alltoall", "--rounds", "50", "--json", &js], &[("VMF_WAIT", "adaptive")]));
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&j).unwrap()).unwrap();
+    assert_eq!(v["benchmark"], "overcommit");
+    assert_eq!(v["pattern"], "alltoall");
+    assert_eq!(v["ranks"], 3);
+    assert_eq!(v["wait"], "adaptive");
+    assert!(v["wall_s"].as_f64().unwrap() > 0.0 && v["cpu_s"].as_f64().unwrap() > 0.0);
+}

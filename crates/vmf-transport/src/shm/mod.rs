@@ -5,9 +5,14 @@
 //! system call, allocation or lock. Large messages are the core's business (rendezvous with a single copy by
 //! `process_vm_readv`, or pipelined chunks through this ring); this transport only moves packets.
 //!
-//! Sleep/wake: a receiver that wants to block sets `sleeping` in its slot and waits on its `doorbell` futex;
-//! a sender checks `sleeping` after publishing (only when [`ShmTransport::set_wake_check`] is on) and makes
-//! the one system call only if the receiver really sleeps.
+//! Sleep/wake: a receiver that wants to block sets `sleeping` in its slot, issues a barrier, re-checks its
+//! rings and waits on its `doorbell` futex; a sender checks `sleeping` after publishing (only when
+//! [`ShmTransport::set_wake_check`] is on) and makes the one system call only if the receiver really sleeps.
+//! The store-then-load on both sides needs a full barrier on each side (Dekker); we make it asymmetric: the
+//! sleeper pays with `membarrier(GLOBAL_EXPEDITED)`, the sender's side is a compiler barrier and a plain load,
+//! so a send to an awake receiver costs one cached load and no system call. Without membarrier both sides
+//! use fences. Futexes do not cross kernels: peers in another VM (different kernel id) are never woken, and
+//! a receiver with such peers sleeps in bounded exponential steps instead (see `can_futex`).
 pub mod region;
 
 use crate::proto::{Kind, PktHeader, HDR_SIZE};
@@ -24,6 +29,18 @@ struct ShmPeer {
     tx: Option<Producer>,
     rx: Option<Consumer>,
     proc_id: ProcessId,
+    same_kernel: bool,
+}
+
+/// How senders find out that a receiver sleeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WakeMode {
+    /// Nobody sleeps: senders never look.
+    Off,
+    /// Sleepers issue `membarrier`; senders do a plain load.
+    Membarrier,
+    /// Both sides fence.
+    Fence,
 }
 
 /// The shared-memory transport of one rank.
@@ -36,7 +53,8 @@ pub struct ShmTransport {
     undiscovered: Vec<usize>,
     cursor: usize,
     ring_size: u64,
-    wake_check: bool,
+    wake: WakeMode,
+    kernel: u64,
 }
 
 fn corrupt(peer: usize, e: RingError) -> TransportError {
@@ -56,7 +74,8 @@ impl ShmTransport {
             undiscovered: Vec::new(),
             cursor: 0,
             ring_size,
-            wake_check: false,
+            wake: WakeMode::Off,
+            kernel: vmf_pal::process::kernel_id(),
         }
     }
 
@@ -66,7 +85,8 @@ impl ShmTransport {
             return Err(TransportError::Setup(format!("invalid shm peer {peer}")));
         }
         let proc_id = self.region.slot_process(local)?;
-        self.peers[peer] = Some(ShmPeer { local, tx: None, rx: None, proc_id });
+        let same_kernel = self.region.slot_kernel(local)? == self.kernel && self.kernel != 0;
+        self.peers[peer] = Some(ShmPeer { local, tx: None, rx: None, proc_id, same_kernel });
         self.undiscovered.push(peer);
         Ok(())
     }
@@ -81,9 +101,27 @@ impl ShmTransport {
         self.me_local
     }
 
-    /// Enable the sender-side check for sleeping receivers (needed when any rank may block).
-    pub fn set_wake_check(&mut self, on: bool) {
-        self.wake_check = on;
+    /// Enable the sender-side check for sleeping receivers (needed when any rank may block). Every rank
+    /// of the job must agree; returns the mode chosen.
+    pub fn set_wake_check(&mut self, on: bool) -> WakeMode {
+        self.wake = if !on {
+            WakeMode::Off
+        } else if vmf_pal::membarrier::register_global_expedited() {
+            WakeMode::Membarrier
+        } else {
+            WakeMode::Fence
+        };
+        self.wake
+    }
+
+    /// The wake mode in force.
+    pub fn wake_mode(&self) -> WakeMode {
+        self.wake
+    }
+
+    /// True if every co-resident peer shares our kernel, so a futex sleep will be woken by senders.
+    pub fn can_futex(&self) -> bool {
+        self.wake != WakeMode::Off && self.peers.iter().flatten().all(|p| p.same_kernel)
     }
 
     /// Number of co-resident peers.
@@ -150,12 +188,17 @@ impl ShmTransport {
         Ok(())
     }
 
-    /// Before sleeping: announce it and return the doorbell value to wait on.
+    /// Before sleeping: announce it, issue the heavy side of the barrier, and return the doorbell value to
+    /// wait on. The caller must then check for incoming packets ([`ShmTransport::has_incoming`]) before
+    /// calling [`ShmTransport::sleep`].
     pub fn prepare_sleep(&self) -> u32 {
         let s = self.region.slot(self.me_local).expect("own slot");
         let d = s.doorbell.load(Ordering::Acquire);
         s.sleeping.store(1, Ordering::SeqCst);
         fence(Ordering::SeqCst);
+        if self.wake == WakeMode::Membarrier && vmf_pal::membarrier::global_expedited().is_err() {
+            // Cannot happen after a successful registration; the fence above still orders our side.
+        }
         d
     }
 
@@ -183,7 +226,12 @@ impl ShmTransport {
 
     #[inline]
     fn ring_doorbell(&self, local: u32) {
-        fence(Ordering::SeqCst);
+        match self.wake {
+            WakeMode::Off => return,
+            // Light side of the asymmetric barrier: only the compiler must not hoist the load.
+            WakeMode::Membarrier => std::sync::atomic::compiler_fence(Ordering::SeqCst),
+            WakeMode::Fence => fence(Ordering::SeqCst),
+        }
         if let Ok(s) = self.region.slot(local) {
             if s.sleeping.load(Ordering::Relaxed) != 0 {
                 s.doorbell.fetch_add(1, Ordering::Release);
@@ -245,7 +293,7 @@ impl Transport for ShmTransport {
                     slot.write(HDR_SIZE + a.len(), b);
                 }
                 tx.commit(slot);
-                if self.wake_check {
+                if self.wake != WakeMode::Off && p.same_kernel {
                     let l = p.local;
                     self.ring_doorbell(l);
                 }

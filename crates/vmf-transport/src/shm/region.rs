@@ -25,8 +25,8 @@ use vmf_pal::process::ProcessId;
 
 /// "VMFREGN\0" little-endian.
 pub const REGION_MAGIC: u64 = u64::from_le_bytes(*b"VMFREGN\0");
-/// Layout version. 1 = initial layout.
-pub const LAYOUT_VERSION: u32 = 1;
+/// Layout version. 1 = initial layout; 2 = slots record their kernel id (to tell co-resident VMs apart).
+pub const LAYOUT_VERSION: u32 = 2;
 /// Bytes reserved for the header.
 pub const HEADER_SIZE: u64 = 4096;
 /// Bytes per slot.
@@ -95,6 +95,8 @@ pub struct Slot {
     /// Nonzero while the owner is (about to be) asleep on `doorbell`.
     pub sleeping: AtomicU32,
     _r: AtomicU32,
+    /// Hash of the owner's kernel boot id: equal values share a kernel (futex wake-ups reach).
+    pub kernel: AtomicU64,
 }
 // SAFETY: atomics only.
 unsafe impl ShmSafe for Slot {}
@@ -232,9 +234,14 @@ impl Region {
         let tables = sizing.tables();
         // Zero the header and tables (a reused device may hold anything); the heap is zeroed per ring.
         let p = seg.ptr(0, tables).map_err(|e| err(e.to_string()))?;
-        // SAFETY: in bounds; we hold the INIT state so no other rank reads these bytes yet (apart from the
-        // init word, which lives in the header and is re-stored right below).
-        unsafe { std::ptr::write_bytes(p.add(16), 0, tables as usize - 16) };
+        // Everything but the init word, which we hold in the INIT state: zeroing it would let another rank
+        // win the compare-and-swap and initialise concurrently.
+        let iw = std::mem::offset_of!(RegionHeader, init_word);
+        // SAFETY: both ranges are in bounds; no other rank reads them before the init word says READY.
+        unsafe {
+            std::ptr::write_bytes(p, 0, iw);
+            std::ptr::write_bytes(p.add(iw + 8), 0, tables as usize - iw - 8);
+        }
         let hdr: &RegionHeader = seg.at(0).map_err(|e| err(e.to_string()))?;
         let n = sizing.max_local as u64;
         hdr.version.store(LAYOUT_VERSION, Ordering::Relaxed);
@@ -327,6 +334,8 @@ impl Region {
         s.rank.store(rank, Ordering::Relaxed);
         s.pid.store(me.pid as u32, Ordering::Relaxed);
         s.start_time.store(me.start_time, Ordering::Relaxed);
+        s.kernel.store(vmf_pal::process::kernel_id(), Ordering::Relaxed);
+        s.sleeping.store(0, Ordering::Relaxed);
         s.state.store(1, Ordering::Release);
         Ok(idx)
     }
@@ -337,6 +346,11 @@ impl Region {
             return Err(err(format!("slot index {idx} out of range")));
         }
         self.seg.at(self.slots_off + idx as u64 * SLOT_SIZE).map_err(|e| err(e.to_string()))
+    }
+
+    /// Kernel id recorded in slot `idx`.
+    pub fn slot_kernel(&self, idx: u32) -> Result<u64, TransportError> {
+        Ok(self.slot(idx)?.kernel.load(Ordering::Acquire))
     }
 
     /// Process identity recorded in slot `idx`.
@@ -490,6 +504,24 @@ mod tests {
         assert_eq!(b.attach(1).unwrap(), 1);
         assert_eq!(b.slot_process(0).unwrap(), ProcessId::current());
         std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn concurrent_openers_agree_on_one_initialiser_works() {
+        for round in 0..20 {
+            let d = dir(&format!("race{round}"));
+            let hs: Vec<_> = (0..4)
+                .map(|_| {
+                    let d = d.clone();
+                    std::thread::spawn(move || {
+                        Region::open(&RegionSource::Dir(d), "race", SZ, None, Duration::from_secs(5)).map(|r| r.uuid)
+                    })
+                })
+                .collect();
+            let uuids: Vec<_> = hs.into_iter().map(|h| h.join().unwrap().unwrap()).collect();
+            assert!(uuids.iter().all(|u| *u == uuids[0]), "round {round}: {uuids:?}");
+            std::fs::remove_dir_all(&d).unwrap();
+        }
     }
 
     #[test]
