@@ -24,6 +24,7 @@
 pub mod proto;
 pub mod selfq;
 pub mod shm;
+pub mod tcp;
 
 use proto::PktHeader;
 use thiserror::Error;
@@ -65,6 +66,14 @@ pub enum TransportError {
         /// Limit.
         max: usize,
     },
+    /// A connection to the peer failed or was closed.
+    #[error("the connection to rank {peer} was lost: {why}")]
+    ConnectionLost {
+        /// Peer rank.
+        peer: usize,
+        /// What happened.
+        why: String,
+    },
     /// Setting up the transport failed.
     #[error("{0}")]
     Setup(String),
@@ -78,6 +87,9 @@ pub struct Incoming<T> {
     pub hdr: PktHeader,
     payload: *const u8,
     len: usize,
+    /// Bytes of this packet's data that the transport already wrote straight into the destination chosen
+    /// by the placement callback (see [`Transport::poll_placed`]); 0 otherwise.
+    pub placed: usize,
     /// Transport-specific token needed to release the packet.
     pub token: T,
 }
@@ -85,7 +97,7 @@ pub struct Incoming<T> {
 impl<T> Incoming<T> {
     /// Construct (for transport implementations).
     pub fn new(peer: usize, hdr: PktHeader, payload: *const u8, len: usize, token: T) -> Self {
-        Incoming { peer, hdr, payload, len, token }
+        Incoming { peer, hdr, payload, len, placed: 0, token }
     }
     /// Payload length.
     pub fn len(&self) -> usize {
@@ -128,4 +140,22 @@ pub trait Transport {
     fn poll(&mut self) -> Result<Option<Incoming<Self::Token>>, TransportError>;
     /// Return a packet's resources.
     fn release(&mut self, inc: Incoming<Self::Token>);
+
+    /// Like [`Transport::try_send`], but `b` stays valid and unmodified until [`Transport::has_backlog`]
+    /// says false for this peer, so a transport may keep pointing at it instead of copying (large data).
+    fn try_send_borrowed(&mut self, peer: usize, hdr: &PktHeader, a: &[u8], b: &[u8]) -> Result<bool, TransportError> {
+        self.try_send(peer, hdr, a, b)
+    }
+
+    /// True while bytes handed to [`Transport::try_send_borrowed`] for `peer` are still referenced.
+    fn has_backlog(&self, _peer: usize) -> bool {
+        false
+    }
+
+    /// Like [`Transport::poll`], but for packets whose data has a known destination (`place(peer, hdr, a)`
+    /// returns it, or None) a transport that reads from a stream may read the data straight there and
+    /// report it in [`Incoming::placed`].
+    fn poll_placed(&mut self, _place: &mut dyn FnMut(usize, &PktHeader, &[u8]) -> Option<*mut u8>) -> Result<Option<Incoming<Self::Token>>, TransportError> {
+        self.poll()
+    }
 }

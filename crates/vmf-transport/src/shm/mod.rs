@@ -55,6 +55,16 @@ pub struct ShmTransport {
     ring_size: u64,
     wake: WakeMode,
     kernel: u64,
+    /// Datagram socket (abstract namespace) a rank sleeping in epoll is woken through.
+    db_sock: Option<std::os::unix::net::UnixDatagram>,
+    job: u64,
+}
+
+const SLEEP_FUTEX: u32 = 1;
+const SLEEP_SOCKET: u32 = 2;
+
+fn doorbell_name(job: u64, rank: usize) -> String {
+    format!("vmf-{job:016x}-{rank}")
 }
 
 fn corrupt(peer: usize, e: RingError) -> TransportError {
@@ -76,6 +86,8 @@ impl ShmTransport {
             ring_size,
             wake: WakeMode::Off,
             kernel: vmf_pal::process::kernel_id(),
+            db_sock: None,
+            job: 0,
         }
     }
 
@@ -112,6 +124,44 @@ impl ShmTransport {
             WakeMode::Fence
         };
         self.wake
+    }
+
+    /// Create this rank's doorbell socket (for sleeping in epoll together with other transports). Abstract
+    /// Unix sockets live in the network namespace, which co-resident ranks share.
+    pub fn enable_socket_doorbell(&mut self, job: u64) -> Result<(), TransportError> {
+        use std::os::linux::net::SocketAddrExt;
+        let addr = std::os::unix::net::SocketAddr::from_abstract_name(doorbell_name(job, self.me).as_bytes())
+            .map_err(|e| TransportError::Setup(e.to_string()))?;
+        let s = std::os::unix::net::UnixDatagram::bind_addr(&addr)
+            .map_err(|e| TransportError::Setup(format!("Unable to create the doorbell socket since {e}")))?;
+        s.set_nonblocking(true).map_err(|e| TransportError::Setup(e.to_string()))?;
+        self.db_sock = Some(s);
+        self.job = job;
+        Ok(())
+    }
+
+    /// The doorbell socket's descriptor, if enabled.
+    pub fn doorbell_fd(&self) -> Option<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        self.db_sock.as_ref().map(|s| s.as_raw_fd())
+    }
+
+    /// Before sleeping in epoll (with the doorbell socket in the set): announce it and issue the barrier.
+    pub fn prepare_sleep_socket(&self) {
+        let s = self.region.slot(self.me_local).expect("own slot");
+        s.sleeping.store(if self.db_sock.is_some() { SLEEP_SOCKET } else { SLEEP_FUTEX }, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        if self.wake == WakeMode::Membarrier {
+            let _ = vmf_pal::membarrier::global_expedited();
+        }
+    }
+
+    /// Empty the doorbell socket after waking.
+    pub fn drain_doorbell(&self) {
+        if let Some(s) = &self.db_sock {
+            let mut b = [0u8; 16];
+            while s.recv(&mut b).is_ok() {}
+        }
     }
 
     /// The wake mode in force.
@@ -194,7 +244,7 @@ impl ShmTransport {
     pub fn prepare_sleep(&self) -> u32 {
         let s = self.region.slot(self.me_local).expect("own slot");
         let d = s.doorbell.load(Ordering::Acquire);
-        s.sleeping.store(1, Ordering::SeqCst);
+        s.sleeping.store(SLEEP_FUTEX, Ordering::SeqCst);
         fence(Ordering::SeqCst);
         if self.wake == WakeMode::Membarrier && vmf_pal::membarrier::global_expedited().is_err() {
             // Cannot happen after a successful registration; the fence above still orders our side.
@@ -225,7 +275,7 @@ impl ShmTransport {
     }
 
     #[inline]
-    fn ring_doorbell(&self, local: u32) {
+    fn ring_doorbell(&self, peer: usize, local: u32) {
         match self.wake {
             WakeMode::Off => return,
             // Light side of the asymmetric barrier: only the compiler must not hoist the load.
@@ -233,9 +283,23 @@ impl ShmTransport {
             WakeMode::Fence => fence(Ordering::SeqCst),
         }
         if let Ok(s) = self.region.slot(local) {
-            if s.sleeping.load(Ordering::Relaxed) != 0 {
-                s.doorbell.fetch_add(1, Ordering::Release);
-                vmf_pal::futex::wake(&s.doorbell, 1);
+            match s.sleeping.load(Ordering::Relaxed) {
+                0 => {}
+                SLEEP_SOCKET => self.ring_socket(peer),
+                _ => {
+                    s.doorbell.fetch_add(1, Ordering::Release);
+                    vmf_pal::futex::wake(&s.doorbell, 1);
+                }
+            }
+        }
+    }
+
+    #[cold]
+    fn ring_socket(&self, peer: usize) {
+        use std::os::linux::net::SocketAddrExt;
+        if let Some(sock) = &self.db_sock {
+            if let Ok(a) = std::os::unix::net::SocketAddr::from_abstract_name(doorbell_name(self.job, peer).as_bytes()) {
+                let _ = sock.send_to_addr(&[1], &a);
             }
         }
     }
@@ -295,7 +359,7 @@ impl Transport for ShmTransport {
                 tx.commit(slot);
                 if self.wake != WakeMode::Off && p.same_kernel {
                     let l = p.local;
-                    self.ring_doorbell(l);
+                    self.ring_doorbell(peer, l);
                 }
                 Ok(true)
             }

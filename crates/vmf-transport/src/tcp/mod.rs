@@ -1,0 +1,1070 @@
+//! The TCP transport: ranks on different hosts (or with no shared region).
+//!
+//! - **Connections** are made on first use, one per pair. Both ranks may connect at the same moment; the
+//!   connection initiated by the lower rank wins (the acceptor rejects the other during the handshake, before
+//!   any data flows), so both sides agree without a round of negotiation.
+//! - **Authentication**: mutual challenge-response with a per-job secret handed out by the launcher,
+//!   never sent on the wire: `HELLO(job, src, dst, nonce_c, MAC_H)` → `REPLY(accept?, nonce_a, MAC_A)` →
+//!   `PROOF(MAC_C)`, with MAC = SipHash-2-4 keyed by the secret over the role, job, ranks and the nonces.
+//!   The HELLO's MAC keeps outsiders from occupying a handshake slot; the nonces make the exchange fresh.
+//!   A connection from outside the job is refused (logged once) and disturbs nothing.
+//! - **Framing**: `[u32 len][u16 a_len][u16 0][PktHeader][a][b]`, sent with one `writev` from the caller's
+//!   buffers. Sockets are nonblocking with `TCP_NODELAY`. A partial write leaves a backlog: the small head is
+//!   copied, the data part is copied for ordinary sends but only *referenced* for
+//!   [`Transport::try_send_borrowed`] (the core keeps the buffer alive until [`Transport::has_backlog`] is
+//!   false), so large messages are written from the user's buffer with no staging copy.
+//! - **Receiving** into a per-connection buffer; data packets whose destination the core names through the
+//!   placement callback of [`Transport::poll_placed`] are read straight into the user's buffer.
+//! - Every length and header from the network is validated; a bad peer yields an error, never an
+//!   out-of-bounds write.
+//! - **Waiting**: [`TcpTransport::wait`] sleeps in `epoll_wait` on every socket plus an optional extra fd
+//!   (the shared-memory doorbell socket), so a blocked rank waits on both transports at once.
+use crate::proto::{Kind, PktHeader, HDR_SIZE};
+use crate::{Incoming, Transport, TransportError};
+use std::hash::Hasher;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
+use std::time::{Duration, Instant};
+
+const FRAME_HDR: usize = 8;
+const HELLO_MAGIC: &[u8; 8] = b"VMFTCPH1";
+const REPLY_MAGIC: &[u8; 8] = b"VMFTCPR1";
+const PROOF_MAGIC: &[u8; 8] = b"VMFTCPP1";
+const HELLO_LEN: usize = 56;
+const REPLY_LEN: usize = 40;
+const PROOF_LEN: usize = 16;
+/// Version of the TCP handshake and framing.
+pub const TCP_VERSION: u32 = 1;
+const RX_BUF: usize = 256 << 10;
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+const TAG_LISTENER: u64 = 1 << 62;
+const TAG_HANDSHAKE: u64 = 2 << 62;
+const TAG_EXTRA: u64 = 3 << 62;
+const TAG_CONN: u64 = 0;
+
+/// Parameters of the TCP transport.
+#[derive(Debug, Clone)]
+pub struct TcpConfig {
+    /// Address to listen on (port chosen by the kernel).
+    pub bind: IpAddr,
+    /// Per-job secret (from the launcher).
+    pub secret: [u8; 16],
+    /// Hash of the job id (both sides must agree).
+    pub job: u64,
+    /// Largest packet that is not placed directly (eager data and control).
+    pub max_frame: usize,
+}
+
+fn mac(secret: &[u8; 16], role: u8, job: u64, src: u32, dst: u32, nc: &[u8; 16], na: &[u8; 16]) -> u64 {
+    let k0 = u64::from_le_bytes(secret[..8].try_into().unwrap());
+    let k1 = u64::from_le_bytes(secret[8..].try_into().unwrap());
+    let mut h = siphasher::sip::SipHasher24::new_with_keys(k0, k1);
+    h.write_u8(role);
+    h.write_u64(job);
+    h.write_u32(src);
+    h.write_u32(dst);
+    h.write(nc);
+    h.write(na);
+    h.finish()
+}
+
+fn nonce() -> [u8; 16] {
+    let mut n = [0u8; 16];
+    let _ = getrandom::fill(&mut n);
+    n
+}
+
+enum HsState {
+    /// Outgoing: HELLO sent, waiting for REPLY.
+    WaitReply,
+    /// Incoming: waiting for HELLO.
+    WaitHello,
+    /// Incoming: REPLY sent, waiting for PROOF.
+    WaitProof,
+}
+
+struct Handshake {
+    stream: TcpStream,
+    state: HsState,
+    buf: Vec<u8>,
+    peer: Option<usize>,
+    nonce_c: [u8; 16],
+    nonce_a: [u8; 16],
+    started: Instant,
+    from: String,
+}
+
+struct Backlog {
+    head: Vec<u8>,
+    head_off: usize,
+    data: *const u8,
+    data_len: usize,
+    data_off: usize,
+    owned: Vec<u8>,
+}
+
+struct Direct {
+    hdr: PktHeader,
+    a: Vec<u8>,
+    dst: *mut u8,
+    total: usize,
+    done: usize,
+}
+
+struct Conn {
+    stream: TcpStream,
+    rx: Vec<u8>,
+    rx_start: usize,
+    rx_end: usize,
+    direct: Option<Direct>,
+    backlog: Option<Backlog>,
+    /// An Incoming is out (payload points into rx) until released.
+    lent: Option<usize>,
+    direct_a: Vec<u8>,
+}
+
+/// Token returned with incoming packets.
+pub struct TcpToken {
+    peer: usize,
+    consumed: usize,
+}
+
+/// The TCP transport of one rank.
+pub struct TcpTransport {
+    me: usize,
+    cfg: TcpConfig,
+    listener: TcpListener,
+    addr: SocketAddr,
+    addrs: Vec<Option<SocketAddr>>,
+    conns: Vec<Option<Conn>>,
+    outgoing: Vec<Option<Handshake>>,
+    incoming: Vec<Handshake>,
+    cursor: usize,
+    refused_logged: bool,
+    epoll: RawFd,
+    epoll_dirty: bool,
+    extra_fd: Option<RawFd>,
+    /// Connections the kernel reported readable (or writable) and not yet drained.
+    ready: Vec<bool>,
+}
+
+fn setup(e: impl std::fmt::Display) -> TransportError {
+    TransportError::Setup(e.to_string())
+}
+
+impl Drop for TcpTransport {
+    fn drop(&mut self) {
+        if self.epoll >= 0 {
+            // SAFETY: our own epoll descriptor.
+            unsafe { libc::close(self.epoll) };
+        }
+    }
+}
+
+impl TcpTransport {
+    /// Listen on `cfg.bind` for a job of `n` ranks.
+    pub fn new(me: usize, n: usize, cfg: TcpConfig) -> Result<TcpTransport, TransportError> {
+        let listener = TcpListener::bind(SocketAddr::new(cfg.bind, 0))
+            .map_err(|e| setup(format!("Unable to listen on {} since {e}", cfg.bind)))?;
+        listener.set_nonblocking(true).map_err(setup)?;
+        let addr = listener.local_addr().map_err(setup)?;
+        // SAFETY: plain syscall.
+        let epoll = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        Ok(TcpTransport {
+            me,
+            cfg,
+            listener,
+            addr,
+            addrs: vec![None; n],
+            conns: (0..n).map(|_| None).collect(),
+            outgoing: (0..n).map(|_| None).collect(),
+            incoming: Vec::new(),
+            cursor: 0,
+            refused_logged: false,
+            epoll,
+            epoll_dirty: true,
+            extra_fd: None,
+            ready: vec![false; n],
+        })
+    }
+
+    /// The address peers connect to.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Replace the job secret (before any connection is made).
+    pub fn set_secret(&mut self, secret: [u8; 16]) {
+        self.cfg.secret = secret;
+    }
+
+    /// Where `peer` listens.
+    pub fn set_peer_addr(&mut self, peer: usize, addr: SocketAddr) {
+        if peer < self.addrs.len() {
+            self.addrs[peer] = Some(addr);
+        }
+    }
+
+    /// True if a connection to `peer` is established.
+    pub fn connected(&self, peer: usize) -> bool {
+        self.conns.get(peer).is_some_and(|c| c.is_some())
+    }
+
+    fn log_refused(&mut self, from: &str, why: &str) {
+        if !self.refused_logged {
+            self.refused_logged = true;
+            eprintln!("vmfabric: rank {}: refused a TCP connection from {from}: {why} (logged once)", self.me);
+        }
+    }
+
+    fn start_connect(&mut self, peer: usize) -> Result<(), TransportError> {
+        let addr = self.addrs[peer].ok_or(TransportError::Unreachable { peer, transport: "tcp" })?;
+        let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).map_err(|e| TransportError::ConnectionLost {
+            peer,
+            why: format!("cannot connect to {addr}: {e}"),
+        })?;
+        stream.set_nodelay(true).map_err(setup)?;
+        let nc = nonce();
+        let mut hello = Vec::with_capacity(HELLO_LEN);
+        hello.extend_from_slice(HELLO_MAGIC);
+        hello.extend_from_slice(&TCP_VERSION.to_le_bytes());
+        hello.extend_from_slice(&0u32.to_le_bytes());
+        hello.extend_from_slice(&self.cfg.job.to_le_bytes());
+        hello.extend_from_slice(&(self.me as u32).to_le_bytes());
+        hello.extend_from_slice(&(peer as u32).to_le_bytes());
+        hello.extend_from_slice(&nc);
+        // The HELLO itself proves membership, so outsiders cannot even occupy a pending handshake slot.
+        let mh = mac(&self.cfg.secret, b'H', self.cfg.job, self.me as u32, peer as u32, &nc, &[0; 16]);
+        hello.extend_from_slice(&mh.to_le_bytes());
+        (&stream).write_all(&hello).map_err(|e| TransportError::ConnectionLost { peer, why: e.to_string() })?;
+        stream.set_nonblocking(true).map_err(setup)?;
+        self.outgoing[peer] = Some(Handshake {
+            stream,
+            state: HsState::WaitReply,
+            buf: Vec::new(),
+            peer: Some(peer),
+            nonce_c: nc,
+            nonce_a: [0; 16],
+            started: Instant::now(),
+            from: addr.to_string(),
+        });
+        self.epoll_dirty = true;
+        Ok(())
+    }
+
+    /// Read into a handshake buffer until it holds `want` bytes. Ok(false): not yet; Err: connection dead.
+    fn hs_fill(h: &mut Handshake, want: usize) -> Result<bool, String> {
+        let mut tmp = [0u8; 64];
+        while h.buf.len() < want {
+            match (&h.stream).read(&mut tmp[..want - h.buf.len()]) {
+                Ok(0) => return Err("connection closed during the handshake".into()),
+                Ok(k) => h.buf.extend_from_slice(&tmp[..k]),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(false),
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+        Ok(true)
+    }
+
+    fn establish(&mut self, peer: usize, stream: TcpStream) {
+        // Large socket buffers: a rendezvous frame of several MiB then needs few wake-ups.
+        let sz: libc::c_int = 4 << 20;
+        for opt in [libc::SO_SNDBUF, libc::SO_RCVBUF] {
+            // SAFETY: setsockopt with a valid int option on our socket.
+            unsafe {
+                libc::setsockopt(stream.as_raw_fd(), libc::SOL_SOCKET, opt, &sz as *const _ as *const libc::c_void, 4);
+            }
+        }
+        self.conns[peer] = Some(Conn {
+            stream,
+            rx: vec![0u8; RX_BUF],
+            rx_start: 0,
+            rx_end: 0,
+            direct: None,
+            backlog: None,
+            lent: None,
+            direct_a: Vec::new(),
+        });
+        self.epoll_dirty = true;
+    }
+
+    /// Accept connections and advance handshakes and backlogs. Returns how many things happened.
+    pub fn progress(&mut self) -> Result<usize, TransportError> {
+        let mut n = 0;
+        loop {
+            match self.listener.accept() {
+                Ok((s, from)) => {
+                    let _ = s.set_nonblocking(true);
+                    let _ = s.set_nodelay(true);
+                    self.incoming.push(Handshake {
+                        stream: s,
+                        state: HsState::WaitHello,
+                        buf: Vec::new(),
+                        peer: None,
+                        nonce_c: [0; 16],
+                        nonce_a: [0; 16],
+                        started: Instant::now(),
+                        from: from.to_string(),
+                    });
+                    self.epoll_dirty = true;
+                    n += 1;
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(_) => break,
+            }
+        }
+        n += self.advance_incoming();
+        n += self.advance_outgoing()?;
+        for peer in 0..self.conns.len() {
+            if self.conns[peer].as_ref().is_some_and(|c| c.backlog.is_some()) {
+                n += self.flush(peer)?;
+            }
+        }
+        Ok(n)
+    }
+
+    fn advance_incoming(&mut self) -> usize {
+        let mut n = 0;
+        let mut i = 0;
+        while i < self.incoming.len() {
+            let r = self.step_incoming(i);
+            match r {
+                Ok(true) => {
+                    n += 1; // finished (established or rejected): removed inside
+                }
+                Ok(false) => {
+                    if self.incoming[i].started.elapsed() > HANDSHAKE_TIMEOUT {
+                        let h = self.incoming.swap_remove(i);
+                        self.log_refused(&h.from, "handshake timed out");
+                        self.epoll_dirty = true;
+                    } else {
+                        i += 1;
+                    }
+                }
+                Err(why) => {
+                    let h = self.incoming.swap_remove(i);
+                    // A connection closed before saying anything is an abandoned simultaneous-connect
+                    // attempt (or a port scan): nothing to refuse.
+                    if !(h.buf.is_empty() && matches!(h.state, HsState::WaitHello)) {
+                        self.log_refused(&h.from, &why);
+                    }
+                    self.epoll_dirty = true;
+                    n += 1;
+                }
+            }
+        }
+        n
+    }
+
+    /// Ok(true): the handshake at `i` finished and was removed; Ok(false): waiting; Err: refuse.
+    fn step_incoming(&mut self, i: usize) -> Result<bool, String> {
+        let me = self.me as u32;
+        let nranks = self.conns.len();
+        let h = &mut self.incoming[i];
+        if let HsState::WaitHello = h.state {
+            if !Self::hs_fill(h, HELLO_LEN)? {
+                return Ok(false);
+            }
+            let b = &h.buf;
+            if &b[..8] != HELLO_MAGIC {
+                return Err("not a vmfabric peer".into());
+            }
+            let ver = u32::from_le_bytes(b[8..12].try_into().unwrap());
+            let job = u64::from_le_bytes(b[16..24].try_into().unwrap());
+            let src = u32::from_le_bytes(b[24..28].try_into().unwrap());
+            let dst = u32::from_le_bytes(b[28..32].try_into().unwrap());
+            if ver != TCP_VERSION {
+                return Err(format!("protocol version {ver}, this build speaks {TCP_VERSION}"));
+            }
+            if job != self.cfg.job || dst != me || src as usize >= nranks || src == me {
+                return Err("it does not belong to this job".into());
+            }
+            h.nonce_c.copy_from_slice(&b[32..48]);
+            let mh = u64::from_le_bytes(b[48..56].try_into().unwrap());
+            if mh != mac(&self.cfg.secret, b'H', job, src, dst, &h.nonce_c, &[0; 16]) {
+                return Err("authentication failed (wrong job secret)".into());
+            }
+            h.nonce_a = nonce();
+            h.peer = Some(src as usize);
+            // Simultaneous connect: the lower rank's connection wins.
+            let reject = self.outgoing[src as usize].is_some() && (me as usize) < src as usize;
+            let h = &mut self.incoming[i];
+            let m = mac(&self.cfg.secret, b'A', job, src, dst, &h.nonce_c, &h.nonce_a);
+            let mut reply = Vec::with_capacity(REPLY_LEN);
+            reply.extend_from_slice(REPLY_MAGIC);
+            reply.extend_from_slice(&(reject as u32).to_le_bytes());
+            reply.extend_from_slice(&0u32.to_le_bytes());
+            reply.extend_from_slice(&h.nonce_a);
+            reply.extend_from_slice(&m.to_le_bytes());
+            (&h.stream).write_all(&reply).map_err(|e| e.to_string())?;
+            if reject {
+                self.incoming.swap_remove(i);
+                self.epoll_dirty = true;
+                return Ok(true);
+            }
+            h.buf.clear();
+            h.state = HsState::WaitProof;
+        }
+        let h = &mut self.incoming[i];
+        if !Self::hs_fill(h, PROOF_LEN)? {
+            return Ok(false);
+        }
+        let src = h.peer.unwrap();
+        let want = mac(&self.cfg.secret, b'C', self.cfg.job, src as u32, me, &h.nonce_c, &h.nonce_a);
+        if &h.buf[..8] != PROOF_MAGIC || u64::from_le_bytes(h.buf[8..16].try_into().unwrap()) != want {
+            return Err("authentication failed (wrong job secret)".into());
+        }
+        let h = self.incoming.swap_remove(i);
+        if self.conns[src].is_none() {
+            // Our own attempt, if any, loses (the peer will reject it).
+            self.outgoing[src] = None;
+            self.establish(src, h.stream);
+        }
+        Ok(true)
+    }
+
+    fn advance_outgoing(&mut self) -> Result<usize, TransportError> {
+        let mut n = 0;
+        for peer in 0..self.outgoing.len() {
+            let Some(h) = self.outgoing[peer].as_mut() else { continue };
+            let lost = |why: String| TransportError::ConnectionLost { peer, why };
+            if self.conns[peer].is_some() {
+                self.outgoing[peer] = None; // the peer's connection won
+                self.epoll_dirty = true;
+                continue;
+            }
+            match Self::hs_fill(h, REPLY_LEN) {
+                Ok(false) => {
+                    if h.started.elapsed() > HANDSHAKE_TIMEOUT {
+                        return Err(lost("handshake timed out".into()));
+                    }
+                    continue;
+                }
+                Ok(true) => {}
+                Err(why) => {
+                    // A rejected attempt is closed by the peer; its own connection is on its way.
+                    if h.buf.len() >= REPLY_LEN || why.contains("closed") {
+                        self.outgoing[peer] = None;
+                        self.epoll_dirty = true;
+                        continue;
+                    }
+                    return Err(lost(why));
+                }
+            }
+            let b = &h.buf;
+            let reject = u32::from_le_bytes(b[8..12].try_into().unwrap()) != 0;
+            let mut na = [0u8; 16];
+            na.copy_from_slice(&b[16..32]);
+            let got = u64::from_le_bytes(b[32..40].try_into().unwrap());
+            let want = mac(&self.cfg.secret, b'A', self.cfg.job, self.me as u32, peer as u32, &h.nonce_c, &na);
+            if &b[..8] != REPLY_MAGIC || got != want {
+                return Err(lost(format!("rank {peer} at {} failed authentication", h.from)));
+            }
+            if reject {
+                self.outgoing[peer] = None;
+                self.epoll_dirty = true;
+                n += 1;
+                continue;
+            }
+            let proof = mac(&self.cfg.secret, b'C', self.cfg.job, self.me as u32, peer as u32, &h.nonce_c, &na);
+            let mut p = Vec::with_capacity(PROOF_LEN);
+            p.extend_from_slice(PROOF_MAGIC);
+            p.extend_from_slice(&proof.to_le_bytes());
+            (&h.stream).write_all(&p).map_err(|e| lost(e.to_string()))?;
+            let h = self.outgoing[peer].take().unwrap();
+            self.establish(peer, h.stream);
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self, peer: usize) -> Result<usize, TransportError> {
+        let c = self.conns[peer].as_mut().unwrap();
+        let Some(b) = c.backlog.as_mut() else { return Ok(0) };
+        loop {
+            let head = &b.head[b.head_off..];
+            let data: &[u8] = if !b.owned.is_empty() {
+                &b.owned[b.data_off..]
+            } else if b.data_len > 0 {
+                // SAFETY: the caller of try_send_borrowed keeps the buffer alive until has_backlog is false.
+                unsafe { std::slice::from_raw_parts(b.data.add(b.data_off), b.data_len - b.data_off) }
+            } else {
+                &[]
+            };
+            if head.is_empty() && data.is_empty() {
+                c.backlog = None;
+                self.epoll_dirty = true;
+                return Ok(1);
+            }
+            match writev(c.stream.as_raw_fd(), &[head, data]) {
+                Ok(k) => {
+                    let from_head = k.min(head.len());
+                    b.head_off += from_head;
+                    b.data_off += k - from_head;
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(0),
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(TransportError::ConnectionLost { peer, why: e.to_string() }),
+            }
+        }
+    }
+
+    fn send(&mut self, peer: usize, hdr: &PktHeader, a: &[u8], b: &[u8], borrow: bool) -> Result<bool, TransportError> {
+        if peer >= self.conns.len() || peer == self.me {
+            return Err(TransportError::Unreachable { peer, transport: "tcp" });
+        }
+        if self.conns[peer].is_none() {
+            if self.outgoing[peer].is_none() && !self.incoming.iter().any(|h| h.peer == Some(peer)) {
+                self.start_connect(peer)?;
+            }
+            self.progress()?;
+            if self.conns[peer].is_none() {
+                return Ok(false);
+            }
+        }
+        let c = self.conns[peer].as_mut().unwrap();
+        if c.backlog.is_some() {
+            return Ok(false);
+        }
+        if a.len() > u16::MAX as usize || HDR_SIZE + a.len() + b.len() > u32::MAX as usize {
+            return Err(TransportError::TooLarge { peer, len: a.len() + b.len(), max: u32::MAX as usize });
+        }
+        let mut head = [0u8; FRAME_HDR + HDR_SIZE];
+        head[..4].copy_from_slice(&((HDR_SIZE + a.len() + b.len()) as u32).to_le_bytes());
+        head[4..6].copy_from_slice(&(a.len() as u16).to_le_bytes());
+        head[FRAME_HDR..].copy_from_slice(hdr.as_bytes());
+        let total = head.len() + a.len() + b.len();
+        let k = loop {
+            match writev(c.stream.as_raw_fd(), &[&head, a, b]) {
+                Ok(k) => break k,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(false),
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(TransportError::ConnectionLost { peer, why: e.to_string() }),
+            }
+        };
+        if k < total {
+            let hl = head.len() + a.len();
+            let mut hv = Vec::new();
+            if k < hl {
+                hv.extend_from_slice(&head[k.min(head.len())..]);
+                hv.extend_from_slice(&a[k.saturating_sub(head.len())..]);
+            }
+            let data_off = k.saturating_sub(hl);
+            let (owned, data, data_len) = if borrow {
+                (Vec::new(), b.as_ptr(), b.len())
+            } else {
+                (b[data_off..].to_vec(), std::ptr::null(), 0)
+            };
+            c.backlog = Some(Backlog {
+                head: hv,
+                head_off: 0,
+                data,
+                data_len,
+                data_off: if borrow { data_off } else { 0 },
+                owned,
+            });
+            self.epoll_dirty = true;
+        }
+        Ok(true)
+    }
+
+    fn parse_frame(&self, peer: usize, c: &Conn) -> Result<Option<(usize, usize, PktHeader)>, TransportError> {
+        let avail = c.rx_end - c.rx_start;
+        if avail < FRAME_HDR + HDR_SIZE {
+            return Ok(None);
+        }
+        let p = &c.rx[c.rx_start..c.rx_end];
+        let len = u32::from_le_bytes(p[..4].try_into().unwrap()) as usize;
+        let a_len = u16::from_le_bytes(p[4..6].try_into().unwrap()) as usize;
+        // SAFETY: at least FRAME_HDR + HDR_SIZE bytes are buffered.
+        let hdr = unsafe { PktHeader::read_from(p[FRAME_HDR..].as_ptr()) };
+        if len < HDR_SIZE + a_len || hdr.src as usize != peer || Kind::from_u8(hdr.kind).is_none() {
+            return Err(TransportError::Corrupt {
+                peer,
+                what: format!("TCP frame of length {len} (a {a_len}) claims source {} kind {}", hdr.src, hdr.kind),
+            });
+        }
+        Ok(Some((len, a_len, hdr)))
+    }
+
+    /// Read from `peer`'s socket into its buffer. Ok(false): nothing available.
+    fn fill(&mut self, peer: usize) -> Result<bool, TransportError> {
+        let c = self.conns[peer].as_mut().unwrap();
+        if c.rx_start > 0 && (c.rx_start == c.rx_end || c.rx_start > c.rx.len() / 2) {
+            c.rx.copy_within(c.rx_start..c.rx_end, 0);
+            c.rx_end -= c.rx_start;
+            c.rx_start = 0;
+        }
+        if c.rx_end == c.rx.len() {
+            return Ok(false); // full: the caller grows it if a frame needs more
+        }
+        loop {
+            match (&c.stream).read(&mut c.rx[c.rx_end..]) {
+                Ok(0) => return Err(TransportError::ConnectionLost { peer, why: "the peer closed the connection".into() }),
+                Ok(k) => {
+                    c.rx_end += k;
+                    return Ok(true);
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(false),
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(TransportError::ConnectionLost { peer, why: e.to_string() }),
+            }
+        }
+    }
+
+    fn poll_peer(
+        &mut self,
+        peer: usize,
+        place: &mut dyn FnMut(usize, &PktHeader, &[u8]) -> Option<*mut u8>,
+    ) -> Result<Option<Incoming<TcpToken>>, TransportError> {
+        // A direct read in progress.
+        if self.conns[peer].as_ref().unwrap().direct.is_some() {
+            let c = self.conns[peer].as_mut().unwrap();
+            let d = c.direct.as_mut().unwrap();
+            while d.done < d.total {
+                // SAFETY: the core named dst..dst+total as the destination of this packet's data.
+                let dst = unsafe { std::slice::from_raw_parts_mut(d.dst.add(d.done), d.total - d.done) };
+                match (&c.stream).read(dst) {
+                    Ok(0) => return Err(TransportError::ConnectionLost { peer, why: "the peer closed the connection".into() }),
+                    Ok(k) => d.done += k,
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(None),
+                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                    Err(e) => return Err(TransportError::ConnectionLost { peer, why: e.to_string() }),
+                }
+            }
+            let d = c.direct.take().unwrap();
+            c.direct_a = d.a;
+            let mut inc = Incoming::new(peer, d.hdr, c.direct_a.as_ptr(), c.direct_a.len(), TcpToken { peer, consumed: 0 });
+            inc.placed = d.total;
+            c.lent = Some(0);
+            return Ok(Some(inc));
+        }
+        for attempt in 0..2 {
+            let c = self.conns[peer].as_ref().unwrap();
+            if let Some((len, a_len, hdr)) = self.parse_frame(peer, c)? {
+                let avail = c.rx_end - c.rx_start;
+                let b_len = len - HDR_SIZE - a_len;
+                let fixed = FRAME_HDR + HDR_SIZE + a_len;
+                if hdr.kind == Kind::Data as u8 && hdr.len as usize != b_len {
+                    return Err(TransportError::Corrupt { peer, what: format!("DATA frame says {} bytes but carries {b_len}", hdr.len) });
+                }
+                if avail >= fixed && hdr.kind == Kind::Data as u8 && b_len > 0 {
+                    let a = &c.rx[c.rx_start + FRAME_HDR + HDR_SIZE..c.rx_start + fixed];
+                    if let Some(dst) = place(peer, &hdr, a) {
+                        let a = a.to_vec();
+                        let c = self.conns[peer].as_mut().unwrap();
+                        let have = (avail - fixed).min(b_len);
+                        // SAFETY: the core guarantees b_len bytes at dst.
+                        unsafe { std::ptr::copy_nonoverlapping(c.rx.as_ptr().add(c.rx_start + fixed), dst, have) };
+                        c.rx_start += fixed + have;
+                        c.direct = Some(Direct { hdr, a, dst, total: b_len, done: have });
+                        return self.poll_peer(peer, place);
+                    }
+                }
+                if FRAME_HDR + len > self.cfg.max_frame + FRAME_HDR + HDR_SIZE + 64 {
+                    return Err(TransportError::Corrupt { peer, what: format!("TCP frame of {len} bytes exceeds the limit") });
+                }
+                if avail >= FRAME_HDR + len {
+                    let c = self.conns[peer].as_mut().unwrap();
+                    let start = c.rx_start + FRAME_HDR + HDR_SIZE;
+                    c.lent = Some(FRAME_HDR + len);
+                    let payload = c.rx[start..].as_ptr();
+                    return Ok(Some(Incoming::new(peer, hdr, payload, len - HDR_SIZE, TcpToken { peer, consumed: FRAME_HDR + len })));
+                }
+                // Need more bytes: make room for the whole frame.
+                let c = self.conns[peer].as_mut().unwrap();
+                if c.rx.len() < FRAME_HDR + len {
+                    c.rx.copy_within(c.rx_start..c.rx_end, 0);
+                    c.rx_end -= c.rx_start;
+                    c.rx_start = 0;
+                    c.rx.resize(FRAME_HDR + len, 0);
+                }
+            }
+            if attempt == 1 || !self.fill(peer)? {
+                return Ok(None);
+            }
+        }
+        Ok(None)
+    }
+
+    /// Sleep until a socket (or `extra_fd`) is readable, a backlog can be written, or `timeout` passes.
+    pub fn wait(&mut self, extra_fd: Option<RawFd>, timeout: Duration) {
+        if self.epoll < 0 {
+            std::thread::sleep(timeout.min(Duration::from_millis(1)));
+            return;
+        }
+        if self.epoll_dirty || extra_fd != self.extra_fd {
+            self.extra_fd = extra_fd;
+            self.rebuild_epoll(extra_fd);
+        }
+        let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 16];
+        // SAFETY: evs is a valid array of 16 events.
+        unsafe { libc::epoll_wait(self.epoll, evs.as_mut_ptr(), 16, timeout.as_millis().min(i32::MAX as u128) as i32) };
+    }
+
+    fn rebuild_epoll(&mut self, extra_fd: Option<RawFd>) {
+        // SAFETY: replace our epoll set wholesale (closing drops all registrations).
+        unsafe { libc::close(self.epoll) };
+        self.epoll = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        let add = |fd: RawFd, ev: u32, tag: u64| {
+            let mut e = libc::epoll_event { events: ev, u64: tag };
+            // SAFETY: valid epoll and fd.
+            unsafe { libc::epoll_ctl(self.epoll, libc::EPOLL_CTL_ADD, fd, &mut e) };
+        };
+        let inn = libc::EPOLLIN as u32;
+        add(self.listener.as_raw_fd(), inn, TAG_LISTENER);
+        if let Some(fd) = extra_fd {
+            // A readable doorbell merely costs one extra pass until the waker drains it.
+            add(fd, inn, TAG_EXTRA);
+        }
+        for h in self.incoming.iter().chain(self.outgoing.iter().flatten()) {
+            add(h.stream.as_raw_fd(), inn, TAG_HANDSHAKE);
+        }
+        for (peer, c) in self.conns.iter().enumerate() {
+            if let Some(c) = c {
+                let ev = if c.backlog.is_some() { inn | libc::EPOLLOUT as u32 } else { inn };
+                add(c.stream.as_raw_fd(), ev, TAG_CONN | peer as u64);
+            }
+        }
+        self.epoll_dirty = false;
+    }
+
+    /// Ask the kernel (without blocking) which sockets are ready; mark them in `self.ready`. Returns
+    /// whether the listener or a handshake needs attention.
+    fn collect_ready(&mut self) -> bool {
+        if self.epoll < 0 {
+            self.ready.iter_mut().for_each(|r| *r = true);
+            return true;
+        }
+        if self.epoll_dirty {
+            self.rebuild_epoll(self.extra_fd);
+        }
+        let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 32];
+        // SAFETY: valid event array.
+        let r = unsafe { libc::epoll_wait(self.epoll, evs.as_mut_ptr(), 32, 0) };
+        let mut admin = false;
+        for e in evs.iter().take(r.max(0) as usize) {
+            let tag = e.u64;
+            match tag & (3 << 62) {
+                TAG_CONN => {
+                    if let Some(x) = self.ready.get_mut((tag & 0xFFFF_FFFF) as usize) {
+                        *x = true;
+                    }
+                }
+                TAG_EXTRA => {}
+                _ => admin = true,
+            }
+        }
+        admin || r < 0
+    }
+
+    /// Forget the wait set (call when the extra fd changes).
+    pub fn invalidate_wait_set(&mut self) {
+        self.epoll_dirty = true;
+    }
+
+    /// True if bytes are buffered and unparsed for any connection (so sleeping would be wrong).
+    pub fn has_buffered(&self) -> bool {
+        self.conns.iter().flatten().any(|c| c.rx_end > c.rx_start || c.direct.is_some())
+    }
+}
+
+fn writev(fd: RawFd, parts: &[&[u8]]) -> std::io::Result<usize> {
+    let iov: Vec<libc::iovec> = parts
+        .iter()
+        .filter(|p| !p.is_empty())
+        .map(|p| libc::iovec { iov_base: p.as_ptr() as *mut libc::c_void, iov_len: p.len() })
+        .collect();
+    if iov.is_empty() {
+        return Ok(0);
+    }
+    // SAFETY: every iovec describes a live slice.
+    let r = unsafe { libc::writev(fd, iov.as_ptr(), iov.len() as libc::c_int) };
+    if r < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(r as usize)
+    }
+}
+
+impl Transport for TcpTransport {
+    type Token = TcpToken;
+
+    fn name(&self) -> &'static str {
+        "tcp"
+    }
+
+    fn reaches(&self, peer: usize) -> bool {
+        self.addrs.get(peer).is_some_and(|a| a.is_some())
+    }
+
+    fn max_payload(&self, _peer: usize) -> usize {
+        self.cfg.max_frame
+    }
+
+    fn try_send(&mut self, peer: usize, hdr: &PktHeader, a: &[u8], b: &[u8]) -> Result<bool, TransportError> {
+        self.send(peer, hdr, a, b, false)
+    }
+
+    fn try_send_borrowed(&mut self, peer: usize, hdr: &PktHeader, a: &[u8], b: &[u8]) -> Result<bool, TransportError> {
+        self.send(peer, hdr, a, b, true)
+    }
+
+    fn has_backlog(&self, peer: usize) -> bool {
+        self.conns.get(peer).and_then(|c| c.as_ref()).is_some_and(|c| c.backlog.is_some())
+    }
+
+    fn poll(&mut self) -> Result<Option<Incoming<TcpToken>>, TransportError> {
+        self.poll_placed(&mut |_, _, _| None)
+    }
+
+    fn poll_placed(
+        &mut self,
+        place: &mut dyn FnMut(usize, &PktHeader, &[u8]) -> Option<*mut u8>,
+    ) -> Result<Option<Incoming<TcpToken>>, TransportError> {
+        // Idle polls cost one epoll_wait(0); only sockets the kernel reports ready are read, and the
+        // listener and handshakes are looked at only when they have something.
+        let n = self.conns.len();
+        let buffered = self.has_buffered();
+        if !buffered || self.ready.iter().all(|r| !r) {
+            if self.collect_ready() {
+                self.progress()?;
+            }
+        }
+        for k in 0..n {
+            let peer = (self.cursor + k) % n;
+            let Some(c) = self.conns[peer].as_ref() else { continue };
+            let has = c.rx_end > c.rx_start || c.direct.is_some();
+            if !has && !self.ready[peer] {
+                continue;
+            }
+            if c.backlog.is_some() {
+                self.flush(peer)?;
+            }
+            match self.poll_peer(peer, place)? {
+                Some(inc) => {
+                    self.cursor = peer + 1;
+                    return Ok(Some(inc));
+                }
+                None => self.ready[peer] = false,
+            }
+        }
+        Ok(None)
+    }
+
+    fn release(&mut self, inc: Incoming<TcpToken>) {
+        if let Some(Some(c)) = self.conns.get_mut(inc.token.peer) {
+            c.rx_start += inc.token.consumed;
+            c.lent = None;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::Ipv4Addr;
+
+    fn cfg(secret: u8) -> TcpConfig {
+        TcpConfig { bind: IpAddr::V4(Ipv4Addr::LOCALHOST), secret: [secret; 16], job: 42, max_frame: 1 << 20 }
+    }
+
+    fn pair() -> (TcpTransport, TcpTransport) {
+        let mut a = TcpTransport::new(0, 2, cfg(7)).unwrap();
+        let mut b = TcpTransport::new(1, 2, cfg(7)).unwrap();
+        let (aa, ba) = (a.local_addr(), b.local_addr());
+        a.set_peer_addr(1, ba);
+        b.set_peer_addr(0, aa);
+        (a, b)
+    }
+
+    fn recv_one(t: &mut TcpTransport) -> (PktHeader, Vec<u8>) {
+        for _ in 0..1_000_000 {
+            if let Some(inc) = t.poll().unwrap() {
+                let r = (inc.hdr, unsafe { inc.payload() }.to_vec());
+                t.release(inc);
+                return r;
+            }
+        }
+        panic!("nothing arrived");
+    }
+
+    fn send_all(t: &mut TcpTransport, other: &mut TcpTransport, peer: usize, h: &PktHeader, b: &[u8]) {
+        for _ in 0..1_000_000 {
+            if t.try_send(peer, h, &[], b).unwrap() {
+                return;
+            }
+            other.progress().unwrap();
+        }
+        panic!("send never went through");
+    }
+
+    #[test]
+    fn connect_and_exchange_works() {
+        let (mut a, mut b) = pair();
+        for i in 0..100u64 {
+            let h = PktHeader::new(Kind::Eager, 0, i as i32, 0, i, 8);
+            send_all(&mut a, &mut b, 1, &h, &i.to_le_bytes());
+            let (hh, p) = recv_one(&mut b);
+            assert_eq!((hh.tag, p), (i as i32, i.to_le_bytes().to_vec()));
+        }
+        let h = PktHeader::new(Kind::Eager, 1, 5, 0, 0, 3);
+        send_all(&mut b, &mut a, 0, &h, b"abc");
+        assert_eq!(recv_one(&mut a).1, b"abc");
+    }
+
+    #[test]
+    fn simultaneous_connect_agrees_on_one_connection_works() {
+        for _ in 0..20 {
+            let (mut a, mut b) = pair();
+            let ha = PktHeader::new(Kind::Eager, 0, 1, 0, 0, 1);
+            let hb = PktHeader::new(Kind::Eager, 1, 2, 0, 0, 1);
+            // Both start connecting before either handles the other's attempt.
+            let _ = a.try_send(1, &ha, &[], b"a").unwrap();
+            let _ = b.try_send(0, &hb, &[], b"b").unwrap();
+            let (mut got_a, mut got_b) = (false, false);
+            let (mut sent_a, mut sent_b) = (false, false);
+            for _ in 0..100_000 {
+                if !sent_a {
+                    sent_a = a.try_send(1, &ha, &[], b"a").unwrap();
+                }
+                if !sent_b {
+                    sent_b = b.try_send(0, &hb, &[], b"b").unwrap();
+                }
+                if let Some(i) = a.poll().unwrap() {
+                    assert_eq!(unsafe { i.payload() }, b"b");
+                    got_a = true;
+                    a.release(i);
+                }
+                if let Some(i) = b.poll().unwrap() {
+                    assert_eq!(unsafe { i.payload() }, b"a");
+                    got_b = true;
+                    b.release(i);
+                }
+                if got_a && got_b {
+                    break;
+                }
+            }
+            assert!(got_a && got_b);
+            assert!(a.connected(1) && b.connected(0));
+        }
+    }
+
+    #[test]
+    fn wrong_secret_is_refused_and_job_continues_works() {
+        let (mut a, mut b) = pair();
+        let mut evil = TcpTransport::new(1, 2, cfg(9)).unwrap();
+        evil.set_peer_addr(0, a.local_addr());
+        let h = PktHeader::new(Kind::Eager, 1, 0, 0, 0, 1);
+        for _ in 0..2_000 {
+            if let Ok(true) = evil.try_send(0, &h, &[], b"x") {
+                panic!("an impostor got through");
+            }
+            a.progress().unwrap();
+            assert!(a.incoming.iter().all(|h| h.peer.is_none()), "an impostor occupied a handshake slot");
+        }
+        assert!(!a.connected(1));
+        // Garbage from a raw socket is refused too.
+        let mut raw = TcpStream::connect(a.local_addr()).unwrap();
+        raw.write_all(&[0xAB; 64]).unwrap();
+        for _ in 0..100 {
+            a.progress().unwrap();
+        }
+        assert!(!a.connected(1));
+        let h = PktHeader::new(Kind::Eager, 0, 3, 0, 0, 2);
+        send_all(&mut a, &mut b, 1, &h, b"ok");
+        assert_eq!(recv_one(&mut b).1, b"ok");
+    }
+
+    #[test]
+    fn large_borrowed_sends_and_placement_both_directions_work() {
+        let (mut a, mut b) = pair();
+        let n = 8 << 20;
+        let da: Vec<u8> = (0..n).map(|i| (i % 251) as u8).collect();
+        let db: Vec<u8> = (0..n).map(|i| (i % 239) as u8).collect();
+        let mut ra = vec![0u8; n];
+        let mut rb = vec![0u8; n];
+        let hdr = |src: u32| PktHeader::new(Kind::Data, src, 0, 0, 0, n as u64);
+        let info = [0u8; 16];
+        let (mut sa, mut sb, mut ga, mut gb) = (false, false, false, false);
+        let (pa, pb) = (ra.as_mut_ptr(), rb.as_mut_ptr());
+        for _ in 0..10_000_000 {
+            if !sa {
+                sa = a.try_send_borrowed(1, &hdr(0), &info, &da).unwrap();
+            }
+            if !sb {
+                sb = b.try_send_borrowed(0, &hdr(1), &info, &db).unwrap();
+            }
+            if let Some(i) = a.poll_placed(&mut |_, _, _| Some(pa)).unwrap() {
+                assert_eq!(i.placed, n);
+                ga = true;
+                a.release(i);
+            }
+            if let Some(i) = b.poll_placed(&mut |_, _, _| Some(pb)).unwrap() {
+                assert_eq!(i.placed, n);
+                gb = true;
+                b.release(i);
+            }
+            if sa && sb && ga && gb && !a.has_backlog(1) && !b.has_backlog(0) {
+                break;
+            }
+        }
+        assert!(ga && gb);
+        assert!(ra == db && rb == da);
+    }
+
+    #[test]
+    fn bad_frames_fail() {
+        let (mut a, mut b) = pair();
+        let h = PktHeader::new(Kind::Eager, 0, 0, 0, 0, 1);
+        send_all(&mut a, &mut b, 1, &h, b"1");
+        recv_one(&mut b);
+        // Write a frame claiming another source straight onto the socket.
+        let c = a.conns[1].as_mut().unwrap();
+        let mut f = vec![0u8; FRAME_HDR + HDR_SIZE];
+        f[..4].copy_from_slice(&(HDR_SIZE as u32).to_le_bytes());
+        f[FRAME_HDR..].copy_from_slice(PktHeader::new(Kind::Eager, 5, 0, 0, 0, 0).as_bytes());
+        (&c.stream).write_all(&f).unwrap();
+        let mut err = None;
+        for _ in 0..100_000 {
+            match b.poll() {
+                Err(e) => {
+                    err = Some(e);
+                    break;
+                }
+                Ok(Some(_)) => panic!("bad frame accepted"),
+                Ok(None) => {}
+            }
+        }
+        assert!(matches!(err, Some(TransportError::Corrupt { peer: 0, .. })));
+    }
+}
+
+/// The first IPv4 address of an interface that is up and not loopback (what a rank publishes by default).
+pub fn default_ipv4() -> Option<std::net::Ipv4Addr> {
+    let mut ifa: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs allocates a list we walk read-only and free below.
+    if unsafe { libc::getifaddrs(&mut ifa) } != 0 {
+        return None;
+    }
+    let mut found = None;
+    let mut p = ifa;
+    while !p.is_null() {
+        // SAFETY: p is a node of the list returned by getifaddrs.
+        let i = unsafe { &*p };
+        let up = i.ifa_flags & libc::IFF_UP as u32 != 0 && i.ifa_flags & libc::IFF_LOOPBACK as u32 == 0;
+        if up && !i.ifa_addr.is_null() && unsafe { (*i.ifa_addr).sa_family } as i32 == libc::AF_INET {
+            // SAFETY: AF_INET addresses are sockaddr_in.
+            let sin = unsafe { &*(i.ifa_addr as *const libc::sockaddr_in) };
+            found = Some(std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)));
+            break;
+        }
+        p = i.ifa_next;
+    }
+    // SAFETY: the list came from getifaddrs.
+    unsafe { libc::freeifaddrs(ifa) };
+    found
+}
