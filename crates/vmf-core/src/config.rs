@@ -24,6 +24,10 @@ pub const PARAMS: &[Param] = &[
     Param { name: "SHM_CMA", default: "1", doc: "1: large messages by a single process_vm_readv copy where the kernel allows; 0: pipelined copy through the region (the path between VMs)" },
     Param { name: "SHM_CMA_MIN", default: "auto", doc: "smallest rendezvous message (bytes) moved by single copy when SHM_CMA=1; auto: every rendezvous message when this host's ranks outnumber its CPUs, else none (the pipelined copy measured faster)" },
     Param { name: "SHM_CHUNK", default: "64K", doc: "chunk size (bytes) of the pipelined rendezvous copy" },
+    Param { name: "TCP", default: "1", doc: "1: reach ranks that share no region over TCP; 0: shared memory only" },
+    Param { name: "TCP_ADDR", default: "auto", doc: "address this rank listens on and publishes; auto: the first non-loopback IPv4 address of this host, else 127.0.0.1" },
+    Param { name: "TCP_EAGER_LIMIT", default: "64K", doc: "largest message (bytes) sent eagerly over TCP; larger ones use rendezvous and are read straight into the receive buffer" },
+    Param { name: "TCP_CHUNK", default: "4M", doc: "bytes per data frame of a TCP rendezvous (written straight from the send buffer)" },
     Param { name: "SHM_MAX_LOCAL", default: "256", doc: "most ranks that may share one region" },
     Param { name: "WAIT", default: "adaptive", doc: "how a rank waits: spin (poll), yield (poll, then sched_yield), block (poll briefly, then sleep until a message arrives), adaptive (spin budget learnt from observed waits and cores per rank, then yield if oversubscribed, then sleep)" },
     Param { name: "WAIT_SPIN_MAX_US", default: "50", doc: "adaptive: longest spin (microseconds) before sleeping when every rank of the host has a core" },
@@ -94,6 +98,14 @@ pub struct Config {
     pub shm_chunk: usize,
     /// SHM_MAX_LOCAL.
     pub shm_max_local: u32,
+    /// TCP.
+    pub tcp: bool,
+    /// TCP_ADDR (None = auto).
+    pub tcp_addr: Option<std::net::IpAddr>,
+    /// TCP_EAGER_LIMIT.
+    pub tcp_eager_limit: usize,
+    /// TCP_CHUNK.
+    pub tcp_chunk: usize,
     /// WAIT.
     pub wait: WaitPolicy,
     /// WAIT_SPIN_MAX_US.
@@ -171,6 +183,13 @@ impl Config {
             },
             shm_chunk: size("SHM_CHUNK", 4096, 1 << 30)? as usize,
             shm_max_local: size("SHM_MAX_LOCAL", 1, 65536)? as u32,
+            tcp: flag("TCP")?,
+            tcp_addr: match get("TCP_ADDR").as_str() {
+                "auto" | "" => None,
+                v => Some(v.parse().map_err(|_| ConfigError { name: "TCP_ADDR", value: v.into(), why: "it is not an IP address" })?),
+            },
+            tcp_eager_limit: size("TCP_EAGER_LIMIT", 0, 64 << 20)? as usize,
+            tcp_chunk: size("TCP_CHUNK", 4096, 1 << 30)? as usize,
             wait: match get("WAIT").as_str() {
                 "spin" => WaitPolicy::Spin,
                 "yield" => WaitPolicy::Yield,

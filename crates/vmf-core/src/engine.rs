@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use vmf_transport::proto::{CtsInfo, DataInfo, FinInfo, Kind, PktHeader, RtsInfo, FLAG_SYNC};
 use vmf_transport::selfq::SelfTransport;
 use vmf_transport::shm::ShmTransport;
+use vmf_transport::tcp::TcpTransport;
 use vmf_transport::{Transport, TransportError};
 
 /// Engine operations needed by the MPI library (matched probe, status peeks, ...), kept in their own file.
@@ -62,6 +63,8 @@ pub enum Route {
     SelfLoop,
     /// Shared memory.
     Shm,
+    /// TCP.
+    Tcp,
     /// Not reachable.
     None,
 }
@@ -72,6 +75,7 @@ impl Route {
         match self {
             Route::SelfLoop => "self",
             Route::Shm => "shm",
+            Route::Tcp => "tcp",
             Route::None => "none",
         }
     }
@@ -183,6 +187,13 @@ pub struct Engine {
     n: usize,
     cfg: Config,
     shm: Option<ShmTransport>,
+    tcp: Option<TcpTransport>,
+    tcp_eager: usize,
+    tcp_chunk: usize,
+    /// Peers reached over TCP (0: the TCP transport is never polled, so shm-only jobs make no syscalls).
+    tcp_peers: usize,
+    /// Progress passes, to poll TCP only every few passes when shared memory is busy too.
+    passes: u32,
     selfq: SelfTransport,
     peers: Vec<Peer>,
     reqs: Vec<Req>,
@@ -255,7 +266,7 @@ const SYNC_PREFIX: usize = 8;
 impl Engine {
     /// An engine for rank `me` of `n`, with an optional shared-memory transport (routes for its peers
     /// are set from `shm.reaches`).
-    pub fn new(me: usize, n: usize, cfg: Config, shm: Option<ShmTransport>) -> Engine {
+    pub fn new(me: usize, n: usize, cfg: Config, shm: Option<ShmTransport>, tcp: Option<TcpTransport>) -> Engine {
         let mut peers: Vec<Peer> =
             (0..n).map(|_| Peer { route: Route::None, tx_seq: 0, rx_seq: 0, pending: VecDeque::new() }).collect();
         let mut eager_limit = cfg.shm_eager_limit;
@@ -270,7 +281,17 @@ impl Engine {
             eager_limit = eager_limit.min(maxp - SYNC_PREFIX);
             chunk = chunk.min(maxp - DataInfo::SIZE);
         }
+        if let Some(t) = &tcp {
+            for (r, p) in peers.iter_mut().enumerate() {
+                if p.route == Route::None && t.reaches(r) {
+                    p.route = Route::Tcp;
+                }
+            }
+        }
         peers[me].route = Route::SelfLoop;
+        let tcp_peers = peers.iter().filter(|p| p.route == Route::Tcp).count();
+        let tcp_eager = cfg.tcp_eager_limit;
+        let tcp_chunk = cfg.tcp_chunk;
         let cma = cfg.shm_cma && vmf_pal::cma::allow_any_ptracer().is_ok();
         let mut shm = shm;
         if let Some(s) = shm.as_mut() {
@@ -285,6 +306,11 @@ impl Engine {
             me,
             n,
             shm,
+            tcp,
+            tcp_eager,
+            tcp_chunk,
+            tcp_peers,
+            passes: 0,
             selfq: SelfTransport::new(me),
             peers,
             reqs: (0..64).map(|_| Req::empty()).collect(),
@@ -333,6 +359,10 @@ impl Engine {
     /// The shm transport, if any.
     pub fn shm(&self) -> Option<&ShmTransport> {
         self.shm.as_ref()
+    }
+    /// The TCP transport, if any.
+    pub fn tcp(&self) -> Option<&TcpTransport> {
+        self.tcp.as_ref()
     }
     /// The shm transport, mutably (test hooks).
     pub fn shm_mut(&mut self) -> Option<&mut ShmTransport> {
@@ -430,10 +460,18 @@ impl Engine {
     /// Send one packet now if possible. Assigns the sequence number on success.
     #[inline]
     fn try_packet(&mut self, peer: usize, hdr: &mut PktHeader, a: &[u8], b: &[u8]) -> Result<bool> {
+        self.try_packet_ex(peer, hdr, a, b, false)
+    }
+
+    /// As [`Engine::try_packet`]; `borrowed`: `b` stays valid until the transport's backlog drains.
+    #[inline]
+    fn try_packet_ex(&mut self, peer: usize, hdr: &mut PktHeader, a: &[u8], b: &[u8], borrowed: bool) -> Result<bool> {
         let p = &mut self.peers[peer];
         hdr.seq = p.tx_seq;
         let r = match p.route {
             Route::Shm => self.shm.as_mut().unwrap().try_send(peer, hdr, a, b),
+            Route::Tcp if borrowed => self.tcp.as_mut().unwrap().try_send_borrowed(peer, hdr, a, b),
+            Route::Tcp => self.tcp.as_mut().unwrap().try_send(peer, hdr, a, b),
             Route::SelfLoop => self.selfq.try_send(peer, hdr, a, b),
             Route::None => return Err(Error::Unreachable { rank: self.me, peer, op: Op::Send }),
         };
@@ -503,7 +541,12 @@ impl Engine {
             r.status = Status { source: self.me, tag, count: len, msg_len: len, cancelled: false };
         }
         let route = self.peers[dest].route;
-        let eager = route == Route::SelfLoop || len <= self.eager_limit;
+        let limit = match route {
+            Route::SelfLoop => usize::MAX,
+            Route::Tcp => self.tcp_eager,
+            _ => self.eager_limit,
+        };
+        let eager = len <= limit;
         let res = if eager {
             let mut hdr = PktHeader::new(Kind::Eager, self.me as u32, tag, ctx, 0, len as u64);
             if mode == SendMode::Synchronous {
@@ -523,7 +566,7 @@ impl Engine {
             }
         } else {
             let hdr = PktHeader::new(Kind::Rts, self.me as u32, tag, ctx, 0, len as u64);
-            let pid = if self.cma && len >= self.cma_min { std::process::id() as u64 } else { 0 };
+            let pid = if route == Route::Shm && self.cma && len >= self.cma_min { std::process::id() as u64 } else { 0 };
             let info = RtsInfo { sreq: id.wire(), addr: buf as u64, pid };
             self.reqs[id.idx as usize].phase = Phase::AwaitAck;
             self.send_packet(dest, hdr, info.as_bytes(), std::ptr::null(), 0, None).map(|_| ())
@@ -684,7 +727,7 @@ impl Engine {
     }
 
     /// Handle one incoming packet.
-    fn handle(&mut self, peer: usize, hdr: &PktHeader, payload: &[u8]) -> Result<()> {
+    fn handle(&mut self, peer: usize, hdr: &PktHeader, payload: &[u8], placed: usize) -> Result<()> {
         let expected = self.peers[peer].rx_seq;
         if hdr.seq != expected {
             return Err(self.corrupt(peer, format!("sequence number {} where {} was due", hdr.seq, expected)));
@@ -750,15 +793,18 @@ impl Engine {
             Kind::Data => {
                 let d = DataInfo::parse(payload).ok_or_else(|| self.corrupt(peer, "short DATA".into()))?;
                 let chunk = &payload[DataInfo::SIZE..];
+                let len = if placed > 0 { placed } else { chunk.len() };
                 let id = self.wire_req(peer, d.rreq, false)?;
                 let r = &mut self.reqs[id.idx as usize];
                 match r.phase {
                     Phase::Receiving { peer: p, want, got }
-                        if p == peer && d.offset as usize == got && got + chunk.len() <= want =>
+                        if p == peer && d.offset as usize == got && got + len <= want =>
                     {
-                        // SAFETY: got + chunk.len() <= want <= r.len (checked).
-                        unsafe { std::ptr::copy_nonoverlapping(chunk.as_ptr(), r.buf.add(got), chunk.len()) };
-                        let got = got + chunk.len();
+                        if placed == 0 {
+                            // SAFETY: got + len <= want <= r.len (checked).
+                            unsafe { std::ptr::copy_nonoverlapping(chunk.as_ptr(), r.buf.add(got), len) };
+                        }
+                        let got = got + len;
                         r.phase = Phase::Receiving { peer: p, want, got };
                         if got == want {
                             r.state = State::Done;
@@ -823,7 +869,7 @@ impl Engine {
                 };
                 // SAFETY: payload valid until release below.
                 let payload = unsafe { slice(inc.payload_ptr(), inc.len()) };
-                let r = self.handle(inc.peer, &inc.hdr, payload);
+                let r = self.handle(inc.peer, &inc.hdr, payload, 0);
                 self.shm.as_mut().unwrap().release(inc);
                 r?;
                 n += 1;
@@ -832,10 +878,37 @@ impl Engine {
         while let Some(inc) = self.selfq.poll().expect("self transport cannot fail") {
             // SAFETY: the token owns the payload.
             let payload = unsafe { slice(inc.payload_ptr(), inc.len()) };
-            let r = self.handle(inc.peer, &inc.hdr, payload);
+            let r = self.handle(inc.peer, &inc.hdr, payload, 0);
             self.selfq.release(inc);
             r?;
             n += 1;
+        }
+        self.passes = self.passes.wrapping_add(1);
+        // TCP costs a system call per look; with shared-memory peers too, look every 8th pass (and always
+        // when shared memory had nothing).
+        let look_tcp = self.tcp_peers > 0 && (self.shm.is_none() || n == 0 || self.passes % 8 == 0);
+        if look_tcp {
+            for _ in 0..32 {
+                let reqs = &self.reqs;
+                let tcp = self.tcp.as_mut().unwrap();
+                let inc = match tcp.poll_placed(&mut |peer, hdr, a| place_target(reqs, peer, hdr, a)) {
+                    Ok(Some(i)) => i,
+                    Ok(None) => break,
+                    Err(e) => {
+                        let peer = match &e {
+                            TransportError::Corrupt { peer, .. } | TransportError::ConnectionLost { peer, .. } => *peer,
+                            _ => self.me,
+                        };
+                        return Err(self.terr(peer, Op::Progress, e));
+                    }
+                };
+                // SAFETY: payload valid until release below.
+                let payload = unsafe { slice(inc.payload_ptr(), inc.len()) };
+                let r = self.handle(inc.peer, &inc.hdr, payload, inc.placed);
+                self.tcp.as_mut().unwrap().release(inc);
+                r?;
+                n += 1;
+            }
         }
         if self.n_pending > 0 {
             n += self.flush_pending()?;
@@ -879,23 +952,27 @@ impl Engine {
                 let r = &self.reqs[id.idx as usize];
                 (r.peer as usize, r.buf)
             };
+            let tcp = self.peers[peer].route == Route::Tcp;
+            let chunk = if tcp { self.tcp_chunk } else { self.chunk };
             loop {
                 let Phase::Streaming { rreq, want, sent } = self.reqs[id.idx as usize].phase else { break };
                 if sent == want || !self.peers[peer].pending.is_empty() {
                     break;
                 }
-                let len = self.chunk.min(want - sent);
+                let len = chunk.min(want - sent);
                 let mut hdr = PktHeader::new(Kind::Data, self.me as u32, 0, 0, 0, len as u64);
                 let info = DataInfo { rreq, offset: sent as u64 };
                 // SAFETY: sent + len <= want <= request length; buffer valid until the send completes.
                 let b = unsafe { slice(buf.add(sent), len) };
-                if !self.try_packet(peer, &mut hdr, info.as_bytes(), b)? {
+                if !self.try_packet_ex(peer, &mut hdr, info.as_bytes(), b, tcp)? {
                     break;
                 }
                 n += 1;
                 self.reqs[id.idx as usize].phase = Phase::Streaming { rreq, want, sent: sent + len };
             }
-            if matches!(self.reqs[id.idx as usize].phase, Phase::Streaming { want, sent, .. } if want == sent) {
+            // Over TCP the last bytes may still be referenced by the socket backlog.
+            let drained = !tcp || !self.tcp.as_ref().unwrap().has_backlog(peer);
+            if drained && matches!(self.reqs[id.idx as usize].phase, Phase::Streaming { want, sent, .. } if want == sent) {
                 self.complete(id);
                 self.streaming.swap_remove(i);
             } else {
@@ -1024,6 +1101,37 @@ impl Engine {
             vmf_pal::yield_now();
             return Ok(());
         }
+        if let Some(tcp) = self.tcp.as_mut() {
+            if tcp.has_buffered() {
+                return Ok(());
+            }
+            // Sleep in epoll on every socket plus the shared-memory doorbell socket, so a message from
+            // either transport wakes us.
+            let db = match &self.shm {
+                Some(shm) if shm.can_futex() => {
+                    shm.prepare_sleep_socket();
+                    if shm.has_incoming() {
+                        shm.cancel_sleep();
+                        return Ok(());
+                    }
+                    shm.doorbell_fd()
+                }
+                Some(_) => None,
+                None => None,
+            };
+            let t = if self.shm.as_ref().is_some_and(|s| !s.can_futex()) { *backoff } else { live_every };
+            tcp.wait(db, t);
+            *backoff = (*backoff * 2).min(Duration::from_millis(1));
+            if let Some(shm) = &self.shm {
+                shm.cancel_sleep();
+                shm.drain_doorbell();
+            }
+            self.waiter.sleeps += 1;
+            if self.last_liveness.elapsed() >= live_every {
+                self.check_liveness(op)?;
+            }
+            return Ok(());
+        }
         match &self.shm {
             Some(shm) if shm.can_futex() => {
                 let d = shm.prepare_sleep();
@@ -1075,6 +1183,28 @@ impl Engine {
     }
 }
 
+/// Where the data of an incoming DATA packet goes, if the packet is valid (mirrors the checks of `handle`).
+fn place_target(reqs: &[Req], peer: usize, hdr: &PktHeader, a: &[u8]) -> Option<*mut u8> {
+    if hdr.kind != Kind::Data as u8 {
+        return None;
+    }
+    let d = DataInfo::parse(a)?;
+    let id = ReqId::from_wire(d.rreq);
+    let r = reqs.get(id.idx as usize)?;
+    if r.gen != id.gen || r.state != State::Active || r.is_send {
+        return None;
+    }
+    match r.phase {
+        Phase::Receiving { peer: p, want, got }
+            if p == peer && d.offset as usize == got && (hdr.len as usize) <= want - got && hdr.len > 0 =>
+        {
+            // SAFETY: got < want <= r.len, so the pointer stays inside the receive buffer.
+            Some(unsafe { r.buf.add(got) })
+        }
+        _ => None,
+    }
+}
+
 #[inline(always)]
 fn matches(want_src: i32, want_tag: i32, want_ctx: u32, src: usize, tag: i32, ctx: u32) -> bool {
     want_ctx == ctx && (want_src == ANY_SOURCE || want_src as usize == src) && (want_tag == ANY_TAG || want_tag == tag)
@@ -1117,7 +1247,7 @@ mod tests {
         let mut t1 = ShmTransport::new(r.clone(), 1, l1, 2, ring);
         t0.add_peer(1, l1).unwrap();
         t1.add_peer(0, l0).unwrap();
-        (Engine::new(0, 2, cfg.clone(), Some(t0)), Engine::new(1, 2, cfg, Some(t1)), d)
+        (Engine::new(0, 2, cfg.clone(), Some(t0), None), Engine::new(1, 2, cfg, Some(t1), None), d)
     }
 
     fn drive(a: &mut Engine, b: &mut Engine, ids: &[(bool, ReqId)]) {

@@ -44,6 +44,7 @@ use vmf_pal::process::ProcessId;
 use vmf_pmi::PmiClient;
 use vmf_transport::shm::region::{Region, RegionSource};
 use vmf_transport::shm::ShmTransport;
+use vmf_transport::tcp::{TcpConfig, TcpTransport};
 
 /// Where a receive or probe takes messages from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -148,6 +149,7 @@ impl Fabric {
             },
         };
         let mut shm = None;
+        let mut tcp = None;
         let mut region = None;
         let mut region_path = None;
         if size > 1 {
@@ -161,20 +163,52 @@ impl Fabric {
             let reg = Region::open(&src, &job, cfg.region_sizing(size), launcher, timeout).map_err(|e| setup(rank, e))?;
             let reg = Arc::new(reg);
             let idx = reg.attach(rank as u32).map_err(|e| setup(rank, e))?;
+            // TCP: listen now, publish the address with the region's identity.
+            let secret_env = std::env::var("VMF_JOB_SECRET").ok().and_then(|h| parse_secret(&h));
+            if cfg.tcp {
+                let bind = cfg.tcp_addr.unwrap_or_else(|| {
+                    std::net::IpAddr::V4(vmf_transport::tcp::default_ipv4().unwrap_or(std::net::Ipv4Addr::LOCALHOST))
+                });
+                let tc = TcpConfig {
+                    bind,
+                    secret: secret_env.unwrap_or([0; 16]),
+                    job: vmf_transport::shm::region::job_hash(&job),
+                    max_frame: cfg.tcp_eager_limit.max(64 << 10) + 4096,
+                };
+                tcp = Some(TcpTransport::new(rank, size, tc).map_err(|e| setup(rank, e))?);
+            }
             let p = pmi.as_mut().unwrap();
-            let key = |r: usize| format!("vmf-shm-{r}");
-            p.put(&key(rank), &format!("{}:{idx}", reg.uuid_hex())).map_err(|e| setup(rank, e))?;
+            let key = |r: usize| format!("vmf-addr-{r}");
+            let addr = tcp.as_ref().map_or("-".to_string(), |t: &TcpTransport| t.local_addr().to_string());
+            p.put(&key(rank), &format!("{}:{idx};{addr}", reg.uuid_hex())).map_err(|e| setup(rank, e))?;
+            if rank == 0 && secret_env.is_none() && tcp.is_some() {
+                // Started by another launcher: rank 0 makes the job secret, shared through PMI.
+                let mut s = [0u8; 16];
+                let _ = getrandom::fill(&mut s);
+                p.put("vmf-secret", &hex(&s)).map_err(|e| setup(rank, e))?;
+            }
             p.fence().map_err(|e| setup(rank, e))?;
+            if secret_env.is_none() {
+                if let Some(t) = tcp.as_mut() {
+                    let h = p.get("vmf-secret").map_err(|e| setup(rank, e))?;
+                    t.set_secret(parse_secret(&h).ok_or_else(|| setup(rank, "bad job secret from PMI"))?);
+                }
+            }
             let mut local = Vec::new();
             for r in 0..size {
                 if r == rank {
                     continue;
                 }
                 let v = p.get(&key(r)).map_err(|e| setup(rank, e))?;
-                let (uuid, li) = v.split_once(':').ok_or_else(|| setup(rank, format!("bad bootstrap value {v:?}")))?;
+                let bad = || setup(rank, format!("bad bootstrap value {v:?} from rank {r}"));
+                let (shm_part, tcp_part) = v.split_once(';').ok_or_else(bad)?;
+                let (uuid, li) = shm_part.split_once(':').ok_or_else(bad)?;
                 if uuid == reg.uuid_hex() {
-                    let li: u32 = li.parse().map_err(|_| setup(rank, format!("bad bootstrap value {v:?}")))?;
-                    local.push((r, li));
+                    local.push((r, li.parse::<u32>().map_err(|_| bad())?));
+                } else if let Some(t) = tcp.as_mut() {
+                    if tcp_part != "-" {
+                        t.set_peer_addr(r, tcp_part.parse().map_err(|_| bad())?);
+                    }
                 }
             }
             let ring = cfg.ring_size_for(local.len() + 1);
@@ -182,20 +216,29 @@ impl Fabric {
             for (r, li) in local {
                 t.add_peer(r, li).map_err(|e| setup(rank, e))?;
             }
+            if tcp.is_some() {
+                t.enable_socket_doorbell(vmf_transport::shm::region::job_hash(&job)).map_err(|e| setup(rank, e))?;
+            }
             if cfg.verbose {
                 eprintln!(
-                    "vmfabric: rank {rank}: region {} (uuid {}), slot {idx}, {} co-resident peers, ring {} KiB",
+                    "vmfabric: rank {rank}: region {} (uuid {}), slot {idx}, {} co-resident peers, ring {} KiB{}",
                     reg.path().display(),
                     reg.uuid_hex(),
                     t.peer_count(),
-                    ring >> 10
+                    ring >> 10,
+                    tcp.as_ref().map_or(String::new(), |t| format!(", tcp {}", t.local_addr()))
                 );
             }
             region_path = Some(reg.path().to_owned());
             region = Some(reg);
             shm = Some(t);
         }
-        let eng = Engine::new(rank, size, cfg, shm);
+        let verbose = cfg.verbose;
+        let eng = Engine::new(rank, size, cfg, shm, tcp);
+        if verbose {
+            let ch: Vec<String> = (0..size).map(|p| format!("{p}:{}", eng.route(p).name())).collect();
+            eprintln!("vmfabric: rank {rank}: channels {}", ch.join(" "));
+        }
         Ok(Fabric {
             eng: RefCell::new(eng),
             pmi: RefCell::new(pmi),
@@ -428,6 +471,22 @@ impl Drop for Fabric {
             let _ = self.finalize_inner();
         }
     }
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn parse_secret(h: &str) -> Option<[u8; 16]> {
+    let h = h.trim();
+    if h.len() != 32 {
+        return None;
+    }
+    let mut out = [0u8; 16];
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = u8::from_str_radix(&h[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(out)
 }
 
 fn sanitize(s: &str) -> String {

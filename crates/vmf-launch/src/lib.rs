@@ -99,6 +99,14 @@ pub struct RunOptions {
     pub bind_cores: bool,
 }
 
+/// The directory holding vmfabric's `libmpich.so.12`: `lib/` beside the running executable.
+pub fn mpi_libdir() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(|p| p.join("lib")))
+        .unwrap_or_else(|| PathBuf::from("lib"))
+}
+
 impl RunOptions {
     /// Options with defaults: no tagging, region directory [`DEFAULT_REGION_DIR`], not verbose, no extra
     /// environment.
@@ -317,6 +325,18 @@ impl Job<'_> {
         let cpus = vmf_pal::process::allowed_cpus();
         let bind_cpu = o.bind_cores.then(|| cpus[rank % cpus.len()]);
         cmd.env("VMF_HOST_CPUS", cpus.len().to_string());
+        // Programs built against MPICH find our libmpich.so.12 first.
+        let libdir = mpi_libdir();
+        let ld = match std::env::var_os("LD_LIBRARY_PATH") {
+            Some(old) if !old.is_empty() => {
+                let mut v = libdir.clone().into_os_string();
+                v.push(":");
+                v.push(old);
+                v
+            }
+            _ => libdir.clone().into_os_string(),
+        };
+        cmd.env("LD_LIBRARY_PATH", ld);
         cmd.args(&o.args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

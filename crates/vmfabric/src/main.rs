@@ -51,6 +51,9 @@ enum Cmd {
         /// Report region memory for this many co-resident ranks (default: 2, 4, 8, 16).
         #[arg(long)]
         ranks: Option<usize>,
+        /// Print only the directory holding libmpich.so.12 (for LD_LIBRARY_PATH).
+        #[arg(long)]
+        libdir: bool,
     },
     /// Benchmarks (run inside a job: `vmfabric run -n 2 vmfabric bench latency`).
     Bench(bench::BenchArgs),
@@ -103,7 +106,14 @@ fn main() {
             println!("{} stale region(s) removed from {}", removed.len(), dir.display());
             0
         }
-        Cmd::Info { ranks } => info::run(ranks),
+        Cmd::Info { ranks, libdir } => {
+            if libdir {
+                println!("{}", vmf_launch::mpi_libdir().display());
+                0
+            } else {
+                info::run(ranks)
+            }
+        }
         Cmd::Bench(a) => bench::run(a),
         Cmd::Selftest(a) => selftest::run(a),
     };

@@ -91,6 +91,8 @@ pub fn run(a: SelftestArgs) -> i32 {
             let mut b = [0u8; 8];
             let r = f.recv(&mut b, Source::Rank(1), TagSel::Any);
             eprintln!("selftest: rank {}: receive from the dying rank returned {r:?}", f.rank());
+            // Wait to be stopped by the launcher, so the job's status is the dying rank's.
+            std::thread::sleep(Duration::from_secs(30));
             std::process::exit(3);
         }
         Scenario::Hold => {
