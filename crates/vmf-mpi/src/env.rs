@@ -1,0 +1,576 @@
+//! Environment management: init/finalize, threads, time, names, versions, memory, error handlers, error
+//! classes and strings, communicator queries and attributes, and the exported data symbols.
+use crate::*;
+use std::ffi::{c_char, c_double, c_int, c_void, CStr};
+
+// ------------------------------------------------------------------------------------------------ data
+
+/// A pointer-valued exported variable (MPICH exports these as `int * const`).
+#[repr(transparent)]
+pub struct CPtr(pub *const c_int);
+// SAFETY: points to immutable statics.
+unsafe impl Sync for CPtr {}
+
+static UNWEIGHTED_OBJ: c_int = 0;
+static WEIGHTS_EMPTY_OBJ: c_int = 0;
+static F_STATUS_IGNORE_OBJ: [c_int; 5] = [0; 5];
+static F_STATUSES_IGNORE_OBJ: [c_int; 5] = [0; 5];
+
+/// `MPI_UNWEIGHTED` (a distinct non-NULL pointer, as in MPICH).
+#[no_mangle]
+pub static MPI_UNWEIGHTED: CPtr = CPtr(&UNWEIGHTED_OBJ);
+/// `MPI_WEIGHTS_EMPTY`.
+#[no_mangle]
+pub static MPI_WEIGHTS_EMPTY: CPtr = CPtr(&WEIGHTS_EMPTY_OBJ);
+/// `MPI_F_STATUS_IGNORE` (for the Fortran interface of the next issue).
+#[no_mangle]
+pub static MPI_F_STATUS_IGNORE: CPtr = CPtr(&F_STATUS_IGNORE_OBJ as *const [c_int; 5] as *const c_int);
+/// `MPI_F_STATUSES_IGNORE`.
+#[no_mangle]
+pub static MPI_F_STATUSES_IGNORE: CPtr = CPtr(&F_STATUSES_IGNORE_OBJ as *const [c_int; 5] as *const c_int);
+
+/// `MPI_DUP_FN` (MPICH names it `MPIR_Dup_fn`): copy the attribute value and set the flag.
+///
+/// # Safety
+/// `attr_out` and `flag` must be valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn MPIR_Dup_fn(
+    _comm: c_int,
+    _keyval: c_int,
+    _extra: *mut c_void,
+    attr_in: *mut c_void,
+    attr_out: *mut c_void,
+    flag: *mut c_int,
+) -> c_int {
+    *(attr_out as *mut *mut c_void) = attr_in;
+    *flag = 1;
+    MPI_SUCCESS
+}
+
+// ------------------------------------------------------------------------------------------------ attributes
+
+static mut ATTR_TAG_UB: c_int = TAG_UB;
+static mut ATTR_HOST: c_int = MPI_PROC_NULL;
+static mut ATTR_IO: c_int = MPI_ANY_SOURCE;
+static mut ATTR_WTIME_IS_GLOBAL: c_int = 0;
+static mut ATTR_UNIVERSE_SIZE: c_int = 1;
+static mut ATTR_APPNUM: c_int = 0;
+static mut ATTR_LASTUSEDCODE: c_int = MPICH_ERR_LAST_MPIX;
+
+// ------------------------------------------------------------------------------------------------ errors
+
+/// Text of an error class or code.
+pub fn error_string(code: c_int) -> String {
+    if code >= USER_CLASS_BASE {
+        if let Some((_, s)) = user_errs().strings.iter().rev().find(|(c, _)| *c == code) {
+            return s.clone();
+        }
+        return if valid_code(code) { String::new() } else { format!("unknown error code {code}") };
+    }
+    let s = match code {
+        0 => "no error",
+        1 => "invalid buffer pointer",
+        2 => "invalid count argument",
+        3 => "invalid datatype",
+        4 => "invalid tag",
+        5 => "invalid communicator",
+        6 => "invalid rank",
+        7 => "invalid root",
+        8 => "invalid group",
+        9 => "invalid operation",
+        10 => "invalid topology",
+        11 => "invalid dimension argument",
+        12 => "invalid argument",
+        13 => "unknown error",
+        14 => "message truncated",
+        15 => "other MPI error",
+        16 => "internal MPI error",
+        17 => "error code is in status",
+        18 => "pending request",
+        19 => "invalid request",
+        20 => "permission denied",
+        21 => "invalid access mode",
+        22 => "invalid file name",
+        23 => "error in data conversion",
+        24 => "data representation identifier already registered",
+        25 => "file exists",
+        26 => "file in use",
+        27 => "invalid file handle",
+        28 => "invalid info object",
+        29 => "invalid info key",
+        30 => "invalid info value",
+        31 => "key not defined in info object",
+        32 => "I/O error",
+        33 => "invalid service name",
+        34 => "out of memory",
+        35 => "collective argument not identical on all processes",
+        36 => "no space left",
+        37 => "no such file",
+        38 => "invalid port",
+        39 => "quota exceeded",
+        40 => "read-only file or file system",
+        41 => "service error",
+        42 => "spawn error",
+        43 => "unsupported data representation",
+        44 => "operation not supported",
+        45 => "invalid window",
+        46 => "invalid base address",
+        47 => "invalid lock type",
+        48 => "invalid attribute key",
+        49 => "conflicting accesses to window",
+        50 => "wrong RMA synchronization",
+        51 => "invalid size",
+        52 => "invalid displacement",
+        53 => "invalid assert argument",
+        55 => "target memory not in window",
+        56 => "memory cannot be attached",
+        57 => "memory cannot be shared",
+        58 => "wrong window flavor",
+        59..=74 | 78 => "MPI tool interface error",
+        75 => "invalid session",
+        76 => "communication with an aborted process",
+        77 => "value too large to store",
+        101 => "process failure",
+        102 => "process failure pending",
+        103 => "communication object revoked",
+        104 => "operation could not be issued",
+        105 => "cannot allocate request",
+        _ => return format!("unknown error code {code}"),
+    };
+    s.to_string()
+}
+
+fn valid_code(code: c_int) -> bool {
+    let u = user_errs();
+    (0..=MPICH_ERR_LAST_CLASS).contains(&code)
+        || (101..=MPICH_ERR_LAST_MPIX).contains(&code)
+        || (USER_CLASS_BASE..USER_CLASS_BASE + u.classes as c_int).contains(&code)
+        || (USER_CODE_BASE..USER_CODE_BASE + u.codes.len() as c_int).contains(&code)
+}
+
+/// The class of an error code.
+pub fn error_class(code: c_int) -> Option<c_int> {
+    if !valid_code(code) {
+        return None;
+    }
+    if code >= USER_CODE_BASE {
+        return Some(user_errs().codes[(code - USER_CODE_BASE) as usize]);
+    }
+    Some(code)
+}
+
+fn update_lastused() {
+    let u = user_errs();
+    let mut last = MPICH_ERR_LAST_MPIX;
+    if u.classes > 0 {
+        last = USER_CLASS_BASE + u.classes as c_int - 1;
+    }
+    if !u.codes.is_empty() {
+        last = USER_CODE_BASE + u.codes.len() as c_int - 1;
+    }
+    // SAFETY: serialised calls.
+    unsafe { ATTR_LASTUSEDCODE = last };
+}
+
+fn errhandler_ok(st: &State, eh: MPI_Errhandler) -> bool {
+    eh == MPI_ERRORS_ARE_FATAL
+        || eh == MPI_ERRORS_RETURN
+        || eh == MPI_ERRORS_ABORT
+        || ((eh as u32) & 0xfc00_0000 == EH_BASE
+            && st.errhandlers.get(((eh as u32) & 0x03ff_ffff) as usize).is_some_and(|f| f.is_some()))
+}
+
+// ------------------------------------------------------------------------------------------------ init
+
+fn do_init(required: c_int, provided: *mut c_int) -> R {
+    match phase() {
+        PHASE_INIT => return err(MPI_ERR_OTHER, "MPI_Init called twice"),
+        PHASE_DONE => return err(MPI_ERR_OTHER, "MPI_Init called after MPI_Finalize"),
+        _ => {}
+    }
+    let fab = Fabric::init().map_err(|e| MpiErr { code: MPI_ERR_OTHER, msg: e.to_string() })?;
+    let (rank, size) = (fab.rank(), fab.size());
+    let world = Comm { pt: 16, coll: 17, rank: rank as i32, size: size as i32, world: None, eh: MPI_ERRORS_ARE_FATAL, coll_seq: 0 };
+    let selfc = Comm { pt: 18, coll: 19, rank: 0, size: 1, world: Some(vec![rank]), eh: MPI_ERRORS_ARE_FATAL, coll_seq: 0 };
+    let level = required.clamp(MPI_THREAD_SINGLE, MPI_THREAD_SERIALIZED);
+    let st = State {
+        fab,
+        comms: vec![Some(world), Some(selfc)],
+        reqs: Vec::with_capacity(64),
+        free_reqs: Vec::new(),
+        msgs: Vec::new(),
+        orphans: Vec::new(),
+        bsends: Vec::new(),
+        bsend_buf: None,
+        bsend_used: 0,
+        errhandlers: Vec::new(),
+        thread_level: level,
+        main_thread: std::thread::current().id(),
+    };
+    // SAFETY: serialised calls (crate contract).
+    unsafe {
+        ATTR_UNIVERSE_SIZE = size as c_int;
+        if let Ok(a) = std::env::var("PMI_APPNUM").unwrap_or_default().parse::<c_int>() {
+            ATTR_APPNUM = a;
+        }
+        *G.st.get() = Some(st);
+        *G.phase.get() = PHASE_INIT;
+        if !provided.is_null() {
+            *provided = level;
+        }
+    }
+    Ok(())
+}
+
+mpi_api! {
+    fn MPI_Init / PMPI_Init(_argc: *mut c_int, _argv: *mut *mut *mut c_char) -> c_int {
+        fin(MPI_COMM_WORLD, "MPI_Init", do_init(MPI_THREAD_SINGLE, std::ptr::null_mut()))
+    }
+
+    fn MPI_Init_thread / PMPI_Init_thread(_argc: *mut c_int, _argv: *mut *mut *mut c_char, required: c_int, provided: *mut c_int) -> c_int {
+        fin(MPI_COMM_WORLD, "MPI_Init_thread", do_init(required, provided))
+    }
+
+    fn MPI_Initialized / PMPI_Initialized(flag: *mut c_int) -> c_int {
+        if flag.is_null() {
+            return raise(MPI_COMM_WORLD, "MPI_Initialized", MpiErr { code: MPI_ERR_ARG, msg: "flag is NULL".into() });
+        }
+        *flag = (phase() != PHASE_NONE) as c_int;
+        MPI_SUCCESS
+    }
+
+    fn MPI_Finalized / PMPI_Finalized(flag: *mut c_int) -> c_int {
+        if flag.is_null() {
+            return raise(MPI_COMM_WORLD, "MPI_Finalized", MpiErr { code: MPI_ERR_ARG, msg: "flag is NULL".into() });
+        }
+        *flag = (phase() == PHASE_DONE) as c_int;
+        MPI_SUCCESS
+    }
+
+    fn MPI_Finalize / PMPI_Finalize() -> c_int {
+        let r = (|| -> R {
+            let st = state()?;
+            crate::p2p::reap(st, true)?;
+            st.fab.finalize().map_err(from_core)?;
+            // SAFETY: serialised calls.
+            unsafe { *G.phase.get() = PHASE_DONE };
+            Ok(())
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Finalize", r)
+    }
+
+    fn MPI_Abort / PMPI_Abort(_comm: MPI_Comm, errorcode: c_int) -> c_int {
+        let msg = format!("application called MPI_Abort(comm, {errorcode})");
+        match state_opt() {
+            Some(s) if phase() == PHASE_INIT => {
+                eprintln!("vmfabric MPI: rank {}: {msg}", s.fab.rank());
+                s.fab.abort(errorcode, &msg)
+            }
+            _ => {
+                eprintln!("vmfabric MPI: {msg}");
+                std::process::exit(errorcode)
+            }
+        }
+    }
+
+    fn MPI_Query_thread / PMPI_Query_thread(provided: *mut c_int) -> c_int {
+        let r = (|| -> R {
+            let st = state()?;
+            if provided.is_null() {
+                return err(MPI_ERR_ARG, "provided is NULL");
+            }
+            *provided = st.thread_level;
+            Ok(())
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Query_thread", r)
+    }
+
+    fn MPI_Is_thread_main / PMPI_Is_thread_main(flag: *mut c_int) -> c_int {
+        let r = (|| -> R {
+            let st = state()?;
+            if flag.is_null() {
+                return err(MPI_ERR_ARG, "flag is NULL");
+            }
+            *flag = (std::thread::current().id() == st.main_thread) as c_int;
+            Ok(())
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Is_thread_main", r)
+    }
+
+    fn MPI_Wtime / PMPI_Wtime() -> c_double {
+        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts);
+        ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+    }
+
+    fn MPI_Wtick / PMPI_Wtick() -> c_double {
+        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        libc::clock_getres(libc::CLOCK_MONOTONIC, &mut ts);
+        let t = ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9;
+        if t > 0.0 { t } else { 1e-9 }
+    }
+
+    fn MPI_Get_processor_name / PMPI_Get_processor_name(name: *mut c_char, resultlen: *mut c_int) -> c_int {
+        if name.is_null() || resultlen.is_null() {
+            return raise(MPI_COMM_WORLD, "MPI_Get_processor_name", MpiErr { code: MPI_ERR_ARG, msg: "NULL argument".into() });
+        }
+        let mut buf = [0u8; 256];
+        libc::gethostname(buf.as_mut_ptr() as *mut c_char, buf.len() - 1);
+        let h = CStr::from_ptr(buf.as_ptr() as *const c_char).to_string_lossy();
+        put_str(&h, name, resultlen, MPI_MAX_PROCESSOR_NAME);
+        MPI_SUCCESS
+    }
+
+    fn MPI_Get_version / PMPI_Get_version(version: *mut c_int, subversion: *mut c_int) -> c_int {
+        if version.is_null() || subversion.is_null() {
+            return raise(MPI_COMM_WORLD, "MPI_Get_version", MpiErr { code: MPI_ERR_ARG, msg: "NULL argument".into() });
+        }
+        *version = 4;
+        *subversion = 0;
+        MPI_SUCCESS
+    }
+
+    fn MPI_Get_library_version / PMPI_Get_library_version(version: *mut c_char, resultlen: *mut c_int) -> c_int {
+        if version.is_null() || resultlen.is_null() {
+            return raise(MPI_COMM_WORLD, "MPI_Get_library_version", MpiErr { code: MPI_ERR_ARG, msg: "NULL argument".into() });
+        }
+        let s = format!(
+            "vmfabric {} MPI library (libmpich.so.12 ABI, MPI 4.0 constants; shared-memory fabric for co-resident VMs, containers and processes)",
+            env!("CARGO_PKG_VERSION")
+        );
+        put_str(&s, version, resultlen, MPI_MAX_LIBRARY_VERSION_STRING);
+        MPI_SUCCESS
+    }
+
+    fn MPI_Alloc_mem / PMPI_Alloc_mem(size: MPI_Aint, _info: MPI_Info, baseptr: *mut c_void) -> c_int {
+        let r = (|| -> R {
+            if size < 0 {
+                return err(MPI_ERR_ARG, format!("size {size} is negative"));
+            }
+            if baseptr.is_null() {
+                return err(MPI_ERR_ARG, "baseptr is NULL");
+            }
+            let mut p: *mut c_void = std::ptr::null_mut();
+            if libc::posix_memalign(&mut p, 4096, (size as usize).max(1)) != 0 {
+                return err(MPI_ERR_NO_MEM, format!("cannot allocate {size} bytes"));
+            }
+            *(baseptr as *mut *mut c_void) = p;
+            Ok(())
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Alloc_mem", r)
+    }
+
+    fn MPI_Free_mem / PMPI_Free_mem(base: *mut c_void) -> c_int {
+        libc::free(base);
+        MPI_SUCCESS
+    }
+
+    fn MPI_Error_string / PMPI_Error_string(errorcode: c_int, string: *mut c_char, resultlen: *mut c_int) -> c_int {
+        if string.is_null() || resultlen.is_null() {
+            return raise(MPI_COMM_WORLD, "MPI_Error_string", MpiErr { code: MPI_ERR_ARG, msg: "NULL argument".into() });
+        }
+        if !valid_code(errorcode) {
+            put_str(&format!("unknown error code {errorcode}"), string, resultlen, MPI_MAX_ERROR_STRING);
+            return raise(MPI_COMM_WORLD, "MPI_Error_string", MpiErr { code: MPI_ERR_ARG, msg: format!("invalid error code {errorcode}") });
+        }
+        put_str(&error_string(errorcode), string, resultlen, MPI_MAX_ERROR_STRING);
+        MPI_SUCCESS
+    }
+
+    fn MPI_Error_class / PMPI_Error_class(errorcode: c_int, errorclass: *mut c_int) -> c_int {
+        let r = (|| -> R {
+            if errorclass.is_null() {
+                return err(MPI_ERR_ARG, "errorclass is NULL");
+            }
+            *errorclass = error_class(errorcode).ok_or_else(|| MpiErr { code: MPI_ERR_ARG, msg: format!("invalid error code {errorcode}") })?;
+            Ok(())
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Error_class", r)
+    }
+
+    fn MPI_Add_error_class / PMPI_Add_error_class(errorclass: *mut c_int) -> c_int {
+        let r = (|| -> R {
+            if errorclass.is_null() {
+                return err(MPI_ERR_ARG, "errorclass is NULL");
+            }
+            let u = user_errs();
+            *errorclass = USER_CLASS_BASE + u.classes as c_int;
+            u.classes += 1;
+            update_lastused();
+            Ok(())
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Add_error_class", r)
+    }
+
+    fn MPI_Add_error_code / PMPI_Add_error_code(errorclass: c_int, errorcode: *mut c_int) -> c_int {
+        let r = (|| -> R {
+            if errorcode.is_null() {
+                return err(MPI_ERR_ARG, "errorcode is NULL");
+            }
+            let u = user_errs();
+            let ok = (USER_CLASS_BASE..USER_CLASS_BASE + u.classes as c_int).contains(&errorclass)
+                || (0..=MPICH_ERR_LAST_CLASS).contains(&errorclass);
+            if !ok {
+                return err(MPI_ERR_ARG, format!("invalid error class {errorclass}"));
+            }
+            *errorcode = USER_CODE_BASE + u.codes.len() as c_int;
+            u.codes.push(errorclass);
+            update_lastused();
+            Ok(())
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Add_error_code", r)
+    }
+
+    fn MPI_Add_error_string / PMPI_Add_error_string(errorcode: c_int, string: *const c_char) -> c_int {
+        let r = (|| -> R {
+            if string.is_null() {
+                return err(MPI_ERR_ARG, "string is NULL");
+            }
+            if errorcode < USER_CLASS_BASE || !valid_code(errorcode) {
+                return err(MPI_ERR_ARG, format!("error code {errorcode} was not added by the program"));
+            }
+            let s = CStr::from_ptr(string).to_string_lossy().into_owned();
+            user_errs().strings.push((errorcode, s));
+            Ok(())
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Add_error_string", r)
+    }
+
+    fn MPI_Comm_create_errhandler / PMPI_Comm_create_errhandler(function: Option<CommErrFn>, errhandler: *mut MPI_Errhandler) -> c_int {
+        let r = (|| -> R {
+            let st = state()?;
+            let f = function.ok_or_else(|| MpiErr { code: MPI_ERR_ARG, msg: "function is NULL".into() })?;
+            if errhandler.is_null() {
+                return err(MPI_ERR_ARG, "errhandler is NULL");
+            }
+            st.errhandlers.push(Some(f));
+            *errhandler = (EH_BASE | (st.errhandlers.len() - 1) as u32) as c_int;
+            Ok(())
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Comm_create_errhandler", r)
+    }
+
+    fn MPI_Comm_set_errhandler / PMPI_Comm_set_errhandler(comm: MPI_Comm, errhandler: MPI_Errhandler) -> c_int {
+        let r = (|| -> R {
+            let st = state()?;
+            if !errhandler_ok(st, errhandler) {
+                return err(MPI_ERR_ARG, format!("invalid error handler {errhandler:#x}"));
+            }
+            st.comm(comm)?.1.eh = errhandler;
+            Ok(())
+        })();
+        fin(comm, "MPI_Comm_set_errhandler", r)
+    }
+
+    fn MPI_Comm_get_errhandler / PMPI_Comm_get_errhandler(comm: MPI_Comm, errhandler: *mut MPI_Errhandler) -> c_int {
+        let r = (|| -> R {
+            let st = state()?;
+            let eh = st.comm(comm)?.1.eh;
+            if errhandler.is_null() {
+                return err(MPI_ERR_ARG, "errhandler is NULL");
+            }
+            *errhandler = eh;
+            Ok(())
+        })();
+        fin(comm, "MPI_Comm_get_errhandler", r)
+    }
+
+    fn MPI_Errhandler_free / PMPI_Errhandler_free(errhandler: *mut MPI_Errhandler) -> c_int {
+        let r = (|| -> R {
+            let st = state()?;
+            if errhandler.is_null() || !errhandler_ok(st, *errhandler) {
+                return err(MPI_ERR_ARG, "invalid error handler");
+            }
+            // Handlers stay valid while communicators use them; predefined ones are never freed.
+            *errhandler = MPI_ERRHANDLER_NULL;
+            Ok(())
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Errhandler_free", r)
+    }
+
+    fn MPI_Comm_call_errhandler / PMPI_Comm_call_errhandler(comm: MPI_Comm, errorcode: c_int) -> c_int {
+        let st = match state() {
+            Ok(s) => s,
+            Err(e) => return raise(comm, "MPI_Comm_call_errhandler", e),
+        };
+        if let Err(e) = st.comm(comm) {
+            return raise(comm, "MPI_Comm_call_errhandler", e);
+        }
+        let msg = format!("MPI_Comm_call_errhandler with error code {errorcode}");
+        let rc = raise(comm, "MPI_Comm_call_errhandler", MpiErr { code: errorcode, msg });
+        // The call itself succeeded when the handler returned.
+        let _ = rc;
+        MPI_SUCCESS
+    }
+
+    fn MPI_Comm_rank / PMPI_Comm_rank(comm: MPI_Comm, rank: *mut c_int) -> c_int {
+        let r = (|| -> R {
+            let st = state()?;
+            let c = st.comm(comm)?.1;
+            if rank.is_null() {
+                return err(MPI_ERR_ARG, "rank is NULL");
+            }
+            *rank = c.rank;
+            Ok(())
+        })();
+        fin(comm, "MPI_Comm_rank", r)
+    }
+
+    fn MPI_Comm_size / PMPI_Comm_size(comm: MPI_Comm, size: *mut c_int) -> c_int {
+        let r = (|| -> R {
+            let st = state()?;
+            let c = st.comm(comm)?.1;
+            if size.is_null() {
+                return err(MPI_ERR_ARG, "size is NULL");
+            }
+            *size = c.size;
+            Ok(())
+        })();
+        fin(comm, "MPI_Comm_size", r)
+    }
+
+    fn MPI_Comm_get_attr / PMPI_Comm_get_attr(comm: MPI_Comm, keyval: c_int, attribute_val: *mut c_void, flag: *mut c_int) -> c_int {
+        let r = (|| -> R {
+            let st = state()?;
+            st.comm(comm)?;
+            if attribute_val.is_null() || flag.is_null() {
+                return err(MPI_ERR_ARG, "NULL argument");
+            }
+            let out = attribute_val as *mut *mut c_int;
+            let p: *mut c_int = match keyval {
+                MPI_TAG_UB => &raw mut ATTR_TAG_UB,
+                MPI_HOST => &raw mut ATTR_HOST,
+                MPI_IO => &raw mut ATTR_IO,
+                MPI_WTIME_IS_GLOBAL => &raw mut ATTR_WTIME_IS_GLOBAL,
+                MPI_UNIVERSE_SIZE => &raw mut ATTR_UNIVERSE_SIZE,
+                MPI_APPNUM => &raw mut ATTR_APPNUM,
+                MPI_LASTUSEDCODE => &raw mut ATTR_LASTUSEDCODE,
+                _ => return err(MPI_ERR_KEYVAL, format!("invalid or unsupported attribute key {keyval:#x}")),
+            };
+            *out = p;
+            *flag = 1;
+            Ok(())
+        })();
+        fin(comm, "MPI_Comm_get_attr", r)
+    }
+
+    fn MPI_Type_size / PMPI_Type_size(datatype: MPI_Datatype, size: *mut c_int) -> c_int {
+        let r = (|| -> R {
+            let s = type_extent(datatype)?;
+            if size.is_null() {
+                return err(MPI_ERR_ARG, "size is NULL");
+            }
+            *size = s as c_int;
+            Ok(())
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Type_size", r)
+    }
+
+    fn MPI_Barrier / PMPI_Barrier(comm: MPI_Comm) -> c_int {
+        let r = (|| -> R {
+            let st = state()?;
+            crate::p2p::barrier(st, comm)
+        })();
+        fin(comm, "MPI_Barrier", r)
+    }
+}
