@@ -14,6 +14,7 @@ deps:
 
 build: deps
 	$(CARGO) build --release --workspace
+	bash mpi/install.sh
 
 # The main job: 4 ranks on this host exchange messages through shared memory (pairs 0-1 and 2-3 at once)
 # and rank 0 prints a latency/bandwidth table.

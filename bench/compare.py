@@ -37,9 +37,9 @@ import platform
 import sys
 
 OURS = "vmfabric"
-DISPLAY = {"vmfabric": "vmfabric", "mpich": "MPICH", "openmpi": "Open MPI",
+DISPLAY = {"vmfabric": "vmfabric", "vmfabric-mpi": "vmfabric (MPI)", "mpich": "MPICH", "openmpi": "Open MPI",
            "cacheline": "cache-line floor"}
-IMPL_ORDER = ["vmfabric", "mpich", "openmpi"]
+IMPL_ORDER = ["vmfabric", "vmfabric-mpi", "mpich", "openmpi"]
 BENCH_ORDER = ["latency", "bw", "bibw"]
 BANDWIDTH_BENCHES = ("bw", "bibw")
 SPECIAL = {"summary", "cacheline"}  # json files that are not <impl>-<bench>

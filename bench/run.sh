@@ -19,6 +19,8 @@
 #   BENCH_RESULTS_DIR=dir     where results go (default bench/results)
 #   BENCH_VMFABRIC=path       vmfabric binary (default target/release/vmfabric)
 #   BENCH_STRICT=1            exit 1 if any run failed (default: warn, exit 0)
+#   BENCH_OVERCOMMIT=0        skip the overcommit sweep (bench/overcommit.sh, which
+#                             has its own knobs: BENCH_OVERCOMMIT_QUICK=1, ...)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -232,6 +234,12 @@ for round in $(seq 1 "$ROUNDS"); do
             "$VMF" run -n 2 "${X_VMF[@]}" "$VMF" bench "$mode" \
             "${COMMON[@]}" --json "$ROUNDS_DIR/vmfabric-$mode.r$round.json"
         fi
+        # (a2) vmfabric through its MPI library: the very binary built with mpicc.mpich
+        if [ -z "$(skip_reason vmfabric)" ] && [ -f "$ROOT/target/release/lib/libmpich.so.12" ]; then
+            run_one vmfabric-mpi "$mode" "$round" env LD_LIBRARY_PATH="$ROOT/target/release/lib" \
+                "$VMF" run -n 2 "${X_VMF[@]}" "$BUILD/mpi_pingpong.mpich" "$mode" \
+                "${COMMON[@]}" --json "$ROUNDS_DIR/vmfabric-mpi-$mode.r$round.json" --label vmfabric-mpi
+        fi
         # (b) MPICH
         if [ -z "$(skip_reason mpich)" ]; then run_one mpich "$mode" "$round" \
             mpiexec.mpich -n 2 "${X_MPICH[@]}" "$BUILD/mpi_pingpong.mpich" "$mode" \
@@ -255,8 +263,11 @@ else
     record cacheline cacheline "skipped: $why"
 fi
 for mode in "${MODES[@]}"; do
-    for impl in vmfabric mpich openmpi; do
-        why="$(skip_reason "$impl")"
+    for impl in vmfabric vmfabric-mpi mpich openmpi; do
+        why="$(skip_reason "${impl%-mpi}")"
+        if [ "$impl" = vmfabric-mpi ] && [ ! -f "$ROOT/target/release/lib/libmpich.so.12" ]; then
+            why="MPI library not built"
+        fi
         if [ -z "$why" ]; then
             merge "$impl" "$mode" "$RESULTS/$impl-$mode.json"
         else
@@ -265,6 +276,21 @@ for mode in "${MODES[@]}"; do
         fi
     done
 done
+
+# ---------------------------------------------------------------- overcommit
+# K = 2, 4, 8 ranks on this host: vmfabric's wait policies vs MPICH / Open MPI
+# (results in $RESULTS/overcommit/ and $RESULTS/overcommit.md).
+if [ "${BENCH_OVERCOMMIT:-1}" != 0 ]; then
+    OC_RC=0
+    BENCH_PYTHON="$PY" BENCH_RESULTS_DIR="$RESULTS" BENCH_VMFABRIC="$VMF" \
+        bash bench/overcommit.sh || OC_RC=$?
+    if [ "$OC_RC" != 0 ]; then
+        warn "bench/overcommit.sh failed (rc=$OC_RC)"
+        FAILURES+=("overcommit sweep (rc=$OC_RC)")
+    fi
+else
+    log "BENCH_OVERCOMMIT=0: overcommit sweep skipped"
+fi
 
 # ---------------------------------------------------------------- report
 CMP_RC=0

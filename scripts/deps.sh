@@ -9,6 +9,9 @@ fi
 need=()
 command -v cc >/dev/null 2>&1 || need+=(gcc)
 command -v make >/dev/null 2>&1 || need+=(make)
+# MPICH: the ABI reference the MPI library's tests compile against, and Hydra (mpiexec.mpich).
+command -v mpicc.mpich >/dev/null 2>&1 || need+=(mpich libmpich-dev)
+command -v objdump >/dev/null 2>&1 || need+=(binutils)
 if [ ${#need[@]} -gt 0 ]; then
   echo "deps: installing ${need[*]}"
   if [ "$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi
