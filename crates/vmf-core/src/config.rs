@@ -27,7 +27,7 @@ pub const PARAMS: &[Param] = &[
     Param { name: "TCP", default: "1", doc: "1: reach ranks that share no region over TCP; 0: shared memory only" },
     Param { name: "TCP_ADDR", default: "auto", doc: "address this rank listens on and publishes; auto: the first non-loopback IPv4 address of this host, else 127.0.0.1" },
     Param { name: "TCP_EAGER_LIMIT", default: "64K", doc: "largest message (bytes) sent eagerly over TCP; larger ones use rendezvous and are read straight into the receive buffer" },
-    Param { name: "TCP_CHUNK", default: "4M", doc: "bytes per data frame of a TCP rendezvous (written straight from the send buffer)" },
+    Param { name: "TCP_CHUNK", default: "256K", doc: "bytes per data frame of a TCP rendezvous (written straight from the send buffer)" },
     Param { name: "SHM_MAX_LOCAL", default: "256", doc: "most ranks that may share one region" },
     Param { name: "WAIT", default: "adaptive", doc: "how a rank waits: spin (poll), yield (poll, then sched_yield), block (poll briefly, then sleep until a message arrives), adaptive (spin budget learnt from observed waits and cores per rank, then yield if oversubscribed, then sleep)" },
     Param { name: "WAIT_SPIN_MAX_US", default: "50", doc: "adaptive: longest spin (microseconds) before sleeping when every rank of the host has a core" },
@@ -154,20 +154,36 @@ impl Config {
             let v = get(n);
             match parse_size(&v) {
                 Some(x) if x >= min && x <= max => Ok(x),
-                Some(_) => Err(ConfigError { name: n, value: v, why: "it is out of range" }),
-                None => Err(ConfigError { name: n, value: v, why: "it is not a size (e.g. 65536, 64K, 1M)" }),
+                Some(_) => Err(ConfigError {
+                    name: n,
+                    value: v,
+                    why: "it is out of range",
+                }),
+                None => Err(ConfigError {
+                    name: n,
+                    value: v,
+                    why: "it is not a size (e.g. 65536, 64K, 1M)",
+                }),
             }
         };
         let flag = |n: &'static str| -> Result<bool, ConfigError> {
             match get(n).as_str() {
                 "1" | "yes" | "true" | "on" => Ok(true),
                 "0" | "no" | "false" | "off" | "" => Ok(false),
-                _ => Err(ConfigError { name: n, value: get(n), why: "it is not 0 or 1" }),
+                _ => Err(ConfigError {
+                    name: n,
+                    value: get(n),
+                    why: "it is not 0 or 1",
+                }),
             }
         };
         let ring = size("SHM_RING_SIZE", 64 << 10, 1 << 30)?;
         if !ring.is_power_of_two() {
-            return Err(ConfigError { name: "SHM_RING_SIZE", value: get("SHM_RING_SIZE"), why: "it is not a power of two" });
+            return Err(ConfigError {
+                name: "SHM_RING_SIZE",
+                value: get("SHM_RING_SIZE"),
+                why: "it is not a power of two",
+            });
         }
         Ok(Config {
             region_dir: get("REGION_DIR"),
@@ -186,7 +202,11 @@ impl Config {
             tcp: flag("TCP")?,
             tcp_addr: match get("TCP_ADDR").as_str() {
                 "auto" | "" => None,
-                v => Some(v.parse().map_err(|_| ConfigError { name: "TCP_ADDR", value: v.into(), why: "it is not an IP address" })?),
+                v => Some(v.parse().map_err(|_| ConfigError {
+                    name: "TCP_ADDR",
+                    value: v.into(),
+                    why: "it is not an IP address",
+                })?),
             },
             tcp_eager_limit: size("TCP_EAGER_LIMIT", 0, 64 << 20)? as usize,
             tcp_chunk: size("TCP_CHUNK", 4096, 1 << 30)? as usize,
@@ -195,12 +215,22 @@ impl Config {
                 "yield" => WaitPolicy::Yield,
                 "block" => WaitPolicy::Block,
                 "adaptive" => WaitPolicy::Adaptive,
-                _ => return Err(ConfigError { name: "WAIT", value: get("WAIT"), why: "it is not spin, yield, block or adaptive" }),
+                _ => {
+                    return Err(ConfigError {
+                        name: "WAIT",
+                        value: get("WAIT"),
+                        why: "it is not spin, yield, block or adaptive",
+                    })
+                }
             },
             wait_spin_max_us: size("WAIT_SPIN_MAX_US", 1, 10_000_000)?,
             wait_yield_us: size("WAIT_YIELD_US", 0, 10_000_000)?,
             spin_count: size("SPIN_COUNT", 0, u32::MAX as u64)? as u32,
-            host_cpus: if get("HOST_CPUS") == "auto" { None } else { Some(size("HOST_CPUS", 1, 1 << 20)? as usize) },
+            host_cpus: if get("HOST_CPUS") == "auto" {
+                None
+            } else {
+                Some(size("HOST_CPUS", 1, 1 << 20)? as usize)
+            },
             init_timeout_s: size("INIT_TIMEOUT", 1, 86400)?,
             liveness_ms: size("LIVENESS_MS", 1, 60_000)?,
             verbose: flag("VERBOSE")?,
@@ -210,7 +240,17 @@ impl Config {
 
     /// (name, effective value, default, doc) of every tunable, in declaration order.
     pub fn effective(&self) -> Vec<(String, String, &'static str, &'static str)> {
-        PARAMS.iter().map(|p| (format!("VMF_{}", p.name), self.values[p.name].clone(), p.default, p.doc)).collect()
+        PARAMS
+            .iter()
+            .map(|p| {
+                (
+                    format!("VMF_{}", p.name),
+                    self.values[p.name].clone(),
+                    p.default,
+                    p.doc,
+                )
+            })
+            .collect()
     }
 
     /// Ring size for a host with `n_local` co-resident ranks.
@@ -231,7 +271,10 @@ impl Config {
             .max()
             .unwrap_or(0)
             .max(pairs * ring_ctl + (1 << 16));
-        vmf_transport::shm::region::RegionSizing { max_local: n as u32, heap }
+        vmf_transport::shm::region::RegionSizing {
+            max_local: n as u32,
+            heap,
+        }
     }
 }
 
@@ -244,16 +287,22 @@ mod tests {
         let c = Config::from_lookup(|_| None).unwrap();
         assert_eq!(c.shm_ring_size, 1 << 20);
         assert_eq!(c.effective().len(), PARAMS.len());
-        assert!(c.effective().iter().all(|(n, v, d, _)| n.starts_with("VMF_") && v == d));
+        assert!(c
+            .effective()
+            .iter()
+            .all(|(n, v, d, _)| n.starts_with("VMF_") && v == d));
     }
 
     #[test]
     fn bad_values_fail_with_name() {
-        let e = Config::from_lookup(|k| (k == "VMF_SHM_RING_SIZE").then(|| "100000".into())).unwrap_err();
+        let e = Config::from_lookup(|k| (k == "VMF_SHM_RING_SIZE").then(|| "100000".into()))
+            .unwrap_err();
         assert!(e.to_string().contains("VMF_SHM_RING_SIZE"), "{e}");
         assert!(Config::from_lookup(|k| (k == "VMF_SHM_CMA").then(|| "maybe".into())).is_err());
         assert!(Config::from_lookup(|k| (k == "VMF_SHM_CHUNK").then(|| "12Q".into())).is_err());
-        assert!(Config::from_lookup(|k| (k == "VMF_SHM_CMA_MIN").then(|| "sometimes".into())).is_err());
+        assert!(
+            Config::from_lookup(|k| (k == "VMF_SHM_CMA_MIN").then(|| "sometimes".into())).is_err()
+        );
         let e = Config::from_lookup(|k| (k == "VMF_WAIT").then(|| "nap".into())).unwrap_err();
         assert!(e.to_string().contains("VMF_WAIT"), "{e}");
         let c = Config::from_lookup(|k| (k == "VMF_WAIT").then(|| "block".into())).unwrap();

@@ -16,6 +16,10 @@ use vmf_transport::shm::ShmTransport;
 use vmf_transport::tcp::TcpTransport;
 use vmf_transport::{Transport, TransportError};
 
+/// Live migration (see the module docs).
+#[path = "engine_migrate.rs"]
+pub mod migrate;
+
 /// Engine operations needed by the MPI library (matched probe, status peeks, ...), kept in their own file.
 #[path = "engine_mpi.rs"]
 pub mod mpi_ext;
@@ -93,7 +97,10 @@ impl ReqId {
         (self.gen as u64) << 32 | self.idx as u64
     }
     fn from_wire(w: u64) -> ReqId {
-        ReqId { idx: w as u32, gen: (w >> 32) as u32 }
+        ReqId {
+            idx: w as u32,
+            gen: (w >> 32) as u32,
+        }
     }
 }
 
@@ -115,7 +122,11 @@ enum Phase {
     /// Recv: posted, unmatched.
     Posted,
     /// Recv: matched an RTS, receiving pipelined chunks.
-    Receiving { peer: usize, want: usize, got: usize },
+    Receiving {
+        peer: usize,
+        want: usize,
+        got: usize,
+    },
 }
 
 struct Req {
@@ -151,8 +162,14 @@ impl Req {
 }
 
 enum UnexpBody {
-    Eager { data: Vec<u8>, sync_sreq: Option<u64> },
-    Rts { total: usize, info: RtsInfo },
+    Eager {
+        data: Vec<u8>,
+        sync_sreq: Option<u64>,
+    },
+    Rts {
+        total: usize,
+        info: RtsInfo,
+    },
 }
 
 struct Unexp {
@@ -165,12 +182,14 @@ struct Unexp {
 /// A packet waiting for room in a full queue.
 struct Pending {
     hdr: PktHeader,
-    a: [u8; 32],
+    a: [u8; 48],
     a_len: u8,
     data: *const u8,
     data_len: usize,
     /// Standard-mode eager send to complete once written.
     complete: Option<ReqId>,
+    /// Retire the TCP connection to this peer once this packet is written (last one on an old channel).
+    retire_tcp: bool,
 }
 
 /// Per-peer state.
@@ -179,6 +198,13 @@ struct Peer {
     tx_seq: u64,
     rx_seq: u64,
     pending: VecDeque<Pending>,
+    /// Live migration: new sends wait here while the channel to this peer is being switched.
+    holding: bool,
+    held: VecDeque<Pending>,
+    /// Route to use once the switch completes.
+    next_route: Option<Route>,
+    /// Mover side: waiting for this peer's MovedAck.
+    awaiting_ack: bool,
 }
 
 /// The engine of one rank.
@@ -211,6 +237,12 @@ pub struct Engine {
     last_liveness: Instant,
     fatal: Option<Error>,
     waiter: Waiter,
+    /// Where every rank is (region UUID, slot, TCP address), kept current through migrations.
+    locs: Vec<migrate::Loc>,
+    /// How to move (hosts table, job key, region sizing), when started with emulated hosts.
+    mig_ctx: Option<migrate::MigCtx>,
+    /// A migration of this rank in progress.
+    mig: Option<migrate::Moving>,
 }
 
 /// State of the waiting policy of one rank.
@@ -235,13 +267,29 @@ impl Waiter {
         let oversubscribed = local_ranks > cpus;
         let min_spin = Duration::from_micros(2);
         // With fewer cores than ranks, spinning burns the time slice the awaited rank needs.
-        let max_spin = if oversubscribed { min_spin } else { Duration::from_micros(cfg.wait_spin_max_us).max(min_spin) };
-        let yield_for = if oversubscribed { Duration::from_micros(cfg.wait_yield_us) } else { Duration::ZERO };
+        let max_spin = if oversubscribed {
+            min_spin
+        } else {
+            Duration::from_micros(cfg.wait_spin_max_us).max(min_spin)
+        };
+        let yield_for = if oversubscribed {
+            Duration::from_micros(cfg.wait_yield_us)
+        } else {
+            Duration::ZERO
+        };
         let (spin, yield_for) = match cfg.wait {
             WaitPolicy::Block => (Duration::from_micros(1), Duration::ZERO),
             _ => (max_spin, yield_for),
         };
-        Waiter { policy: cfg.wait, oversubscribed, spin, min_spin, max_spin, yield_for, sleeps: 0 }
+        Waiter {
+            policy: cfg.wait,
+            oversubscribed,
+            spin,
+            min_spin,
+            max_spin,
+            yield_for,
+            sleeps: 0,
+        }
     }
 
     fn budgets(&self) -> (Duration, Duration) {
@@ -255,7 +303,11 @@ impl Waiter {
         if self.policy != WaitPolicy::Adaptive {
             return;
         }
-        let target = if waited <= self.max_spin { (waited * 2).max(self.min_spin) } else { self.min_spin };
+        let target = if waited <= self.max_spin {
+            (waited * 2).max(self.min_spin)
+        } else {
+            self.min_spin
+        };
         let next = (self.spin * 3 + target) / 4;
         self.spin = next.clamp(self.min_spin, self.max_spin);
     }
@@ -266,9 +318,25 @@ const SYNC_PREFIX: usize = 8;
 impl Engine {
     /// An engine for rank `me` of `n`, with an optional shared-memory transport (routes for its peers
     /// are set from `shm.reaches`).
-    pub fn new(me: usize, n: usize, cfg: Config, shm: Option<ShmTransport>, tcp: Option<TcpTransport>) -> Engine {
-        let mut peers: Vec<Peer> =
-            (0..n).map(|_| Peer { route: Route::None, tx_seq: 0, rx_seq: 0, pending: VecDeque::new() }).collect();
+    pub fn new(
+        me: usize,
+        n: usize,
+        cfg: Config,
+        shm: Option<ShmTransport>,
+        tcp: Option<TcpTransport>,
+    ) -> Engine {
+        let mut peers: Vec<Peer> = (0..n)
+            .map(|_| Peer {
+                route: Route::None,
+                tx_seq: 0,
+                rx_seq: 0,
+                pending: VecDeque::new(),
+                holding: false,
+                held: VecDeque::new(),
+                next_route: None,
+                awaiting_ack: false,
+            })
+            .collect();
         let mut eager_limit = cfg.shm_eager_limit;
         let mut chunk = cfg.shm_chunk;
         if let Some(s) = &shm {
@@ -301,7 +369,13 @@ impl Engine {
         // receiver and stays in cache, which measured 2-3x faster at every size when both ranks have a core.
         // When ranks outnumber cores the pipeline stalls whenever one side is descheduled: use CMA then.
         let local = shm.as_ref().map_or(1, |s| s.peer_count() + 1);
-        let cma_min = cfg.shm_cma_min.unwrap_or(if local > vmf_pal::available_cpus() { 0 } else { usize::MAX });
+        let cma_min = cfg
+            .shm_cma_min
+            .unwrap_or(if local > vmf_pal::available_cpus() {
+                0
+            } else {
+                usize::MAX
+            });
         Engine {
             me,
             n,
@@ -328,6 +402,9 @@ impl Engine {
             last_liveness: Instant::now(),
             fatal: None,
             waiter: Waiter::new(&cfg, local),
+            locs: vec![migrate::Loc::default(); n],
+            mig_ctx: None,
+            mig: None,
             cfg,
         }
     }
@@ -389,11 +466,15 @@ impl Engine {
     }
 
     fn req(&self, id: ReqId) -> Option<&Req> {
-        self.reqs.get(id.idx as usize).filter(|r| r.gen == id.gen && r.state != State::Free)
+        self.reqs
+            .get(id.idx as usize)
+            .filter(|r| r.gen == id.gen && r.state != State::Free)
     }
 
     fn req_mut(&mut self, id: ReqId) -> Option<&mut Req> {
-        self.reqs.get_mut(id.idx as usize).filter(|r| r.gen == id.gen && r.state != State::Free)
+        self.reqs
+            .get_mut(id.idx as usize)
+            .filter(|r| r.gen == id.gen && r.state != State::Free)
     }
 
     fn complete(&mut self, id: ReqId) {
@@ -417,7 +498,10 @@ impl Engine {
     /// Free a completed request and return its status (or its error).
     pub fn take(&mut self, id: ReqId) -> Result<Status> {
         let me = self.me;
-        let r = self.req_mut(id).ok_or(Error::InvalidRequest { rank: me, op: Op::Wait })?;
+        let r = self.req_mut(id).ok_or(Error::InvalidRequest {
+            rank: me,
+            op: Op::Wait,
+        })?;
         debug_assert_eq!(r.state, State::Done);
         r.state = State::Free;
         r.gen = r.gen.wrapping_add(1).max(1);
@@ -436,7 +520,12 @@ impl Engine {
         if (allow_any && peer == ANY_SOURCE as i64) || (peer >= 0 && (peer as usize) < self.n) {
             Ok(())
         } else {
-            Err(Error::InvalidRank { rank: self.me, peer, size: self.n, op })
+            Err(Error::InvalidRank {
+                rank: self.me,
+                peer,
+                size: self.n,
+                op,
+            })
         }
     }
 
@@ -444,14 +533,29 @@ impl Engine {
         if tag >= 0 || (allow_any && tag == ANY_TAG) {
             Ok(())
         } else {
-            Err(Error::InvalidTag { rank: self.me, peer, tag, op })
+            Err(Error::InvalidTag {
+                rank: self.me,
+                peer,
+                tag,
+                op,
+            })
         }
     }
 
     fn terr(&self, peer: usize, op: Op, e: TransportError) -> Error {
         match e {
-            TransportError::PeerDead { peer, pid } => Error::PeerDead { rank: self.me, peer, pid, op },
-            source => Error::Transport { rank: self.me, peer, op, source },
+            TransportError::PeerDead { peer, pid } => Error::PeerDead {
+                rank: self.me,
+                peer,
+                pid,
+                op,
+            },
+            source => Error::Transport {
+                rank: self.me,
+                peer,
+                op,
+                source,
+            },
         }
     }
 
@@ -465,15 +569,32 @@ impl Engine {
 
     /// As [`Engine::try_packet`]; `borrowed`: `b` stays valid until the transport's backlog drains.
     #[inline]
-    fn try_packet_ex(&mut self, peer: usize, hdr: &mut PktHeader, a: &[u8], b: &[u8], borrowed: bool) -> Result<bool> {
+    fn try_packet_ex(
+        &mut self,
+        peer: usize,
+        hdr: &mut PktHeader,
+        a: &[u8],
+        b: &[u8],
+        borrowed: bool,
+    ) -> Result<bool> {
         let p = &mut self.peers[peer];
         hdr.seq = p.tx_seq;
         let r = match p.route {
             Route::Shm => self.shm.as_mut().unwrap().try_send(peer, hdr, a, b),
-            Route::Tcp if borrowed => self.tcp.as_mut().unwrap().try_send_borrowed(peer, hdr, a, b),
+            Route::Tcp if borrowed => self
+                .tcp
+                .as_mut()
+                .unwrap()
+                .try_send_borrowed(peer, hdr, a, b),
             Route::Tcp => self.tcp.as_mut().unwrap().try_send(peer, hdr, a, b),
             Route::SelfLoop => self.selfq.try_send(peer, hdr, a, b),
-            Route::None => return Err(Error::Unreachable { rank: self.me, peer, op: Op::Send }),
+            Route::None => {
+                return Err(Error::Unreachable {
+                    rank: self.me,
+                    peer,
+                    op: Op::Send,
+                })
+            }
         };
         match r {
             Ok(true) => {
@@ -495,15 +616,28 @@ impl Engine {
         data_len: usize,
         complete: Option<ReqId>,
     ) -> Result<bool> {
+        let mut p = Pending {
+            hdr,
+            a: [0; 48],
+            a_len: a.len() as u8,
+            data,
+            data_len,
+            complete,
+            retire_tcp: false,
+        };
+        p.a[..a.len()].copy_from_slice(a);
+        if self.peers[peer].holding {
+            self.peers[peer].held.push_back(p);
+            return Ok(false);
+        }
         if self.peers[peer].pending.is_empty() {
             // SAFETY: data/data_len describe the caller's buffer, valid until the request completes.
             let b = unsafe { slice(data, data_len) };
             if self.try_packet(peer, &mut hdr, a, b)? {
                 return Ok(true);
             }
+            p.hdr = hdr;
         }
-        let mut p = Pending { hdr, a: [0; 32], a_len: a.len() as u8, data, data_len, complete };
-        p.a[..a.len()].copy_from_slice(a);
         self.peers[peer].pending.push_back(p);
         self.n_pending += 1;
         Ok(false)
@@ -538,7 +672,13 @@ impl Engine {
             r.tag = tag;
             r.ctx = ctx;
             r.phase = Phase::Queued;
-            r.status = Status { source: self.me, tag, count: len, msg_len: len, cancelled: false };
+            r.status = Status {
+                source: self.me,
+                tag,
+                count: len,
+                msg_len: len,
+                cancelled: false,
+            };
         }
         let route = self.peers[dest].route;
         let limit = match route {
@@ -566,10 +706,19 @@ impl Engine {
             }
         } else {
             let hdr = PktHeader::new(Kind::Rts, self.me as u32, tag, ctx, 0, len as u64);
-            let pid = if route == Route::Shm && self.cma && len >= self.cma_min { std::process::id() as u64 } else { 0 };
-            let info = RtsInfo { sreq: id.wire(), addr: buf as u64, pid };
+            let pid = if route == Route::Shm && self.cma && len >= self.cma_min {
+                std::process::id() as u64
+            } else {
+                0
+            };
+            let info = RtsInfo {
+                sreq: id.wire(),
+                addr: buf as u64,
+                pid,
+            };
             self.reqs[id.idx as usize].phase = Phase::AwaitAck;
-            self.send_packet(dest, hdr, info.as_bytes(), std::ptr::null(), 0, None).map(|_| ())
+            self.send_packet(dest, hdr, info.as_bytes(), std::ptr::null(), 0, None)
+                .map(|_| ())
         };
         if let Err(e) = res {
             self.reqs[id.idx as usize].state = State::Done;
@@ -585,7 +734,14 @@ impl Engine {
     ///
     /// # Safety
     /// `buf..buf+cap` must stay valid and otherwise untouched until the request completes.
-    pub unsafe fn irecv(&mut self, buf: *mut u8, cap: usize, src: i64, tag: i32, ctx: u32) -> Result<ReqId> {
+    pub unsafe fn irecv(
+        &mut self,
+        buf: *mut u8,
+        cap: usize,
+        src: i64,
+        tag: i32,
+        ctx: u32,
+    ) -> Result<ReqId> {
         self.check_peer(src, Op::Recv, true)?;
         self.check_tag(src, tag, Op::Recv, true)?;
         if let Some(e) = &self.fatal {
@@ -603,7 +759,11 @@ impl Engine {
             r.phase = Phase::Posted;
         }
         // Earliest matching unexpected message first (non-overtaking).
-        if let Some(pos) = self.unexpected.iter().position(|u| matches(src as i32, tag, ctx, u.src, u.tag, u.ctx)) {
+        if let Some(pos) = self
+            .unexpected
+            .iter()
+            .position(|u| matches(src as i32, tag, ctx, u.src, u.tag, u.ctx))
+        {
             let u = self.unexpected.remove(pos).unwrap();
             self.deliver_unexpected(id, u)?;
         } else {
@@ -634,14 +794,33 @@ impl Engine {
             // SAFETY: r.buf has r.len bytes (irecv contract); data is a valid slice.
             unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), r.buf, n) };
         }
-        r.status = Status { source: src, tag, count: n, msg_len: data.len(), cancelled: false };
+        r.status = Status {
+            source: src,
+            tag,
+            count: n,
+            msg_len: data.len(),
+            cancelled: false,
+        };
         if data.len() > r.len {
-            r.error = Some(Error::Truncated { rank: me, peer: src, tag, len: data.len(), cap: r.len });
+            r.error = Some(Error::Truncated {
+                rank: me,
+                peer: src,
+                tag,
+                len: data.len(),
+                cap: r.len,
+            });
         }
         r.state = State::Done;
     }
 
-    fn start_rndv_recv(&mut self, id: ReqId, src: usize, tag: i32, total: usize, info: RtsInfo) -> Result<()> {
+    fn start_rndv_recv(
+        &mut self,
+        id: ReqId,
+        src: usize,
+        tag: i32,
+        total: usize,
+        info: RtsInfo,
+    ) -> Result<()> {
         let me = self.me;
         let (buf, cap) = {
             let r = &self.reqs[id.idx as usize];
@@ -650,9 +829,21 @@ impl Engine {
         let want = total.min(cap);
         {
             let r = &mut self.reqs[id.idx as usize];
-            r.status = Status { source: src, tag, count: want, msg_len: total, cancelled: false };
+            r.status = Status {
+                source: src,
+                tag,
+                count: want,
+                msg_len: total,
+                cancelled: false,
+            };
             if total > cap {
-                r.error = Some(Error::Truncated { rank: me, peer: src, tag, len: total, cap });
+                r.error = Some(Error::Truncated {
+                    rank: me,
+                    peer: src,
+                    tag,
+                    len: total,
+                    cap,
+                });
             }
         }
         if info.pid != 0 && self.cma && want > 0 {
@@ -663,7 +854,12 @@ impl Engine {
                     self.complete(id);
                     return self.send_ctl(src, Kind::Fin, FinInfo { sreq: info.sreq }.as_bytes());
                 }
-                Err(e) if matches!(e.raw_os_error(), Some(libc::EPERM) | Some(libc::ENOSYS) | Some(libc::EACCES)) => {
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::EPERM) | Some(libc::ENOSYS) | Some(libc::EACCES)
+                    ) =>
+                {
                     // The kernel forbids CMA here: use the pipelined path from now on.
                     self.cma = false;
                     if self.cfg.verbose && !self.cma_warned {
@@ -678,7 +874,10 @@ impl Engine {
                         op: Op::Recv,
                         source: TransportError::Corrupt {
                             peer: src,
-                            what: format!("single-copy read of {want} bytes at {:#x} failed: {e}", info.addr),
+                            what: format!(
+                                "single-copy read of {want} bytes at {:#x} failed: {e}",
+                                info.addr
+                            ),
                         },
                     };
                     self.fail(id, err.clone());
@@ -686,8 +885,16 @@ impl Engine {
                 }
             }
         }
-        self.reqs[id.idx as usize].phase = Phase::Receiving { peer: src, want, got: 0 };
-        let cts = CtsInfo { sreq: info.sreq, rreq: id.wire(), want: want as u64 };
+        self.reqs[id.idx as usize].phase = Phase::Receiving {
+            peer: src,
+            want,
+            got: 0,
+        };
+        let cts = CtsInfo {
+            sreq: info.sreq,
+            rreq: id.wire(),
+            want: want as u64,
+        };
         self.send_ctl(src, Kind::Cts, cts.as_bytes())?;
         if want == 0 {
             self.complete(id);
@@ -697,7 +904,8 @@ impl Engine {
 
     fn send_ctl(&mut self, peer: usize, kind: Kind, a: &[u8]) -> Result<()> {
         let hdr = PktHeader::new(kind, self.me as u32, 0, 0, 0, 0);
-        self.send_packet(peer, hdr, a, std::ptr::null(), 0, None).map(|_| ())
+        self.send_packet(peer, hdr, a, std::ptr::null(), 0, None)
+            .map(|_| ())
     }
 
     fn pooled(&mut self, data: &[u8]) -> Vec<u8> {
@@ -714,38 +922,65 @@ impl Engine {
     }
 
     fn corrupt(&self, peer: usize, what: String) -> Error {
-        Error::Transport { rank: self.me, peer, op: Op::Progress, source: TransportError::Corrupt { peer, what } }
+        Error::Transport {
+            rank: self.me,
+            peer,
+            op: Op::Progress,
+            source: TransportError::Corrupt { peer, what },
+        }
     }
 
     /// Look up a request named by a peer on the wire and check it is what the packet says it is.
     fn wire_req(&self, peer: usize, w: u64, send: bool) -> Result<ReqId> {
         let id = ReqId::from_wire(w);
         match self.req(id) {
-            Some(r) if r.is_send == send && r.state == State::Active && (r.peer == peer as i32 || !send) => Ok(id),
+            Some(r)
+                if r.is_send == send
+                    && r.state == State::Active
+                    && (r.peer == peer as i32 || !send) =>
+            {
+                Ok(id)
+            }
             _ => Err(self.corrupt(peer, format!("packet names unknown request {w:#x}"))),
         }
     }
 
     /// Handle one incoming packet.
-    fn handle(&mut self, peer: usize, hdr: &PktHeader, payload: &[u8], placed: usize) -> Result<()> {
+    fn handle(
+        &mut self,
+        peer: usize,
+        hdr: &PktHeader,
+        payload: &[u8],
+        placed: usize,
+    ) -> Result<()> {
         let expected = self.peers[peer].rx_seq;
         if hdr.seq != expected {
-            return Err(self.corrupt(peer, format!("sequence number {} where {} was due", hdr.seq, expected)));
+            return Err(self.corrupt(
+                peer,
+                format!("sequence number {} where {} was due", hdr.seq, expected),
+            ));
         }
         self.peers[peer].rx_seq += 1;
-        let kind = Kind::from_u8(hdr.kind).ok_or_else(|| self.corrupt(peer, format!("unknown kind {}", hdr.kind)))?;
+        let kind = Kind::from_u8(hdr.kind)
+            .ok_or_else(|| self.corrupt(peer, format!("unknown kind {}", hdr.kind)))?;
         match kind {
             Kind::Eager => {
                 let (sync, data) = if hdr.flags & FLAG_SYNC != 0 {
                     if payload.len() < SYNC_PREFIX {
                         return Err(self.corrupt(peer, "short synchronous packet".into()));
                     }
-                    (Some(u64::from_le_bytes(payload[..8].try_into().unwrap())), &payload[8..])
+                    (
+                        Some(u64::from_le_bytes(payload[..8].try_into().unwrap())),
+                        &payload[8..],
+                    )
                 } else {
                     (None, payload)
                 };
                 if hdr.len != data.len() as u64 {
-                    return Err(self.corrupt(peer, format!("eager length {} but {} bytes", hdr.len, data.len())));
+                    return Err(self.corrupt(
+                        peer,
+                        format!("eager length {} but {} bytes", hdr.len, data.len()),
+                    ));
                 }
                 if let Some(id) = self.match_posted(peer, hdr.tag, hdr.ctx) {
                     self.fill_recv(id, peer, hdr.tag, data);
@@ -758,13 +993,18 @@ impl Engine {
                         src: peer,
                         tag: hdr.tag,
                         ctx: hdr.ctx,
-                        body: UnexpBody::Eager { data, sync_sreq: sync },
+                        body: UnexpBody::Eager {
+                            data,
+                            sync_sreq: sync,
+                        },
                     });
                 }
             }
             Kind::Rts => {
-                let info = RtsInfo::parse(payload).ok_or_else(|| self.corrupt(peer, "short RTS".into()))?;
-                let total = usize::try_from(hdr.len).map_err(|_| self.corrupt(peer, "RTS length".into()))?;
+                let info = RtsInfo::parse(payload)
+                    .ok_or_else(|| self.corrupt(peer, "short RTS".into()))?;
+                let total = usize::try_from(hdr.len)
+                    .map_err(|_| self.corrupt(peer, "RTS length".into()))?;
                 if let Some(id) = self.match_posted(peer, hdr.tag, hdr.ctx) {
                     self.start_rndv_recv(id, peer, hdr.tag, total, info)?;
                 } else {
@@ -777,21 +1017,29 @@ impl Engine {
                 }
             }
             Kind::Cts => {
-                let c = CtsInfo::parse(payload).ok_or_else(|| self.corrupt(peer, "short CTS".into()))?;
+                let c = CtsInfo::parse(payload)
+                    .ok_or_else(|| self.corrupt(peer, "short CTS".into()))?;
                 let id = self.wire_req(peer, c.sreq, true)?;
                 let len = self.reqs[id.idx as usize].len;
                 if c.want as usize > len || self.reqs[id.idx as usize].phase != Phase::AwaitAck {
-                    return Err(self.corrupt(peer, format!("CTS asks for {} of {len} bytes", c.want)));
+                    return Err(
+                        self.corrupt(peer, format!("CTS asks for {} of {len} bytes", c.want))
+                    );
                 }
                 if c.want == 0 {
                     self.complete(id);
                 } else {
-                    self.reqs[id.idx as usize].phase = Phase::Streaming { rreq: c.rreq, want: c.want as usize, sent: 0 };
+                    self.reqs[id.idx as usize].phase = Phase::Streaming {
+                        rreq: c.rreq,
+                        want: c.want as usize,
+                        sent: 0,
+                    };
                     self.streaming.push(id);
                 }
             }
             Kind::Data => {
-                let d = DataInfo::parse(payload).ok_or_else(|| self.corrupt(peer, "short DATA".into()))?;
+                let d = DataInfo::parse(payload)
+                    .ok_or_else(|| self.corrupt(peer, "short DATA".into()))?;
                 let chunk = &payload[DataInfo::SIZE..];
                 let len = if placed > 0 { placed } else { chunk.len() };
                 let id = self.wire_req(peer, d.rreq, false)?;
@@ -802,7 +1050,9 @@ impl Engine {
                     {
                         if placed == 0 {
                             // SAFETY: got + len <= want <= r.len (checked).
-                            unsafe { std::ptr::copy_nonoverlapping(chunk.as_ptr(), r.buf.add(got), len) };
+                            unsafe {
+                                std::ptr::copy_nonoverlapping(chunk.as_ptr(), r.buf.add(got), len)
+                            };
                         }
                         let got = got + len;
                         r.phase = Phase::Receiving { peer: p, want, got };
@@ -810,11 +1060,20 @@ impl Engine {
                             r.state = State::Done;
                         }
                     }
-                    _ => return Err(self.corrupt(peer, format!("DATA at offset {} does not fit its request", d.offset))),
+                    _ => {
+                        return Err(self.corrupt(
+                            peer,
+                            format!("DATA at offset {} does not fit its request", d.offset),
+                        ))
+                    }
                 }
             }
+            Kind::Moved | Kind::MovedAck | Kind::Ready => {
+                self.handle_migration(peer, kind, payload)?
+            }
             Kind::Fin | Kind::SyncAck => {
-                let f = FinInfo::parse(payload).ok_or_else(|| self.corrupt(peer, "short FIN".into()))?;
+                let f = FinInfo::parse(payload)
+                    .ok_or_else(|| self.corrupt(peer, "short FIN".into()))?;
                 let id = self.wire_req(peer, f.sreq, true)?;
                 if self.reqs[id.idx as usize].phase != Phase::AwaitAck {
                     return Err(self.corrupt(peer, "FIN for a send not waiting for one".into()));
@@ -854,6 +1113,12 @@ impl Engine {
 
     fn progress_inner(&mut self) -> Result<usize> {
         let mut n = 0;
+        if migrate::requested() && !self.is_migrating() {
+            self.serve_migration_request();
+        }
+        if self.mig.as_ref().is_some_and(|m| m.old_shm.is_some()) {
+            n += self.poll_old_shm()?;
+        }
         if self.shm.is_some() {
             for _ in 0..32 {
                 let inc = match self.shm.as_mut().unwrap().poll() {
@@ -886,22 +1151,28 @@ impl Engine {
         self.passes = self.passes.wrapping_add(1);
         // TCP costs a system call per look; with shared-memory peers too, look every 8th pass (and always
         // when shared memory had nothing).
-        let look_tcp = self.tcp_peers > 0 && (self.shm.is_none() || n == 0 || self.passes % 8 == 0);
+        // With emulated hosts a peer may move away and connect to us over TCP before it routes there:
+        // look at the listener every 16th pass even without TCP peers.
+        let look_tcp = (self.tcp_peers > 0
+            && (self.shm.is_none() || n == 0 || self.passes % 8 == 0))
+            || (self.tcp.is_some() && self.mig_ctx.is_some() && self.passes % 16 == 0);
         if look_tcp {
             for _ in 0..32 {
                 let reqs = &self.reqs;
                 let tcp = self.tcp.as_mut().unwrap();
-                let inc = match tcp.poll_placed(&mut |peer, hdr, a| place_target(reqs, peer, hdr, a)) {
-                    Ok(Some(i)) => i,
-                    Ok(None) => break,
-                    Err(e) => {
-                        let peer = match &e {
-                            TransportError::Corrupt { peer, .. } | TransportError::ConnectionLost { peer, .. } => *peer,
-                            _ => self.me,
-                        };
-                        return Err(self.terr(peer, Op::Progress, e));
-                    }
-                };
+                let inc =
+                    match tcp.poll_placed(&mut |peer, hdr, a| place_target(reqs, peer, hdr, a)) {
+                        Ok(Some(i)) => i,
+                        Ok(None) => break,
+                        Err(e) => {
+                            let peer = match &e {
+                                TransportError::Corrupt { peer, .. }
+                                | TransportError::ConnectionLost { peer, .. } => *peer,
+                                _ => self.me,
+                            };
+                            return Err(self.terr(peer, Op::Progress, e));
+                        }
+                    };
                 // SAFETY: payload valid until release below.
                 let payload = unsafe { slice(inc.payload_ptr(), inc.len()) };
                 let r = self.handle(inc.peer, &inc.hdr, payload, inc.placed);
@@ -929,6 +1200,7 @@ impl Engine {
                 // SAFETY: the data pointer belongs to an incomplete request (buffer still valid).
                 let b = unsafe { slice(p.data, p.data_len) };
                 let done = p.complete;
+                let retire = p.retire_tcp;
                 if !self.try_packet(peer, &mut hdr, &a[..a_len], b)? {
                     break;
                 }
@@ -936,6 +1208,11 @@ impl Engine {
                 self.n_pending -= 1;
                 if let Some(id) = done {
                     self.complete(id);
+                }
+                if retire {
+                    if let Some(t) = self.tcp.as_mut() {
+                        t.retire(peer);
+                    }
                 }
                 n += 1;
             }
@@ -955,24 +1232,36 @@ impl Engine {
             let tcp = self.peers[peer].route == Route::Tcp;
             let chunk = if tcp { self.tcp_chunk } else { self.chunk };
             loop {
-                let Phase::Streaming { rreq, want, sent } = self.reqs[id.idx as usize].phase else { break };
-                if sent == want || !self.peers[peer].pending.is_empty() {
+                let Phase::Streaming { rreq, want, sent } = self.reqs[id.idx as usize].phase else {
+                    break;
+                };
+                if sent == want || !self.peers[peer].pending.is_empty() || self.peers[peer].holding
+                {
                     break;
                 }
                 let len = chunk.min(want - sent);
                 let mut hdr = PktHeader::new(Kind::Data, self.me as u32, 0, 0, 0, len as u64);
-                let info = DataInfo { rreq, offset: sent as u64 };
+                let info = DataInfo {
+                    rreq,
+                    offset: sent as u64,
+                };
                 // SAFETY: sent + len <= want <= request length; buffer valid until the send completes.
                 let b = unsafe { slice(buf.add(sent), len) };
                 if !self.try_packet_ex(peer, &mut hdr, info.as_bytes(), b, tcp)? {
                     break;
                 }
                 n += 1;
-                self.reqs[id.idx as usize].phase = Phase::Streaming { rreq, want, sent: sent + len };
+                self.reqs[id.idx as usize].phase = Phase::Streaming {
+                    rreq,
+                    want,
+                    sent: sent + len,
+                };
             }
             // Over TCP the last bytes may still be referenced by the socket backlog.
             let drained = !tcp || !self.tcp.as_ref().unwrap().has_backlog(peer);
-            if drained && matches!(self.reqs[id.idx as usize].phase, Phase::Streaming { want, sent, .. } if want == sent) {
+            if drained
+                && matches!(self.reqs[id.idx as usize].phase, Phase::Streaming { want, sent, .. } if want == sent)
+            {
                 self.complete(id);
                 self.streaming.swap_remove(i);
             } else {
@@ -983,13 +1272,22 @@ impl Engine {
     }
 
     fn find_unexpected(&self, src: i64, tag: i32, ctx: u32) -> Option<Status> {
-        self.unexpected.iter().find(|u| matches(src as i32, tag, ctx, u.src, u.tag, u.ctx)).map(|u| {
-            let len = match &u.body {
-                UnexpBody::Eager { data, .. } => data.len(),
-                UnexpBody::Rts { total, .. } => *total,
-            };
-            Status { source: u.src, tag: u.tag, count: len, msg_len: len, cancelled: false }
-        })
+        self.unexpected
+            .iter()
+            .find(|u| matches(src as i32, tag, ctx, u.src, u.tag, u.ctx))
+            .map(|u| {
+                let len = match &u.body {
+                    UnexpBody::Eager { data, .. } => data.len(),
+                    UnexpBody::Rts { total, .. } => *total,
+                };
+                Status {
+                    source: u.src,
+                    tag: u.tag,
+                    count: len,
+                    msg_len: len,
+                    cancelled: false,
+                }
+            })
     }
 
     /// Probe for a matching message without receiving it.
@@ -1096,8 +1394,9 @@ impl Engine {
     /// Sleep until something may have arrived (or a timeout for liveness checks).
     fn block_once(&mut self, op: Op, backoff: &mut Duration) -> Result<()> {
         let live_every = Duration::from_millis(self.cfg.liveness_ms);
-        // Queued sends wait for a peer to consume, and consumers do not ring doorbells: keep polling.
-        if self.n_pending > 0 || !self.streaming.is_empty() {
+        // Queued sends wait for a peer to consume, and consumers do not ring doorbells: keep polling. While
+        // this rank moves, answers arrive on the old region, whose doorbell it no longer sleeps on.
+        if self.n_pending > 0 || !self.streaming.is_empty() || self.mig.is_some() {
             vmf_pal::yield_now();
             return Ok(());
         }
@@ -1119,7 +1418,11 @@ impl Engine {
                 Some(_) => None,
                 None => None,
             };
-            let t = if self.shm.as_ref().is_some_and(|s| !s.can_futex()) { *backoff } else { live_every };
+            let t = if self.shm.as_ref().is_some_and(|s| !s.can_futex()) {
+                *backoff
+            } else {
+                live_every
+            };
             tcp.wait(db, t);
             *backoff = (*backoff * 2).min(Duration::from_millis(1));
             if let Some(shm) = &self.shm {
@@ -1165,7 +1468,12 @@ impl Engine {
         self.last_liveness = Instant::now();
         if let Some(shm) = &self.shm {
             if let Some((peer, pid)) = shm.find_dead_peer() {
-                let e = Error::PeerDead { rank: self.me, peer, pid, op };
+                let e = Error::PeerDead {
+                    rank: self.me,
+                    peer,
+                    pid,
+                    op,
+                };
                 self.fatal = Some(e.clone());
                 return Err(e);
             }
@@ -1178,7 +1486,9 @@ impl Engine {
         self.wait_until(Op::Finalize, |e| {
             e.n_pending == 0
                 && e.streaming.is_empty()
-                && e.reqs.iter().all(|r| !(r.is_send && r.state == State::Active))
+                && e.reqs
+                    .iter()
+                    .all(|r| !(r.is_send && r.state == State::Active))
         })
     }
 }
@@ -1196,7 +1506,10 @@ fn place_target(reqs: &[Req], peer: usize, hdr: &PktHeader, a: &[u8]) -> Option<
     }
     match r.phase {
         Phase::Receiving { peer: p, want, got }
-            if p == peer && d.offset as usize == got && (hdr.len as usize) <= want - got && hdr.len > 0 =>
+            if p == peer
+                && d.offset as usize == got
+                && (hdr.len as usize) <= want - got
+                && hdr.len > 0 =>
         {
             // SAFETY: got < want <= r.len, so the pointer stays inside the receive buffer.
             Some(unsafe { r.buf.add(got) })
@@ -1207,13 +1520,29 @@ fn place_target(reqs: &[Req], peer: usize, hdr: &PktHeader, a: &[u8]) -> Option<
 
 #[inline(always)]
 fn matches(want_src: i32, want_tag: i32, want_ctx: u32, src: usize, tag: i32, ctx: u32) -> bool {
-    want_ctx == ctx && (want_src == ANY_SOURCE || want_src as usize == src) && (want_tag == ANY_TAG || want_tag == tag)
+    want_ctx == ctx
+        && (want_src == ANY_SOURCE || want_src as usize == src)
+        && (want_tag == ANY_TAG || want_tag == tag)
 }
 
 fn retag(e: Error, op: Op) -> Error {
     match e {
-        Error::Transport { rank, peer, source, .. } => Error::Transport { rank, peer, op, source },
-        Error::PeerDead { rank, peer, pid, .. } => Error::PeerDead { rank, peer, pid, op },
+        Error::Transport {
+            rank, peer, source, ..
+        } => Error::Transport {
+            rank,
+            peer,
+            op,
+            source,
+        },
+        Error::PeerDead {
+            rank, peer, pid, ..
+        } => Error::PeerDead {
+            rank,
+            peer,
+            pid,
+            op,
+        },
         e => e,
     }
 }
@@ -1238,23 +1567,47 @@ mod tests {
         let d = std::env::temp_dir().join(format!("vmf-engine-test-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir_all(&d).unwrap();
-        let cfg = Config::from_lookup(|k| env.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())).unwrap();
-        let sz = RegionSizing { max_local: 2, heap: 4 << 20 };
-        let r = Arc::new(Region::open(&RegionSource::Dir(d.clone()), "t", sz, None, Duration::from_secs(1)).unwrap());
+        let cfg = Config::from_lookup(|k| {
+            env.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        })
+        .unwrap();
+        let sz = RegionSizing {
+            max_local: 2,
+            heap: 4 << 20,
+        };
+        let r = Arc::new(
+            Region::open(
+                &RegionSource::Dir(d.clone()),
+                "t",
+                sz,
+                None,
+                Duration::from_secs(1),
+            )
+            .unwrap(),
+        );
         let (l0, l1) = (r.attach(0).unwrap(), r.attach(1).unwrap());
         let ring = cfg.shm_ring_size.min(1 << 20);
         let mut t0 = ShmTransport::new(r.clone(), 0, l0, 2, ring);
         let mut t1 = ShmTransport::new(r.clone(), 1, l1, 2, ring);
         t0.add_peer(1, l1).unwrap();
         t1.add_peer(0, l0).unwrap();
-        (Engine::new(0, 2, cfg.clone(), Some(t0), None), Engine::new(1, 2, cfg, Some(t1), None), d)
+        (
+            Engine::new(0, 2, cfg.clone(), Some(t0), None),
+            Engine::new(1, 2, cfg, Some(t1), None),
+            d,
+        )
     }
 
     fn drive(a: &mut Engine, b: &mut Engine, ids: &[(bool, ReqId)]) {
         for _ in 0..1_000_000 {
             a.progress().unwrap();
             b.progress().unwrap();
-            if ids.iter().all(|&(on_a, id)| if on_a { a.is_done(id) } else { b.is_done(id) }) {
+            if ids
+                .iter()
+                .all(|&(on_a, id)| if on_a { a.is_done(id) } else { b.is_done(id) })
+            {
                 return;
             }
         }
@@ -1262,12 +1615,16 @@ mod tests {
     }
 
     fn pattern(n: usize, seed: u8) -> Vec<u8> {
-        (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+        (0..n)
+            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+            .collect()
     }
 
     fn roundtrip_sizes(env: &[(&str, &str)], name: &str) {
         let (mut a, mut b, d) = pair(name, env);
-        for &n in &[0usize, 1, 8, 100, 4000, 16384, 16385, 65536, 300_000, 3_000_001] {
+        for &n in &[
+            0usize, 1, 8, 100, 4000, 16384, 16385, 65536, 300_000, 3_000_001,
+        ] {
             let s = pattern(n, n as u8);
             let mut r = vec![0u8; n];
             let rid = unsafe { b.irecv(r.as_mut_ptr(), n, 0, 5, 0).unwrap() };
@@ -1288,17 +1645,36 @@ mod tests {
 
     #[test]
     fn all_protocols_pipelined_work() {
-        roundtrip_sizes(&[("VMF_SHM_CMA", "0"), ("VMF_SHM_CHUNK", "8K"), ("VMF_SHM_RING_SIZE", "64K")], "pipe");
+        roundtrip_sizes(
+            &[
+                ("VMF_SHM_CMA", "0"),
+                ("VMF_SHM_CHUNK", "8K"),
+                ("VMF_SHM_RING_SIZE", "64K"),
+            ],
+            "pipe",
+        );
     }
 
     #[test]
     fn unexpected_messages_keep_order_and_wildcards_work() {
         let (mut a, mut b, d) = pair("order", &[]);
         // Send 50 messages with tags 0..5 before any receive is posted, mixing eager and rendezvous.
-        let msgs: Vec<Vec<u8>> = (0..50).map(|i| pattern(if i % 7 == 0 { 40_000 } else { 8 + i }, i as u8)).collect();
+        let msgs: Vec<Vec<u8>> = (0..50)
+            .map(|i| pattern(if i % 7 == 0 { 40_000 } else { 8 + i }, i as u8))
+            .collect();
         let mut sids = Vec::new();
         for (i, m) in msgs.iter().enumerate() {
-            sids.push(unsafe { a.isend(m.as_ptr(), m.len(), 1, (i % 5) as i32, 0, SendMode::Standard).unwrap() });
+            sids.push(unsafe {
+                a.isend(
+                    m.as_ptr(),
+                    m.len(),
+                    1,
+                    (i % 5) as i32,
+                    0,
+                    SendMode::Standard,
+                )
+                .unwrap()
+            });
         }
         for _ in 0..100 {
             a.progress().unwrap();
@@ -1310,18 +1686,33 @@ mod tests {
         let mut bufs: Vec<Vec<u8>> = (0..50).map(|_| vec![0u8; 40_000]).collect();
         for (k, buf) in bufs.iter_mut().enumerate() {
             let tag = if k < 10 { 3 } else { ANY_TAG };
-            let id = unsafe { b.irecv(buf.as_mut_ptr(), buf.len(), ANY_SOURCE as i64, tag, 0).unwrap() };
+            let id = unsafe {
+                b.irecv(buf.as_mut_ptr(), buf.len(), ANY_SOURCE as i64, tag, 0)
+                    .unwrap()
+            };
             order.push(id);
         }
-        let all: Vec<(bool, ReqId)> =
-            sids.iter().map(|&s| (true, s)).chain(order.iter().map(|&r| (false, r))).collect();
+        let all: Vec<(bool, ReqId)> = sids
+            .iter()
+            .map(|&s| (true, s))
+            .chain(order.iter().map(|&r| (false, r)))
+            .collect();
         drive(&mut a, &mut b, &all);
         for &s in &sids {
             a.take(s).unwrap();
         }
         for (k, id) in order.iter().enumerate() {
             let st = b.take(*id).unwrap();
-            let i = msgs.iter().enumerate().position(|(i, m)| !got.contains(&i) && i % 5 == st.tag as usize && m.len() == st.count && bufs[k][..st.count] == m[..]).unwrap();
+            let i = msgs
+                .iter()
+                .enumerate()
+                .position(|(i, m)| {
+                    !got.contains(&i)
+                        && i % 5 == st.tag as usize
+                        && m.len() == st.count
+                        && bufs[k][..st.count] == m[..]
+                })
+                .unwrap();
             got.push(i);
         }
         let tag3: Vec<usize> = got[..10].to_vec();
@@ -1342,7 +1733,12 @@ mod tests {
             drive(&mut a, &mut b, &[(true, sid), (false, rid)]);
             a.take(sid).unwrap();
             match b.take(rid) {
-                Err(Error::Truncated { len, cap: 50, peer: 0, .. }) => assert_eq!(len, n),
+                Err(Error::Truncated {
+                    len,
+                    cap: 50,
+                    peer: 0,
+                    ..
+                }) => assert_eq!(len, n),
                 other => panic!("expected truncation, got {other:?}"),
             }
             assert_eq!(r[..], s[..50]);
@@ -1354,12 +1750,18 @@ mod tests {
     fn synchronous_send_waits_for_match_works() {
         let (mut a, mut b, d) = pair("sync", &[]);
         let s = pattern(16, 2);
-        let sid = unsafe { a.isend(s.as_ptr(), 16, 1, 9, 0, SendMode::Synchronous).unwrap() };
+        let sid = unsafe {
+            a.isend(s.as_ptr(), 16, 1, 9, 0, SendMode::Synchronous)
+                .unwrap()
+        };
         for _ in 0..1000 {
             a.progress().unwrap();
             b.progress().unwrap();
         }
-        assert!(!a.is_done(sid), "synchronous send completed before a receive matched");
+        assert!(
+            !a.is_done(sid),
+            "synchronous send completed before a receive matched"
+        );
         let mut r = vec![0u8; 16];
         let rid = unsafe { b.irecv(r.as_mut_ptr(), 16, 0, 9, 0).unwrap() };
         drive(&mut a, &mut b, &[(true, sid), (false, rid)]);
@@ -1371,31 +1773,56 @@ mod tests {
 
     #[test]
     fn full_ring_queues_and_both_directions_large_work() {
-        let (mut a, mut b, d) = pair("full", &[("VMF_SHM_RING_SIZE", "64K"), ("VMF_SHM_CMA", "0")]);
+        let (mut a, mut b, d) = pair(
+            "full",
+            &[("VMF_SHM_RING_SIZE", "64K"), ("VMF_SHM_CMA", "0")],
+        );
         // 200 eager messages of 8 KiB each way without receives posted: the rings fill and sends queue.
         let n = 8000;
         let s = pattern(n, 3);
         let big = pattern(2_000_000, 4);
         let mut ids = Vec::new();
         for _ in 0..200 {
-            ids.push((true, unsafe { a.isend(s.as_ptr(), n, 1, 1, 0, SendMode::Standard).unwrap() }));
-            ids.push((false, unsafe { b.isend(s.as_ptr(), n, 0, 1, 0, SendMode::Standard).unwrap() }));
+            ids.push((true, unsafe {
+                a.isend(s.as_ptr(), n, 1, 1, 0, SendMode::Standard).unwrap()
+            }));
+            ids.push((false, unsafe {
+                b.isend(s.as_ptr(), n, 0, 1, 0, SendMode::Standard).unwrap()
+            }));
         }
-        ids.push((true, unsafe { a.isend(big.as_ptr(), big.len(), 1, 2, 0, SendMode::Standard).unwrap() }));
-        ids.push((false, unsafe { b.isend(big.as_ptr(), big.len(), 0, 2, 0, SendMode::Standard).unwrap() }));
+        ids.push((true, unsafe {
+            a.isend(big.as_ptr(), big.len(), 1, 2, 0, SendMode::Standard)
+                .unwrap()
+        }));
+        ids.push((false, unsafe {
+            b.isend(big.as_ptr(), big.len(), 0, 2, 0, SendMode::Standard)
+                .unwrap()
+        }));
         let mut ra = vec![vec![0u8; n]; 200];
         let mut rb = vec![vec![0u8; n]; 200];
         let mut bigs = [vec![0u8; big.len()], vec![0u8; big.len()]];
         for i in 0..200 {
-            ids.push((true, unsafe { a.irecv(ra[i].as_mut_ptr(), n, 1, 1, 0).unwrap() }));
-            ids.push((false, unsafe { b.irecv(rb[i].as_mut_ptr(), n, 0, 1, 0).unwrap() }));
+            ids.push((true, unsafe {
+                a.irecv(ra[i].as_mut_ptr(), n, 1, 1, 0).unwrap()
+            }));
+            ids.push((false, unsafe {
+                b.irecv(rb[i].as_mut_ptr(), n, 0, 1, 0).unwrap()
+            }));
         }
         let [ba, bb] = &mut bigs;
-        ids.push((true, unsafe { a.irecv(ba.as_mut_ptr(), big.len(), 1, 2, 0).unwrap() }));
-        ids.push((false, unsafe { b.irecv(bb.as_mut_ptr(), big.len(), 0, 2, 0).unwrap() }));
+        ids.push((true, unsafe {
+            a.irecv(ba.as_mut_ptr(), big.len(), 1, 2, 0).unwrap()
+        }));
+        ids.push((false, unsafe {
+            b.irecv(bb.as_mut_ptr(), big.len(), 0, 2, 0).unwrap()
+        }));
         drive(&mut a, &mut b, &ids);
         for (on_a, id) in ids {
-            if on_a { a.take(id).unwrap() } else { b.take(id).unwrap() };
+            if on_a {
+                a.take(id).unwrap()
+            } else {
+                b.take(id).unwrap()
+            };
         }
         assert!(ra.iter().chain(rb.iter()).all(|r| *r == s));
         assert!(bigs.iter().all(|r| *r == big));
@@ -1406,13 +1833,30 @@ mod tests {
     fn invalid_arguments_fail() {
         let (mut a, _b, d) = pair("args", &[]);
         let s = [0u8; 4];
-        assert!(matches!(unsafe { a.isend(s.as_ptr(), 4, 2, 0, 0, SendMode::Standard) }, Err(Error::InvalidRank { peer: 2, .. })));
-        assert!(matches!(unsafe { a.isend(s.as_ptr(), 4, -1, 0, 0, SendMode::Standard) }, Err(Error::InvalidRank { .. })));
-        assert!(matches!(unsafe { a.isend(s.as_ptr(), 4, 1, -5, 0, SendMode::Standard) }, Err(Error::InvalidTag { tag: -5, .. })));
+        assert!(matches!(
+            unsafe { a.isend(s.as_ptr(), 4, 2, 0, 0, SendMode::Standard) },
+            Err(Error::InvalidRank { peer: 2, .. })
+        ));
+        assert!(matches!(
+            unsafe { a.isend(s.as_ptr(), 4, -1, 0, 0, SendMode::Standard) },
+            Err(Error::InvalidRank { .. })
+        ));
+        assert!(matches!(
+            unsafe { a.isend(s.as_ptr(), 4, 1, -5, 0, SendMode::Standard) },
+            Err(Error::InvalidTag { tag: -5, .. })
+        ));
         let mut r = [0u8; 4];
-        assert!(matches!(unsafe { a.irecv(r.as_mut_ptr(), 4, 7, 0, 0) }, Err(Error::InvalidRank { .. })));
-        let e = unsafe { a.isend(s.as_ptr(), 4, 9, 0, 0, SendMode::Standard) }.unwrap_err().to_string();
-        assert!(e.contains("rank 0") && e.contains("rank 9") && e.contains("send"), "{e}");
+        assert!(matches!(
+            unsafe { a.irecv(r.as_mut_ptr(), 4, 7, 0, 0) },
+            Err(Error::InvalidRank { .. })
+        ));
+        let e = unsafe { a.isend(s.as_ptr(), 4, 9, 0, 0, SendMode::Standard) }
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("rank 0") && e.contains("rank 9") && e.contains("send"),
+            "{e}"
+        );
         std::fs::remove_dir_all(&d).unwrap();
     }
 
@@ -1420,12 +1864,19 @@ mod tests {
     fn self_messages_and_probe_work() {
         let (mut a, _b, d) = pair("self", &[]);
         let s = pattern(100_000, 5);
-        let sid = unsafe { a.isend(s.as_ptr(), s.len(), 0, 4, 0, SendMode::Standard).unwrap() };
+        let sid = unsafe {
+            a.isend(s.as_ptr(), s.len(), 0, 4, 0, SendMode::Standard)
+                .unwrap()
+        };
         let st = a.probe(0, ANY_TAG, 0).unwrap();
         assert_eq!((st.source, st.tag, st.count), (0, 4, 100_000));
         let mut r = vec![0u8; 100_000];
-        let rid = unsafe { a.irecv(r.as_mut_ptr(), r.len(), ANY_SOURCE as i64, 4, 0).unwrap() };
-        a.wait_until(Op::Wait, |e| e.is_done(rid) && e.is_done(sid)).unwrap();
+        let rid = unsafe {
+            a.irecv(r.as_mut_ptr(), r.len(), ANY_SOURCE as i64, 4, 0)
+                .unwrap()
+        };
+        a.wait_until(Op::Wait, |e| e.is_done(rid) && e.is_done(sid))
+            .unwrap();
         a.take(sid).unwrap();
         a.take(rid).unwrap();
         assert_eq!(r, s);

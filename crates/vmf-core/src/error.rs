@@ -67,7 +67,9 @@ pub enum Error {
         op: Op,
     },
     /// A rank argument outside the job.
-    #[error("rank {rank}: unable to {op} since rank {peer} does not exist (the job has {size} ranks)")]
+    #[error(
+        "rank {rank}: unable to {op} since rank {peer} does not exist (the job has {size} ranks)"
+    )]
     InvalidRank {
         /// This rank.
         rank: usize,

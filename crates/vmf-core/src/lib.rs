@@ -131,7 +131,11 @@ pub struct Fabric {
 }
 
 fn setup(rank: usize, why: impl std::fmt::Display) -> Error {
-    Error::Setup { rank, op: Op::Init, why: why.to_string() }
+    Error::Setup {
+        rank,
+        op: Op::Init,
+        why: why.to_string(),
+    }
 }
 
 impl Fabric {
@@ -150,6 +154,8 @@ impl Fabric {
         };
         let mut shm = None;
         let mut tcp = None;
+        let mut locs = Vec::new();
+        let mut mig_ctx = None;
         let mut region = None;
         let mut region_path = None;
         if size > 1 {
@@ -160,14 +166,19 @@ impl Fabric {
             };
             let launcher = launcher_from_env();
             let timeout = Duration::from_secs(cfg.init_timeout_s);
-            let reg = Region::open(&src, &job, cfg.region_sizing(size), launcher, timeout).map_err(|e| setup(rank, e))?;
+            let reg = Region::open(&src, &job, cfg.region_sizing(size), launcher, timeout)
+                .map_err(|e| setup(rank, e))?;
             let reg = Arc::new(reg);
             let idx = reg.attach(rank as u32).map_err(|e| setup(rank, e))?;
             // TCP: listen now, publish the address with the region's identity.
-            let secret_env = std::env::var("VMF_JOB_SECRET").ok().and_then(|h| parse_secret(&h));
+            let secret_env = std::env::var("VMF_JOB_SECRET")
+                .ok()
+                .and_then(|h| parse_secret(&h));
             if cfg.tcp {
                 let bind = cfg.tcp_addr.unwrap_or_else(|| {
-                    std::net::IpAddr::V4(vmf_transport::tcp::default_ipv4().unwrap_or(std::net::Ipv4Addr::LOCALHOST))
+                    std::net::IpAddr::V4(
+                        vmf_transport::tcp::default_ipv4().unwrap_or(std::net::Ipv4Addr::LOCALHOST),
+                    )
                 });
                 let tc = TcpConfig {
                     bind,
@@ -179,8 +190,11 @@ impl Fabric {
             }
             let p = pmi.as_mut().unwrap();
             let key = |r: usize| format!("vmf-addr-{r}");
-            let addr = tcp.as_ref().map_or("-".to_string(), |t: &TcpTransport| t.local_addr().to_string());
-            p.put(&key(rank), &format!("{}:{idx};{addr}", reg.uuid_hex())).map_err(|e| setup(rank, e))?;
+            let addr = tcp.as_ref().map_or("-".to_string(), |t: &TcpTransport| {
+                t.local_addr().to_string()
+            });
+            p.put(&key(rank), &format!("{}:{idx};{addr}", reg.uuid_hex()))
+                .map_err(|e| setup(rank, e))?;
             if rank == 0 && secret_env.is_none() && tcp.is_some() {
                 // Started by another launcher: rank 0 makes the job secret, shared through PMI.
                 let mut s = [0u8; 16];
@@ -191,24 +205,41 @@ impl Fabric {
             if secret_env.is_none() {
                 if let Some(t) = tcp.as_mut() {
                     let h = p.get("vmf-secret").map_err(|e| setup(rank, e))?;
-                    t.set_secret(parse_secret(&h).ok_or_else(|| setup(rank, "bad job secret from PMI"))?);
+                    t.set_secret(
+                        parse_secret(&h).ok_or_else(|| setup(rank, "bad job secret from PMI"))?,
+                    );
                 }
             }
             let mut local = Vec::new();
             for r in 0..size {
                 if r == rank {
+                    locs.push(engine::migrate::Loc {
+                        uuid: reg.uuid,
+                        slot: idx,
+                        addr: tcp.as_ref().map(|t: &TcpTransport| t.local_addr()),
+                    });
                     continue;
                 }
                 let v = p.get(&key(r)).map_err(|e| setup(rank, e))?;
                 let bad = || setup(rank, format!("bad bootstrap value {v:?} from rank {r}"));
                 let (shm_part, tcp_part) = v.split_once(';').ok_or_else(bad)?;
                 let (uuid, li) = shm_part.split_once(':').ok_or_else(bad)?;
+                let li = li.parse::<u32>().map_err(|_| bad())?;
+                let addr: Option<std::net::SocketAddr> = if tcp_part == "-" {
+                    None
+                } else {
+                    Some(tcp_part.parse().map_err(|_| bad())?)
+                };
+                let u = parse_uuid(uuid).ok_or_else(bad)?;
+                locs.push(engine::migrate::Loc {
+                    uuid: u,
+                    slot: li,
+                    addr,
+                });
                 if uuid == reg.uuid_hex() {
-                    local.push((r, li.parse::<u32>().map_err(|_| bad())?));
-                } else if let Some(t) = tcp.as_mut() {
-                    if tcp_part != "-" {
-                        t.set_peer_addr(r, tcp_part.parse().map_err(|_| bad())?);
-                    }
+                    local.push((r, li));
+                } else if let (Some(t), Some(a)) = (tcp.as_mut(), addr) {
+                    t.set_peer_addr(r, a);
                 }
             }
             let ring = cfg.ring_size_for(local.len() + 1);
@@ -217,7 +248,8 @@ impl Fabric {
                 t.add_peer(r, li).map_err(|e| setup(rank, e))?;
             }
             if tcp.is_some() {
-                t.enable_socket_doorbell(vmf_transport::shm::region::job_hash(&job)).map_err(|e| setup(rank, e))?;
+                t.enable_socket_doorbell(vmf_transport::shm::region::job_hash(&job))
+                    .map_err(|e| setup(rank, e))?;
             }
             if cfg.verbose {
                 eprintln!(
@@ -229,14 +261,51 @@ impl Fabric {
                     tcp.as_ref().map_or(String::new(), |t| format!(", tcp {}", t.local_addr()))
                 );
             }
+            // Emulated hosts: what a live migration needs.
+            if let Ok(table) = std::env::var("VMF_HOSTS_TABLE") {
+                let hosts =
+                    engine::migrate::MigCtx::parse_table(&table).map_err(|e| setup(rank, e))?;
+                let current = std::env::var("VMF_HOST")
+                    .ok()
+                    .and_then(|h| h.parse().ok())
+                    .unwrap_or(0);
+                let mut ctx = engine::migrate::MigCtx::new(
+                    job.clone(),
+                    cfg.region_sizing(size),
+                    launcher,
+                    hosts,
+                    current,
+                    timeout,
+                );
+                if let Some(fd) = std::env::var("VMF_CTL_FD")
+                    .ok()
+                    .and_then(|v| v.parse::<i32>().ok())
+                {
+                    // SAFETY: the launcher passed this descriptor to us alone.
+                    let s = unsafe {
+                        <std::os::unix::net::UnixStream as std::os::fd::FromRawFd>::from_raw_fd(fd)
+                    };
+                    ctx.ctl = Some(s);
+                    engine::migrate::install_signal_handler().map_err(|e| setup(rank, e))?;
+                }
+                mig_ctx = Some(ctx);
+            }
             region_path = Some(reg.path().to_owned());
             region = Some(reg);
             shm = Some(t);
         }
         let verbose = cfg.verbose;
-        let eng = Engine::new(rank, size, cfg, shm, tcp);
+        let mut eng = Engine::new(rank, size, cfg, shm, tcp);
+        if !locs.is_empty() {
+            eng.set_locations(locs);
+        }
+        if let Some(c) = mig_ctx {
+            eng.set_migration_context(c);
+        }
         if verbose {
-            let ch: Vec<String> = (0..size).map(|p| format!("{p}:{}", eng.route(p).name())).collect();
+            let ch: Vec<String> = (0..size)
+                .map(|p| format!("{p}:{}", eng.route(p).name()))
+                .collect();
             eprintln!("vmfabric: rank {rank}: channels {}", ch.join(" "));
         }
         Ok(Fabric {
@@ -304,10 +373,26 @@ impl Fabric {
         self.start_send(buf, dest, tag, CTX_USER, SendMode::Standard)
     }
 
-    fn start_send<'b>(&'b self, buf: &'b [u8], dest: usize, tag: i32, ctx: u32, mode: SendMode) -> Result<Request<'b>> {
+    fn start_send<'b>(
+        &'b self,
+        buf: &'b [u8],
+        dest: usize,
+        tag: i32,
+        ctx: u32,
+        mode: SendMode,
+    ) -> Result<Request<'b>> {
         // SAFETY: the Request borrows `buf` until it completes.
-        let id = unsafe { self.eng.borrow_mut().isend(buf.as_ptr(), buf.len(), dest as i64, tag, ctx, mode)? };
-        Ok(Request { fab: self, id: Some(id), is_recv: false, _buf: PhantomData })
+        let id = unsafe {
+            self.eng
+                .borrow_mut()
+                .isend(buf.as_ptr(), buf.len(), dest as i64, tag, ctx, mode)?
+        };
+        Ok(Request {
+            fab: self,
+            id: Some(id),
+            is_recv: false,
+            _buf: PhantomData,
+        })
     }
 
     /// Blocking receive. A message longer than `buf` yields [`Error::Truncated`].
@@ -321,15 +406,35 @@ impl Fabric {
         self.start_recv(buf, src, tag, CTX_USER)
     }
 
-    fn start_recv<'b>(&'b self, buf: &'b mut [u8], src: Source, tag: TagSel, ctx: u32) -> Result<Request<'b>> {
+    fn start_recv<'b>(
+        &'b self,
+        buf: &'b mut [u8],
+        src: Source,
+        tag: TagSel,
+        ctx: u32,
+    ) -> Result<Request<'b>> {
         // SAFETY: the Request borrows `buf` mutably until it completes.
-        let id = unsafe { self.eng.borrow_mut().irecv(buf.as_mut_ptr(), buf.len(), src.raw(), tag.raw(), ctx)? };
-        Ok(Request { fab: self, id: Some(id), is_recv: true, _buf: PhantomData })
+        let id = unsafe {
+            self.eng
+                .borrow_mut()
+                .irecv(buf.as_mut_ptr(), buf.len(), src.raw(), tag.raw(), ctx)?
+        };
+        Ok(Request {
+            fab: self,
+            id: Some(id),
+            is_recv: true,
+            _buf: PhantomData,
+        })
     }
 
     /// Test a request: `Some(status)` (and the request is finished) if it completed.
     pub fn test(&self, req: &mut Request<'_>) -> Result<Option<Status>> {
-        let Some(id) = req.id else { return Err(Error::InvalidRequest { rank: self.rank, op: Op::Wait }) };
+        let Some(id) = req.id else {
+            return Err(Error::InvalidRequest {
+                rank: self.rank,
+                op: Op::Wait,
+            });
+        };
         let mut e = self.eng.borrow_mut();
         if !e.is_done(id) {
             e.progress()?;
@@ -343,7 +448,10 @@ impl Fabric {
 
     /// Wait for a request.
     pub fn wait(&self, mut req: Request<'_>) -> Result<Status> {
-        let id = req.id.take().ok_or(Error::InvalidRequest { rank: self.rank, op: Op::Wait })?;
+        let id = req.id.take().ok_or(Error::InvalidRequest {
+            rank: self.rank,
+            op: Op::Wait,
+        })?;
         let mut e = self.eng.borrow_mut();
         e.wait_until(Op::Wait, |e| e.is_done(id))?;
         e.take(id)
@@ -353,7 +461,10 @@ impl Fabric {
     pub fn wait_all(&self, reqs: Vec<Request<'_>>) -> Result<Vec<Status>> {
         let mut ids: Vec<ReqId> = Vec::with_capacity(reqs.len());
         for mut r in reqs {
-            ids.push(r.id.take().ok_or(Error::InvalidRequest { rank: self.rank, op: Op::Wait })?);
+            ids.push(r.id.take().ok_or(Error::InvalidRequest {
+                rank: self.rank,
+                op: Op::Wait,
+            })?);
         }
         let mut e = self.eng.borrow_mut();
         let waited = e.wait_until(Op::Wait, |e| ids.iter().all(|&id| e.is_done(id)));
@@ -378,7 +489,10 @@ impl Fabric {
     /// Wait until one of `reqs` completes; removes it from the vector and returns its former index and status.
     pub fn wait_any(&self, reqs: &mut Vec<Request<'_>>) -> Result<(usize, Status)> {
         if reqs.is_empty() {
-            return Err(Error::InvalidRequest { rank: self.rank, op: Op::Wait });
+            return Err(Error::InvalidRequest {
+                rank: self.rank,
+                op: Op::Wait,
+            });
         }
         let ids: Vec<ReqId> = reqs.iter().map(|r| r.id.expect("live request")).collect();
         let mut e = self.eng.borrow_mut();
@@ -418,6 +532,23 @@ impl Fabric {
         Ok(())
     }
 
+    /// Move this rank to emulated host `host` (jobs started with `vmfabric run --hosts`), live: traffic
+    /// with every peer switches channel with nothing lost, duplicated or reordered. Returns how long the
+    /// switch took. On failure (unknown host, ...) the rank keeps working where it was.
+    pub fn migrate_to(&self, host: usize) -> Result<Duration> {
+        self.eng.borrow_mut().migrate_to(host)
+    }
+
+    /// The emulated host this rank is on (None without `--hosts`).
+    pub fn current_host(&self) -> Option<usize> {
+        self.eng.borrow().current_host()
+    }
+
+    /// Number of emulated hosts (0 without `--hosts`).
+    pub fn host_count(&self) -> usize {
+        self.eng.borrow().host_count()
+    }
+
     /// Drive progress once (for callers polling their own state).
     pub fn progress(&self) -> Result<usize> {
         self.eng.borrow_mut().progress()
@@ -436,13 +567,19 @@ impl Fabric {
         // Even after an error the rank leaves the job in an orderly way (PMI fence + finalize), so the
         // launcher can tell a rank that reported an error from one that vanished.
         let flushed = self.eng.borrow_mut().flush();
-        let fin = |e: vmf_pmi::PmiError| Error::Setup { rank: self.rank, op: Op::Finalize, why: e.to_string() };
+        let fin = |e: vmf_pmi::PmiError| Error::Setup {
+            rank: self.rank,
+            op: Op::Finalize,
+            why: e.to_string(),
+        };
         if let Some(p) = self.pmi.borrow_mut().as_mut() {
             p.fence().map_err(fin)?;
         }
-        if let (Some(reg), Some(shm)) = (&self.region, self.eng.borrow().shm()) {
-            reg.detach(shm.local_index());
+        // The region this rank maps now (it may have moved since init).
+        if let Some(shm) = self.eng.borrow().shm() {
+            shm.region().detach(shm.local_index());
         }
+        let _ = &self.region;
         if let Some(p) = self.pmi.borrow_mut().as_mut() {
             p.finalize().map_err(fin)?;
         }
@@ -467,10 +604,22 @@ impl Fabric {
 
 impl Drop for Fabric {
     fn drop(&mut self) {
-        if !self.finalized.get() {
+        // While unwinding from a panic, finalising would wait in a fence the others never reach: leave,
+        // and let the launcher see this rank fail.
+        if !self.finalized.get() && !std::thread::panicking() {
             let _ = self.finalize_inner();
         }
     }
+}
+
+fn parse_uuid(h: &str) -> Option<[u64; 2]> {
+    if h.len() != 32 {
+        return None;
+    }
+    Some([
+        u64::from_str_radix(&h[..16], 16).ok()?,
+        u64::from_str_radix(&h[16..], 16).ok()?,
+    ])
 }
 
 fn hex(b: &[u8]) -> String {
@@ -490,11 +639,23 @@ fn parse_secret(h: &str) -> Option<[u8; 16]> {
 }
 
 fn sanitize(s: &str) -> String {
-    s.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' }).take(64).collect()
+    s.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(64)
+        .collect()
 }
 
 fn launcher_from_env() -> Option<ProcessId> {
     let pid = std::env::var("VMF_LAUNCHER_PID").ok()?.parse().ok()?;
-    let start_time = std::env::var("VMF_LAUNCHER_START").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
+    let start_time = std::env::var("VMF_LAUNCHER_START")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
     Some(ProcessId { pid, start_time })
 }

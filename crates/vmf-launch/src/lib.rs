@@ -42,6 +42,8 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod control;
+pub mod hosts;
 mod output;
 mod signals;
 
@@ -97,6 +99,10 @@ pub struct RunOptions {
     pub extra_env: Vec<(String, String)>,
     /// Pin rank `r` to the `r mod n`-th CPU the launcher may use (`--bind core`).
     pub bind_cores: bool,
+    /// Emulated hosts (network namespaces); 0: every rank on this host, no namespaces.
+    pub hosts: usize,
+    /// Placement on hosts: block (consecutive ranks together) instead of round robin.
+    pub map_block: bool,
 }
 
 /// The directory holding vmfabric's `libmpich.so.12`: `lib/` beside the running executable.
@@ -120,6 +126,8 @@ impl RunOptions {
             verbose: false,
             extra_env: Vec::new(),
             bind_cores: false,
+            hosts: 0,
+            map_block: false,
         }
     }
 }
@@ -173,16 +181,71 @@ pub enum LaunchError {
 /// program not found); ranks already started are stopped first.
 pub fn run(opts: &RunOptions) -> Result<i32, LaunchError> {
     if opts.np == 0 || opts.np > MAX_RANKS {
-        return Err(LaunchError::InvalidOptions(format!("the number of ranks {} is not within 1..={MAX_RANKS}", opts.np)));
+        return Err(LaunchError::InvalidOptions(format!(
+            "the number of ranks {} is not within 1..={MAX_RANKS}",
+            opts.np
+        )));
     }
     if opts.program.is_empty() {
-        return Err(LaunchError::InvalidOptions("no program to run was given".into()));
+        return Err(LaunchError::InvalidOptions(
+            "no program to run was given".into(),
+        ));
     }
     prepare_region_dir(&opts.region_dir)?;
     let _ = clean(&opts.region_dir);
     let jobid = new_job_id()?;
+    let topo = if opts.hosts > 0 {
+        Some(hosts::Topology::create(
+            &jobid,
+            opts.hosts,
+            &opts.region_dir,
+        )?)
+    } else {
+        None
+    };
+    let placement: Vec<usize> = (0..opts.np)
+        .map(|r| match opts.hosts {
+            0 => 0,
+            h if opts.map_block => r / opts.np.div_ceil(h),
+            h => r % h,
+        })
+        .collect();
+    eprintln!(
+        "vmfabric: job {jobid}: {} ranks{}",
+        opts.np,
+        if opts.hosts > 0 {
+            format!(" on {} emulated hosts", opts.hosts)
+        } else {
+            String::new()
+        }
+    );
     if opts.verbose {
-        eprintln!("vmfabric: job {jobid}: {} ranks, region dir {}", opts.np, opts.region_dir.display());
+        eprintln!(
+            "vmfabric: job {jobid}: region dir {}",
+            opts.region_dir.display()
+        );
+    }
+    let info = control::JobInfo {
+        job: jobid.clone(),
+        launcher: ProcessId::current(),
+        ranks: opts.np,
+        hosts: topo.as_ref().map_or(Vec::new(), |t| {
+            t.hosts
+                .iter()
+                .map(|h| (h.netns.clone(), h.dir.display().to_string(), h.ip.clone()))
+                .collect()
+        }),
+        placement: placement.clone(),
+        path: control::registry_path(&opts.region_dir, &jobid),
+    };
+    let _ = info.save();
+    let info = Arc::new(std::sync::Mutex::new(info));
+    let rank_ctl: control::RankCtl =
+        Arc::new(std::sync::Mutex::new((0..opts.np).map(|_| None).collect()));
+    if let Err(e) = control::serve(info.clone(), rank_ctl.clone()) {
+        eprintln!(
+            "vmfabric: warning: no control socket for job {jobid} ({e}); migrate will not reach it"
+        );
     }
     let _signals = signals::Guard::install();
     let (tx, rx) = mpsc::channel();
@@ -196,6 +259,9 @@ pub fn run(opts: &RunOptions) -> Result<i32, LaunchError> {
         fwd: output::Forwarders::new(),
         tx,
         rx,
+        topo,
+        placement,
+        rank_ctl,
     };
     let res = job.start().and_then(|()| Ok(job.monitor()));
     job.teardown();
@@ -205,15 +271,28 @@ pub fn run(opts: &RunOptions) -> Result<i32, LaunchError> {
 /// Remove the region files of dead jobs in `dir` (those [`scan_regions`] reports stale, older than
 /// [`CLEAN_GRACE`]); returns the paths removed. A missing or unreadable directory removes nothing.
 pub fn clean(dir: &Path) -> Vec<PathBuf> {
-    scan_regions(dir, CLEAN_GRACE)
+    let mut removed: Vec<PathBuf> = scan_regions(dir, CLEAN_GRACE)
         .into_iter()
         .filter(|f| f.stale)
         .filter_map(|f| std::fs::remove_file(&f.path).ok().map(|()| f.path))
-        .collect()
+        .collect();
+    // Jobs whose launcher died: their namespaces, host directories and registry file.
+    for (j, alive) in control::list(dir) {
+        if !alive {
+            hosts::remove_leftovers(&j.job, dir);
+            for p in remove_job_files(dir, &j.job) {
+                removed.push(p);
+            }
+        }
+    }
+    removed
 }
 
 fn prepare_region_dir(dir: &Path) -> Result<(), LaunchError> {
-    let bad = |why: String| LaunchError::RegionDir { dir: dir.to_path_buf(), why };
+    let bad = |why: String| LaunchError::RegionDir {
+        dir: dir.to_path_buf(),
+        why,
+    };
     match std::fs::metadata(dir) {
         Ok(m) if m.is_dir() => Ok(()),
         Ok(_) => Err(bad("it is not a directory".into())),
@@ -238,7 +317,9 @@ fn new_job_id() -> Result<String, LaunchError> {
 /// Remove `<dir>/vmf-<jobid>*`; returns the paths removed.
 fn remove_job_files(dir: &Path, jobid: &str) -> Vec<PathBuf> {
     let prefix = format!("{FILE_PREFIX}{jobid}");
-    let Ok(rd) = std::fs::read_dir(dir) else { return Vec::new() };
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
     rd.flatten()
         .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
         .filter_map(|e| std::fs::remove_file(e.path()).ok().map(|()| e.path()))
@@ -257,6 +338,9 @@ struct RankProc {
 }
 
 struct Job<'a> {
+    topo: Option<hosts::Topology>,
+    placement: Vec<usize>,
+    rank_ctl: control::RankCtl,
     opts: &'a RunOptions,
     jobid: String,
     kvs: Arc<JobKvs>,
@@ -304,7 +388,8 @@ impl Job<'_> {
 
     fn spawn_rank(&mut self, rank: usize, me: ProcessId) -> Result<(), LaunchError> {
         let o = self.opts;
-        let (ours, theirs) = UnixStream::pair().map_err(Self::io(format!("create the PMI socket of rank {rank}")))?;
+        let (ours, theirs) = UnixStream::pair()
+            .map_err(Self::io(format!("create the PMI socket of rank {rank}")))?;
         // The child's end must not land on 0..2 (which the child's stdio replaces): duplicate it to >= 3.
         // SAFETY: fcntl on a descriptor we own.
         let fd = unsafe { libc::fcntl(theirs.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 3) };
@@ -325,6 +410,29 @@ impl Job<'_> {
         let cpus = vmf_pal::process::allowed_cpus();
         let bind_cpu = o.bind_cores.then(|| cpus[rank % cpus.len()]);
         cmd.env("VMF_HOST_CPUS", cpus.len().to_string());
+        // Control socket (migration requests) and, with --hosts, the host this rank starts on.
+        let (ctl_ours, ctl_theirs) = UnixStream::pair().map_err(Self::io(format!(
+            "create the control socket of rank {rank}"
+        )))?;
+        // SAFETY: fcntl on a descriptor we own.
+        let ctl_fd = unsafe { libc::fcntl(ctl_theirs.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 3) };
+        drop(ctl_theirs);
+        if ctl_fd < 0 {
+            return Err(LaunchError::Io {
+                what: "create a control socket".into(),
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        // SAFETY: fcntl just returned this descriptor.
+        let ctl_child = unsafe { OwnedFd::from_raw_fd(ctl_fd) };
+        cmd.env("VMF_CTL_FD", ctl_fd.to_string());
+        let mut ns_fd: Option<i32> = None;
+        let host_env = self.topo.as_ref().map(|t| {
+            let h = self.placement[rank];
+            let host = &t.hosts[h];
+            ns_fd = Some(host.ns_fd());
+            (host.dir.clone(), host.ip.clone(), h, hosts::table(&t.hosts))
+        });
         // Programs built against MPICH find our libmpich.so.12 first.
         let libdir = mpi_libdir();
         let ld = match std::env::var_os("LD_LIBRARY_PATH") {
@@ -354,6 +462,12 @@ impl Job<'_> {
             .env("VMF_LOCAL_SIZE", &n)
             .env("MPI_LOCALNRANKS", &n)
             .env("MPI_LOCALRANKID", rank.to_string());
+        if let Some((dir, ip, h, table)) = host_env {
+            cmd.env("VMF_REGION_DIR", dir)
+                .env("VMF_TCP_ADDR", ip)
+                .env("VMF_HOST", h.to_string())
+                .env("VMF_HOSTS_TABLE", table);
+        }
         for (k, v) in &o.extra_env {
             cmd.env(k, v);
         }
@@ -362,8 +476,15 @@ impl Job<'_> {
         // (fcntl, prctl, sched_setaffinity, getppid, raise).
         unsafe {
             cmd.pre_exec(move || {
-                if libc::fcntl(fd, libc::F_SETFD, 0) < 0 {
+                if libc::fcntl(fd, libc::F_SETFD, 0) < 0
+                    || libc::fcntl(ctl_fd, libc::F_SETFD, 0) < 0
+                {
                     return Err(std::io::Error::last_os_error());
+                }
+                if let Some(ns) = ns_fd {
+                    if libc::setns(ns, libc::CLONE_NEWNET) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
                 }
                 set_parent_death_signal(libc::SIGKILL)?;
                 if let Some(cpu) = bind_cpu {
@@ -379,21 +500,39 @@ impl Job<'_> {
         let mut child = cmd.spawn().map_err(|source| {
             let why = match source.kind() {
                 std::io::ErrorKind::NotFound => "the program was not found".to_string(),
-                std::io::ErrorKind::PermissionDenied => "the program is not executable (permission denied)".into(),
+                std::io::ErrorKind::PermissionDenied => {
+                    "the program is not executable (permission denied)".into()
+                }
                 _ => source.to_string(),
             };
-            LaunchError::Spawn { rank, program: o.program.clone(), why, source }
+            LaunchError::Spawn {
+                rank,
+                program: o.program.clone(),
+                why,
+                source,
+            }
         })?;
         drop(child_end);
+        drop(ctl_child);
         let pid = child.id() as i32;
+        self.rank_ctl.lock().unwrap()[rank] = Some((ctl_ours, pid));
         let stdout = child.stdout.take();
         let stderr = child.stderr.take();
-        self.ranks.push(RankProc { child, pid, status: None });
+        self.ranks.push(RankProc {
+            child,
+            pid,
+            status: None,
+        });
 
         let prefix = o.tag_output.then(|| output::Framer::rank_prefix(rank));
         if let Some(s) = stdout {
             self.fwd
-                .spawn(format!("vmf-out-{rank}"), s, prefix.clone(), output::Sink::Stdout)
+                .spawn(
+                    format!("vmf-out-{rank}"),
+                    s,
+                    prefix.clone(),
+                    output::Sink::Stdout,
+                )
                 .map_err(Self::io("start an output thread"))?;
         }
         if let Some(s) = stderr {
@@ -402,7 +541,10 @@ impl Job<'_> {
                 .map_err(Self::io("start an output thread"))?;
         }
 
-        self.pmi_socks.push(ours.try_clone().map_err(Self::io(format!("create the PMI socket of rank {rank}")))?);
+        self.pmi_socks.push(
+            ours.try_clone()
+                .map_err(Self::io(format!("create the PMI socket of rank {rank}")))?,
+        );
         let (kvs, tx) = (self.kvs.clone(), self.tx.clone());
         let h = std::thread::Builder::new()
             .name(format!("vmf-pmi-{rank}"))
@@ -442,8 +584,13 @@ impl Job<'_> {
             if let Some(code) = self.check_signal() {
                 return Some(code);
             }
-            match self.rx.recv_timeout(POLL.min(deadline.saturating_duration_since(Instant::now()))) {
-                Ok(Msg::Pmi(PmiEvent::Abort { rank, code, .. })) => return Some(self.aborted(rank, code)),
+            match self
+                .rx
+                .recv_timeout(POLL.min(deadline.saturating_duration_since(Instant::now())))
+            {
+                Ok(Msg::Pmi(PmiEvent::Abort { rank, code, .. })) => {
+                    return Some(self.aborted(rank, code))
+                }
                 Ok(_) => {}
                 Err(mpsc::RecvTimeoutError::Timeout) if Instant::now() >= deadline => return None,
                 Err(mpsc::RecvTimeoutError::Timeout) => {}
@@ -457,7 +604,10 @@ impl Job<'_> {
         if sig == 0 {
             return None;
         }
-        eprintln!("vmfabric: received signal {sig} ({}); stopping the job", signals::name(sig));
+        eprintln!(
+            "vmfabric: received signal {sig} ({}); stopping the job",
+            signals::name(sig)
+        );
         self.stop(SIGNAL_GRACE);
         Some(128 + sig)
     }
@@ -480,8 +630,12 @@ impl Job<'_> {
             }
             while let Ok(m) = self.rx.try_recv() {
                 match m {
-                    Msg::Pmi(PmiEvent::Abort { rank, code, .. }) => return self.aborted(rank, code),
-                    Msg::Pmi(PmiEvent::Disconnected { rank }) if rank < np => disconnected[rank] = Some(Instant::now()),
+                    Msg::Pmi(PmiEvent::Abort { rank, code, .. }) => {
+                        return self.aborted(rank, code)
+                    }
+                    Msg::Pmi(PmiEvent::Disconnected { rank }) if rank < np => {
+                        disconnected[rank] = Some(Instant::now())
+                    }
                     Msg::PmiDone(rank) if rank < np => pmi_done[rank] = true,
                     _ => {}
                 }
@@ -491,7 +645,10 @@ impl Job<'_> {
                     return code;
                 }
                 let pid = self.ranks[rank].pid;
-                eprintln!("vmfabric: rank {rank} (pid {pid}) {}; stopping the job", describe(&st));
+                eprintln!(
+                    "vmfabric: rank {rank} (pid {pid}) {}; stopping the job",
+                    describe(&st)
+                );
                 self.stop(FAIL_GRACE);
                 return status_code(&st);
             }
@@ -516,7 +673,9 @@ impl Job<'_> {
                 if pmi_done.iter().all(|&d| d) || t.elapsed() >= DISCONNECT_GRACE {
                     while let Ok(m) = self.rx.try_recv() {
                         match m {
-                            Msg::Pmi(PmiEvent::Abort { rank, code, .. }) => return self.aborted(rank, code),
+                            Msg::Pmi(PmiEvent::Abort { rank, code, .. }) => {
+                                return self.aborted(rank, code)
+                            }
                             Msg::Pmi(PmiEvent::Disconnected { rank }) if rank < np => {
                                 disconnected[rank] = Some(Instant::now())
                             }
@@ -574,6 +733,9 @@ impl Job<'_> {
         let fwd = std::mem::replace(&mut self.fwd, output::Forwarders::new());
         fwd.finish(Duration::from_millis(500), Duration::from_secs(5));
         remove_job_files(&self.opts.region_dir, &self.jobid);
+        if let Some(mut t) = self.topo.take() {
+            t.destroy();
+        }
     }
 }
 
@@ -593,7 +755,10 @@ mod tests {
     fn invalid_options_fail() {
         let mut o = RunOptions::new(0, "true", vec![]);
         o.region_dir = std::env::temp_dir();
-        assert!(run(&o).unwrap_err().to_string().starts_with("Unable to start the job since"));
+        assert!(run(&o)
+            .unwrap_err()
+            .to_string()
+            .starts_with("Unable to start the job since"));
         o.np = MAX_RANKS + 1;
         assert!(run(&o).is_err());
         o.np = 1;

@@ -22,7 +22,11 @@ pub(crate) struct Framer {
 impl Framer {
     /// A framer that prefixes every line with `prefix` (none: bytes pass unchanged).
     pub(crate) fn new(prefix: Option<String>) -> Self {
-        Framer { prefix: prefix.map(String::into_bytes), at_line_start: true, pending: Vec::new() }
+        Framer {
+            prefix: prefix.map(String::into_bytes),
+            at_line_start: true,
+            pending: Vec::new(),
+        }
     }
 
     /// Tag used for rank `rank` with `--tag-output`: `[rank] `.
@@ -134,14 +138,21 @@ impl FwdState {
         *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
     }
     fn idle_for(&self) -> Duration {
-        self.last.lock().unwrap_or_else(|p| p.into_inner()).elapsed()
+        self.last
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .elapsed()
     }
 }
 
 impl Forwarders {
     pub(crate) fn new() -> Self {
         Forwarders {
-            state: Arc::new(FwdState { active: AtomicUsize::new(0), writing: AtomicUsize::new(0), last: Mutex::new(Instant::now()) }),
+            state: Arc::new(FwdState {
+                active: AtomicUsize::new(0),
+                writing: AtomicUsize::new(0),
+                last: Mutex::new(Instant::now()),
+            }),
             threads: Vec::new(),
         }
     }
@@ -195,7 +206,11 @@ impl Forwarders {
 }
 
 fn readable_within(fd: RawFd, t: Duration) -> bool {
-    let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
     // SAFETY: one valid pollfd.
     let r = unsafe { libc::poll(&mut p, 1, t.as_millis() as libc::c_int) };
     r != 0 // ready, or an error: let read() tell

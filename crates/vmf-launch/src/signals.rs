@@ -31,7 +31,9 @@ impl Guard {
                 // SAFETY: sigaction with a zeroed, filled-in struct; the handler only stores an atomic.
                 unsafe {
                     let mut old: libc::sigaction = std::mem::zeroed();
-                    if libc::sigaction(sig, std::ptr::null(), &mut old) != 0 || old.sa_sigaction == libc::SIG_IGN {
+                    if libc::sigaction(sig, std::ptr::null(), &mut old) != 0
+                        || old.sa_sigaction == libc::SIG_IGN
+                    {
                         continue;
                     }
                     let mut new: libc::sigaction = std::mem::zeroed();

@@ -24,8 +24,17 @@ fn sh(np: usize, script: &str, dir: &Path) -> RunOptions {
 
 /// Options that run this test binary as rank in helper role `role`.
 fn helper(np: usize, role: &str, dir: &Path) -> RunOptions {
-    let exe = std::env::current_exe().unwrap().to_string_lossy().into_owned();
-    let args = ["helper_role", "--exact", "--nocapture", "--test-threads=1", "-q"];
+    let exe = std::env::current_exe()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    let args = [
+        "helper_role",
+        "--exact",
+        "--nocapture",
+        "--test-threads=1",
+        "-q",
+    ];
     let mut o = RunOptions::new(np, exe, args.iter().map(|s| s.to_string()).collect());
     o.region_dir = dir.join("regions");
     o.extra_env.push(("VMF_TEST_ROLE".into(), role.into()));
@@ -35,7 +44,9 @@ fn helper(np: usize, role: &str, dir: &Path) -> RunOptions {
 /// Not a test: the entry point of helper processes (does nothing when run as part of the suite).
 #[test]
 fn helper_role() {
-    let Ok(role) = std::env::var("VMF_TEST_ROLE") else { return };
+    let Ok(role) = std::env::var("VMF_TEST_ROLE") else {
+        return;
+    };
     let code = match role.as_str() {
         "launcher" => launcher_role(),
         r => match pmi_role(r) {
@@ -52,7 +63,10 @@ fn helper_role() {
 fn pmi_role(role: &str) -> Result<i32, vmf_pmi::PmiError> {
     let mut pmi = PmiClient::from_env()?.expect("PMI_FD is set by the launcher");
     let (me, n) = (pmi.rank(), pmi.size());
-    assert_eq!(pmi.kvsname(), format!("vmf-{}", std::env::var("VMF_JOB_ID").unwrap()));
+    assert_eq!(
+        pmi.kvsname(),
+        format!("vmf-{}", std::env::var("VMF_JOB_ID").unwrap())
+    );
     match role {
         "pmi_ring" => {
             for round in 0..3 {
@@ -89,7 +103,11 @@ fn pmi_role(role: &str) -> Result<i32, vmf_pmi::PmiError> {
 
 fn launcher_role() -> i32 {
     let e = |k: &str| std::env::var(k).unwrap_or_default();
-    let mut o = RunOptions::new(e("VMF_TEST_NP").parse().unwrap(), "sh", vec!["-c".into(), e("VMF_TEST_SCRIPT")]);
+    let mut o = RunOptions::new(
+        e("VMF_TEST_NP").parse().unwrap(),
+        "sh",
+        vec!["-c".into(), e("VMF_TEST_SCRIPT")],
+    );
     o.region_dir = PathBuf::from(e("VMF_TEST_DIR"));
     o.tag_output = e("VMF_TEST_TAG") == "1";
     o.verbose = true;
@@ -105,20 +123,29 @@ fn launcher_role() -> i32 {
 /// Start this binary as a launcher running `np` copies of `sh -c script`.
 fn launcher_cmd(np: usize, script: &str, tag: bool, dir: &Path) -> Command {
     let mut c = Command::new(std::env::current_exe().unwrap());
-    c.args(["helper_role", "--exact", "--nocapture", "--test-threads=1", "-q"])
-        .env("VMF_TEST_ROLE", "launcher")
-        .env("VMF_TEST_NP", np.to_string())
-        .env("VMF_TEST_SCRIPT", script)
-        .env("VMF_TEST_DIR", dir.join("regions"))
-        .env("VMF_TEST_TAG", if tag { "1" } else { "0" })
-        .env("OUT", dir)
-        .stdin(Stdio::null());
+    c.args([
+        "helper_role",
+        "--exact",
+        "--nocapture",
+        "--test-threads=1",
+        "-q",
+    ])
+    .env("VMF_TEST_ROLE", "launcher")
+    .env("VMF_TEST_NP", np.to_string())
+    .env("VMF_TEST_SCRIPT", script)
+    .env("VMF_TEST_DIR", dir.join("regions"))
+    .env("VMF_TEST_TAG", if tag { "1" } else { "0" })
+    .env("OUT", dir)
+    .stdin(Stdio::null());
     c
 }
 
 fn wait_for_files(files: &[PathBuf], timeout: Duration) {
     let t = Instant::now();
-    while !files.iter().all(|f| std::fs::read_to_string(f).is_ok_and(|s| s.ends_with('\n'))) {
+    while !files
+        .iter()
+        .all(|f| std::fs::read_to_string(f).is_ok_and(|s| s.ends_with('\n')))
+    {
         assert!(t.elapsed() < timeout, "ranks did not start: {files:?}");
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -131,7 +158,10 @@ fn pid_in(f: &Path) -> i32 {
 fn assert_dead_soon(pid: i32) {
     let t = Instant::now();
     while (ProcessId { pid, start_time: 0 }).is_alive() {
-        assert!(t.elapsed() < Duration::from_secs(3), "rank pid {pid} survived");
+        assert!(
+            t.elapsed() < Duration::from_secs(3),
+            "rank pid {pid} survived"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -147,17 +177,29 @@ fn all_ranks_exit_zero_works() {
 #[test]
 fn exit_code_propagates_and_stops_job_fails() {
     let d = tmp("exit3");
-    let o = sh(3, r#"if [ "$PMI_RANK" = 1 ]; then sleep 0.2; exit 3; fi; exec sleep 30"#, &d);
+    let o = sh(
+        3,
+        r#"if [ "$PMI_RANK" = 1 ]; then sleep 0.2; exit 3; fi; exec sleep 30"#,
+        &d,
+    );
     let t = Instant::now();
     assert_eq!(run(&o).unwrap(), 3);
-    assert!(t.elapsed() < Duration::from_secs(2), "took {:?}", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        t.elapsed()
+    );
     std::fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
 fn rank_killed_by_signal_gives_128_plus_signal_fails() {
     let d = tmp("sig");
-    let o = sh(2, r#"if [ "$PMI_RANK" = 1 ]; then kill -9 $$; fi; exec sleep 30"#, &d);
+    let o = sh(
+        2,
+        r#"if [ "$PMI_RANK" = 1 ]; then kill -9 $$; fi; exec sleep 30"#,
+        &d,
+    );
     let t = Instant::now();
     assert_eq!(run(&o).unwrap(), 137);
     assert!(t.elapsed() < Duration::from_secs(2));
@@ -168,10 +210,18 @@ fn rank_killed_by_signal_gives_128_plus_signal_fails() {
 fn rank_ignoring_sigterm_is_killed_works() {
     let d = tmp("ignterm");
     // Rank 0 ignores SIGTERM (sh traps it) and keeps its children; SIGKILL follows after the grace.
-    let o = sh(2, r#"if [ "$PMI_RANK" = 1 ]; then exit 5; fi; trap '' TERM; while :; do sleep 0.05; done"#, &d);
+    let o = sh(
+        2,
+        r#"if [ "$PMI_RANK" = 1 ]; then exit 5; fi; trap '' TERM; while :; do sleep 0.05; done"#,
+        &d,
+    );
     let t = Instant::now();
     assert_eq!(run(&o).unwrap(), 5);
-    assert!(t.elapsed() < Duration::from_secs(3), "took {:?}", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_secs(3),
+        "took {:?}",
+        t.elapsed()
+    );
     std::fs::remove_dir_all(&d).unwrap();
 }
 
@@ -184,7 +234,10 @@ fn environment_is_set_works() {
            [ -S /proc/self/fd/$PMI_FD ] || [ -e /proc/self/fd/$PMI_FD ] || exit 9"#,
         &d,
     );
-    o.extra_env = vec![("OUT".into(), d.to_string_lossy().into()), ("EXTRA".into(), "extra-value".into())];
+    o.extra_env = vec![
+        ("OUT".into(), d.to_string_lossy().into()),
+        ("EXTRA".into(), "extra-value".into()),
+    ];
     assert_eq!(run(&o).unwrap(), 0);
     let me = ProcessId::current();
     for r in 0..2 {
@@ -240,8 +293,20 @@ fn region_files_are_removed_at_end_works() {
 }
 
 fn make_region(dir: &Path, job: &str, launcher: ProcessId, age: Duration) -> PathBuf {
-    let sizing = RegionSizing { max_local: 2, heap: 64 * 1024 };
-    drop(Region::open(&RegionSource::Dir(dir.to_path_buf()), job, sizing, Some(launcher), Duration::from_secs(2)).unwrap());
+    let sizing = RegionSizing {
+        max_local: 2,
+        heap: 64 * 1024,
+    };
+    drop(
+        Region::open(
+            &RegionSource::Dir(dir.to_path_buf()),
+            job,
+            sizing,
+            Some(launcher),
+            Duration::from_secs(2),
+        )
+        .unwrap(),
+    );
     let p = dir.join(region_file_name(job));
     let f = std::fs::File::options().write(true).open(&p).unwrap();
     f.set_modified(std::time::SystemTime::now() - age).unwrap();
@@ -251,7 +316,10 @@ fn make_region(dir: &Path, job: &str, launcher: ProcessId, age: Duration) -> Pat
 #[test]
 fn clean_removes_only_dead_jobs_works() {
     let d = tmp("clean");
-    let dead = ProcessId { pid: i32::MAX - 7, start_time: 1 };
+    let dead = ProcessId {
+        pid: i32::MAX - 7,
+        start_time: 1,
+    };
     let old = Duration::from_secs(60);
     let stale = make_region(&d, "deadjob00001", dead, old);
     let live = make_region(&d, "livejob00001", ProcessId::current(), old);
@@ -282,18 +350,31 @@ fn bad_program_and_region_dir_fail() {
     o.region_dir = d.join("new/nested");
     let e = run(&o).unwrap_err();
     assert!(matches!(e, LaunchError::Spawn { rank: 0, .. }), "{e:?}");
-    assert!(e.to_string().starts_with("Unable to start rank 0 (/nonexistent/vmf-no-such-program) since"), "{e}");
+    assert!(
+        e.to_string()
+            .starts_with("Unable to start rank 0 (/nonexistent/vmf-no-such-program) since"),
+        "{e}"
+    );
     assert!(!e.to_string().contains('\n'));
     // The missing region directory was created, private.
     use std::os::unix::fs::PermissionsExt;
-    assert_eq!(std::fs::metadata(&o.region_dir).unwrap().permissions().mode() & 0o777, 0o700);
+    assert_eq!(
+        std::fs::metadata(&o.region_dir)
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777,
+        0o700
+    );
     let file = d.join("a-file");
     std::fs::write(&file, b"").unwrap();
     let mut o = sh(1, "exit 0", &d);
     o.region_dir = file;
     let e = run(&o).unwrap_err();
     assert!(matches!(e, LaunchError::RegionDir { .. }), "{e:?}");
-    assert!(e.to_string().starts_with("Unable to use the region directory"));
+    assert!(e
+        .to_string()
+        .starts_with("Unable to use the region directory"));
     std::fs::remove_dir_all(&d).unwrap();
 }
 
@@ -309,7 +390,11 @@ fn pmi_abort_stops_job_fails() {
     let d = tmp("abort");
     let t = Instant::now();
     assert_eq!(run(&helper(3, "pmi_abort", &d)).unwrap(), 7);
-    assert!(t.elapsed() < Duration::from_secs(5), "took {:?}", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        t.elapsed()
+    );
     std::fs::remove_dir_all(&d).unwrap();
 }
 
@@ -318,25 +403,39 @@ fn pmi_disconnect_without_finalize_stops_job_fails() {
     let d = tmp("nofin");
     let t = Instant::now();
     assert_eq!(run(&helper(2, "pmi_nofinalize", &d)).unwrap(), 1);
-    assert!(t.elapsed() < Duration::from_secs(5), "took {:?}", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        t.elapsed()
+    );
     std::fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
 fn tagged_output_is_forwarded_works() {
     let d = tmp("tag");
-    let script = r#"echo "hello $PMI_RANK"; printf 'no-newline-%s' "$PMI_RANK"; echo "err $PMI_RANK" >&2"#;
+    let script =
+        r#"echo "hello $PMI_RANK"; printf 'no-newline-%s' "$PMI_RANK"; echo "err $PMI_RANK" >&2"#;
     let out = launcher_cmd(2, script, true, &d).output().unwrap();
-    let (so, se) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let (so, se) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
     assert_eq!(out.status.code(), Some(0), "stdout:\n{so}\nstderr:\n{se}");
     for r in 0..2 {
         assert!(so.lines().any(|l| l == format!("[{r}] hello {r}")), "{so}");
         assert!(so.contains(&format!("[{r}] no-newline-{r}")), "{so}");
         assert!(se.lines().any(|l| l == format!("[{r}] err {r}")), "{se}");
     }
-    assert!(se.lines().any(|l| l.starts_with("vmfabric: job ") && l.contains(": 2 ranks, region dir ")), "{se}");
+    assert!(
+        se.lines()
+            .any(|l| l.starts_with("vmfabric: job ") && l.contains(": 2 ranks, region dir ")),
+        "{se}"
+    );
     // Untagged: bytes unchanged.
-    let out = launcher_cmd(1, r#"printf 'a\nb\n[x] c'"#, false, &d).output().unwrap();
+    let out = launcher_cmd(1, r#"printf 'a\nb\n[x] c'"#, false, &d)
+        .output()
+        .unwrap();
     let so = String::from_utf8_lossy(&out.stdout);
     assert!(so.contains("a\nb\n[x] c"), "{so}");
     std::fs::remove_dir_all(&d).unwrap();
@@ -345,52 +444,88 @@ fn tagged_output_is_forwarded_works() {
 #[test]
 fn failure_message_is_one_line_works() {
     let d = tmp("msg");
-    let out = launcher_cmd(2, r#"[ "$PMI_RANK" = 1 ] && exit 3; exec sleep 30"#, false, &d).output().unwrap();
+    let out = launcher_cmd(
+        2,
+        r#"[ "$PMI_RANK" = 1 ] && exit 3; exec sleep 30"#,
+        false,
+        &d,
+    )
+    .output()
+    .unwrap();
     let se = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(3), "{se}");
-    let lines: Vec<_> = se.lines().filter(|l| l.contains("stopping the job")).collect();
+    let lines: Vec<_> = se
+        .lines()
+        .filter(|l| l.contains("stopping the job"))
+        .collect();
     assert_eq!(lines.len(), 1, "{se}");
-    assert!(lines[0].starts_with("vmfabric: rank 1 (pid ") && lines[0].ends_with(") exited with code 3; stopping the job"), "{se}");
-    let out = launcher_cmd(1, "kill -SEGV $$", false, &d).output().unwrap();
+    assert!(
+        lines[0].starts_with("vmfabric: rank 1 (pid ")
+            && lines[0].ends_with(") exited with code 3; stopping the job"),
+        "{se}"
+    );
+    let out = launcher_cmd(1, "kill -SEGV $$", false, &d)
+        .output()
+        .unwrap();
     let se = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(128 + 11), "{se}");
-    assert!(se.contains("was killed by signal 11 (SIGSEGV); stopping the job"), "{se}");
+    assert!(
+        se.contains("was killed by signal 11 (SIGSEGV); stopping the job"),
+        "{se}"
+    );
     std::fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
 fn launcher_signal_stops_ranks_works() {
     let d = tmp("sigterm");
-    let mut child = launcher_cmd(2, r#"echo $$ > "$OUT/pid-$PMI_RANK"; exec sleep 30"#, false, &d)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = launcher_cmd(
+        2,
+        r#"echo $$ > "$OUT/pid-$PMI_RANK"; exec sleep 30"#,
+        false,
+        &d,
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
     let pids = [d.join("pid-0"), d.join("pid-1")];
     wait_for_files(&pids, Duration::from_secs(10));
     // SAFETY: signalling our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let t = Instant::now();
     let st = child.wait().unwrap();
-    assert!(t.elapsed() < Duration::from_secs(4), "took {:?}", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_secs(4),
+        "took {:?}",
+        t.elapsed()
+    );
     assert_eq!(st.code(), Some(128 + 15));
     for p in &pids {
         assert_dead_soon(pid_in(p));
     }
     let mut se = String::new();
     std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut se).unwrap();
-    assert!(se.contains("received signal 15 (SIGTERM); stopping the job"), "{se}");
+    assert!(
+        se.contains("received signal 15 (SIGTERM); stopping the job"),
+        "{se}"
+    );
     std::fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
 fn ranks_die_with_killed_launcher_works() {
     let d = tmp("kill9");
-    let mut child = launcher_cmd(2, r#"echo $$ > "$OUT/pid-$PMI_RANK"; exec sleep 30"#, false, &d)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = launcher_cmd(
+        2,
+        r#"echo $$ > "$OUT/pid-$PMI_RANK"; exec sleep 30"#,
+        false,
+        &d,
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
     let pids = [d.join("pid-0"), d.join("pid-1")];
     wait_for_files(&pids, Duration::from_secs(10));
     child.kill().unwrap();

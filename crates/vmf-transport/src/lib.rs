@@ -97,7 +97,14 @@ pub struct Incoming<T> {
 impl<T> Incoming<T> {
     /// Construct (for transport implementations).
     pub fn new(peer: usize, hdr: PktHeader, payload: *const u8, len: usize, token: T) -> Self {
-        Incoming { peer, hdr, payload, len, placed: 0, token }
+        Incoming {
+            peer,
+            hdr,
+            payload,
+            len,
+            placed: 0,
+            token,
+        }
     }
     /// Payload length.
     pub fn len(&self) -> usize {
@@ -135,7 +142,13 @@ pub trait Transport {
     /// Largest `a.len() + b.len()` one packet to `peer` may carry.
     fn max_payload(&self, peer: usize) -> usize;
     /// Send a header and a payload gathered from `a` then `b`. `Ok(false)`: no resource now, retry later.
-    fn try_send(&mut self, peer: usize, hdr: &PktHeader, a: &[u8], b: &[u8]) -> Result<bool, TransportError>;
+    fn try_send(
+        &mut self,
+        peer: usize,
+        hdr: &PktHeader,
+        a: &[u8],
+        b: &[u8],
+    ) -> Result<bool, TransportError>;
     /// The next arrived packet, if any. Never blocks.
     fn poll(&mut self) -> Result<Option<Incoming<Self::Token>>, TransportError>;
     /// Return a packet's resources.
@@ -143,7 +156,13 @@ pub trait Transport {
 
     /// Like [`Transport::try_send`], but `b` stays valid and unmodified until [`Transport::has_backlog`]
     /// says false for this peer, so a transport may keep pointing at it instead of copying (large data).
-    fn try_send_borrowed(&mut self, peer: usize, hdr: &PktHeader, a: &[u8], b: &[u8]) -> Result<bool, TransportError> {
+    fn try_send_borrowed(
+        &mut self,
+        peer: usize,
+        hdr: &PktHeader,
+        a: &[u8],
+        b: &[u8],
+    ) -> Result<bool, TransportError> {
         self.try_send(peer, hdr, a, b)
     }
 
@@ -155,7 +174,10 @@ pub trait Transport {
     /// Like [`Transport::poll`], but for packets whose data has a known destination (`place(peer, hdr, a)`
     /// returns it, or None) a transport that reads from a stream may read the data straight there and
     /// report it in [`Incoming::placed`].
-    fn poll_placed(&mut self, _place: &mut dyn FnMut(usize, &PktHeader, &[u8]) -> Option<*mut u8>) -> Result<Option<Incoming<Self::Token>>, TransportError> {
+    fn poll_placed(
+        &mut self,
+        _place: &mut dyn FnMut(usize, &PktHeader, &[u8]) -> Option<*mut u8>,
+    ) -> Result<Option<Incoming<Self::Token>>, TransportError> {
         self.poll()
     }
 }

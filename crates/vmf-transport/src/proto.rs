@@ -1,9 +1,10 @@
 //! Wire format shared by all transports: the packet header and the version checked at connection time.
 //!
-//! Versions: 1 = initial format (32-byte header; kinds Eager, Rts, Cts, Data, Fin, SyncAck).
+//! Versions: 1 = initial format (32-byte header; kinds Eager, Rts, Cts, Data, Fin, SyncAck);
+//! 2 = live migration (Moved, MovedAck, Ready).
 
 /// Version of the packet format.
-pub const PROTO_VERSION: u32 = 1;
+pub const PROTO_VERSION: u32 = 2;
 
 /// Packet kinds.
 #[repr(u8)]
@@ -21,6 +22,12 @@ pub enum Kind {
     Fin = 5,
     /// Acknowledgement of a synchronous-mode eager send: [`FinInfo`].
     SyncAck = 6,
+    /// The sender moved (live migration): [`MovedInfo`]; last packet on the old channel.
+    Moved = 7,
+    /// Answer to `Moved`: everything before it on the old channel has been consumed; last packet there.
+    MovedAck = 8,
+    /// First packet on the new channel: the mover has drained the old one; the peer may use the new one.
+    Ready = 9,
 }
 
 impl Kind {
@@ -33,6 +40,9 @@ impl Kind {
             4 => Kind::Data,
             5 => Kind::Fin,
             6 => Kind::SyncAck,
+            7 => Kind::Moved,
+            8 => Kind::MovedAck,
+            9 => Kind::Ready,
             _ => return None,
         })
     }
@@ -69,7 +79,16 @@ const _: () = assert!(std::mem::size_of::<PktHeader>() == HDR_SIZE);
 impl PktHeader {
     /// A header.
     pub fn new(kind: Kind, src: u32, tag: i32, ctx: u32, seq: u64, len: u64) -> Self {
-        PktHeader { kind: kind as u8, flags: 0, _reserved: 0, src, tag, ctx, seq, len }
+        PktHeader {
+            kind: kind as u8,
+            flags: 0,
+            _reserved: 0,
+            src,
+            tag,
+            ctx,
+            seq,
+            len,
+        }
     }
     /// As bytes.
     pub fn as_bytes(&self) -> &[u8; HDR_SIZE] {
@@ -142,6 +161,24 @@ wire_struct!(
     }
 );
 wire_struct!(
+    /// Where a migrated rank is now.
+    MovedInfo {
+        /// Region UUID, high half.
+        uuid0: u64,
+        /// Region UUID, low half.
+        uuid1: u64,
+        /// Slot in that region.
+        slot: u64,
+        /// IPv4 address (host order) of its TCP listener, 0 if none.
+        ip: u64,
+        /// Port of its TCP listener.
+        port: u64,
+        /// When the migration started (CLOCK_MONOTONIC, ns; comparable between emulated hosts of one
+        /// machine), for measuring the pause.
+        t0_ns: u64
+    }
+);
+wire_struct!(
     /// Completion notice for a send.
     FinInfo {
         /// Sender's request id.
@@ -170,7 +207,11 @@ mod tests {
     #[test]
     fn short_payload_parse_fails() {
         assert!(RtsInfo::parse(&[0u8; 23]).is_none());
-        let r = RtsInfo { sreq: 1, addr: 2, pid: 3 };
+        let r = RtsInfo {
+            sreq: 1,
+            addr: 2,
+            pid: 3,
+        };
         assert_eq!(RtsInfo::parse(r.as_bytes()), Some(r));
     }
 }

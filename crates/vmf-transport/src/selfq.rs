@@ -13,7 +13,11 @@ pub struct SelfTransport {
 impl SelfTransport {
     /// The self transport of rank `me`.
     pub fn new(me: usize) -> Self {
-        SelfTransport { me, queue: VecDeque::new(), free: Vec::new() }
+        SelfTransport {
+            me,
+            queue: VecDeque::new(),
+            free: Vec::new(),
+        }
     }
 }
 
@@ -32,9 +36,18 @@ impl Transport for SelfTransport {
         usize::MAX
     }
 
-    fn try_send(&mut self, peer: usize, hdr: &PktHeader, a: &[u8], b: &[u8]) -> Result<bool, TransportError> {
+    fn try_send(
+        &mut self,
+        peer: usize,
+        hdr: &PktHeader,
+        a: &[u8],
+        b: &[u8],
+    ) -> Result<bool, TransportError> {
         if peer != self.me {
-            return Err(TransportError::Unreachable { peer, transport: "self" });
+            return Err(TransportError::Unreachable {
+                peer,
+                transport: "self",
+            });
         }
         let mut buf = self.free.pop().unwrap_or_default();
         buf.clear();
@@ -45,7 +58,10 @@ impl Transport for SelfTransport {
     }
 
     fn poll(&mut self) -> Result<Option<Incoming<Vec<u8>>>, TransportError> {
-        Ok(self.queue.pop_front().map(|(h, buf)| Incoming::new(self.me, h, buf.as_ptr(), buf.len(), buf)))
+        Ok(self
+            .queue
+            .pop_front()
+            .map(|(h, buf)| Incoming::new(self.me, h, buf.as_ptr(), buf.len(), buf)))
     }
 
     fn release(&mut self, inc: Incoming<Vec<u8>>) {

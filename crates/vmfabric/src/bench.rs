@@ -20,6 +20,8 @@ pub enum Kind {
     Demo,
     /// Waiting under oversubscription: ring or all-to-all patterns (see `--pattern`).
     Overcommit,
+    /// Live migration under load (inside `vmfabric run --hosts H`).
+    Migrate,
 }
 
 #[derive(Args)]
@@ -29,6 +31,9 @@ pub struct BenchArgs {
     /// Options of `overcommit`.
     #[command(flatten)]
     over: crate::overcommit::OvercommitArgs,
+    /// migrate: how many migrations.
+    #[arg(long, default_value_t = 20)]
+    migrations: usize,
     /// Message sizes in bytes, comma separated (K/M suffixes allowed).
     #[arg(long, value_delimiter = ',')]
     sizes: Option<Vec<String>>,
@@ -65,6 +70,9 @@ pub fn run(a: BenchArgs) -> i32 {
     if a.kind == Kind::Overcommit {
         return crate::overcommit::run(a.over, a.json);
     }
+    if a.kind == Kind::Migrate {
+        return crate::migrate_bench::run(a.migrations, a.json);
+    }
     let f = match Fabric::init() {
         Ok(f) => f,
         Err(e) => {
@@ -87,7 +95,9 @@ pub fn run(a: BenchArgs) -> i32 {
                 match vmf_core::config::parse_size(s) {
                     Some(x) if x <= 1 << 30 => out.push(x as usize),
                     _ => {
-                        eprintln!("vmfabric bench: invalid size {s:?} in --sizes (use e.g. 8,64K,1M)");
+                        eprintln!(
+                            "vmfabric bench: invalid size {s:?} in --sizes (use e.g. 8,64K,1M)"
+                        );
                         return 2;
                     }
                 }
@@ -105,7 +115,11 @@ pub fn run(a: BenchArgs) -> i32 {
     for (i, b) in sbuf.iter_mut().enumerate() {
         *b = (i % 251) as u8;
     }
-    let kinds: Vec<Kind> = if a.kind == Kind::Demo { vec![Kind::Latency, Kind::Bw] } else { vec![a.kind] };
+    let kinds: Vec<Kind> = if a.kind == Kind::Demo {
+        vec![Kind::Latency, Kind::Bw]
+    } else {
+        vec![a.kind]
+    };
     let mut tables = Vec::new();
     for k in kinds {
         let mut rows = Vec::new();
@@ -115,7 +129,7 @@ pub fn run(a: BenchArgs) -> i32 {
                 Kind::Latency => latency(&f, &sbuf[..size], &mut rbuf[..size], it),
                 Kind::Bw => bandwidth(&f, &sbuf[..size], &mut rbuf[..size], it, a.window, false),
                 Kind::Bibw => bandwidth(&f, &sbuf[..size], &mut rbuf[..size], it, a.window, true),
-                Kind::Demo | Kind::Overcommit => unreachable!(),
+                Kind::Demo | Kind::Overcommit | Kind::Migrate => unreachable!(),
             };
             match r {
                 Ok(row) => rows.push(row),
@@ -133,7 +147,7 @@ pub fn run(a: BenchArgs) -> i32 {
                 Kind::Latency => "latency",
                 Kind::Bw => "bw",
                 Kind::Bibw => "bibw",
-                Kind::Demo | Kind::Overcommit => "demo",
+                Kind::Demo | Kind::Overcommit | Kind::Migrate => "demo",
             };
             let results: Vec<serde_json::Value> = rows
                 .iter()
@@ -150,8 +164,12 @@ pub fn run(a: BenchArgs) -> i32 {
             let rndv = if f.cma_enabled() { "cma" } else { "pipelined" };
             let doc = serde_json::json!({"benchmark": name, "transport": transport, "ranks": f.size(),
                 "eager_limit": f.eager_limit(), "rendezvous": rndv, "results": results});
-            if let Err(e) = std::fs::write(path, serde_json::to_string_pretty(&doc).unwrap() + "\n") {
-                eprintln!("vmfabric bench: unable to write {} since {e}", path.display());
+            if let Err(e) = std::fs::write(path, serde_json::to_string_pretty(&doc).unwrap() + "\n")
+            {
+                eprintln!(
+                    "vmfabric bench: unable to write {} since {e}",
+                    path.display()
+                );
                 return 1;
             }
         }
@@ -184,11 +202,20 @@ fn print_tables(f: &Fabric, tables: &[(Kind, Vec<Row>)], transport: &str) {
             Kind::Latency => {
                 println!("{:>10}  {:>14}  {:>12}", "size(B)", "latency(us)", "MB/s");
                 for r in rows {
-                    println!("{:>10}  {:>14.3}  {:>12.1}", r.size, r.latency_us.unwrap_or(0.0), r.mb_per_s);
+                    println!(
+                        "{:>10}  {:>14.3}  {:>12.1}",
+                        r.size,
+                        r.latency_us.unwrap_or(0.0),
+                        r.mb_per_s
+                    );
                 }
             }
             _ => {
-                let what = if *k == Kind::Bibw { "bi-bandwidth(MB/s)" } else { "bandwidth(MB/s)" };
+                let what = if *k == Kind::Bibw {
+                    "bi-bandwidth(MB/s)"
+                } else {
+                    "bandwidth(MB/s)"
+                };
                 println!("{:>10}  {:>20}", "size(B)", what);
                 for r in rows {
                     println!("{:>10}  {:>20.1}", r.size, r.mb_per_s);
@@ -218,19 +245,34 @@ fn latency(f: &Fabric, s: &[u8], r: &mut [u8], iters: usize) -> Result<Row, Erro
     }
     let us = t0.elapsed().as_secs_f64() * 1e6 / (2.0 * iters as f64);
     verify(f, r, s.len())?;
-    Ok(Row { size: s.len(), latency_us: Some(us), mb_per_s: s.len() as f64 / us })
+    Ok(Row {
+        size: s.len(),
+        latency_us: Some(us),
+        mb_per_s: s.len() as f64 / us,
+    })
 }
 
 fn verify(f: &Fabric, r: &[u8], n: usize) -> Result<(), Error> {
     if let Some(i) = (0..n).find(|&i| r[i] != (i % 251) as u8) {
-        return Err(Error::Setup { rank: f.rank(), op: vmf_core::Op::Recv, why: format!("payload mismatch at byte {i}") });
+        return Err(Error::Setup {
+            rank: f.rank(),
+            op: vmf_core::Op::Recv,
+            why: format!("payload mismatch at byte {i}"),
+        });
     }
     Ok(())
 }
 
 /// Windowed bandwidth. The receive buffer is shared by the whole window, as in OSU (contents are not
 /// checked inside the window; the last message is verified).
-fn bandwidth(f: &Fabric, s: &[u8], r: &mut [u8], iters: usize, window: usize, bidir: bool) -> Result<Row, Error> {
+fn bandwidth(
+    f: &Fabric,
+    s: &[u8],
+    r: &mut [u8],
+    iters: usize,
+    window: usize,
+    bidir: bool,
+) -> Result<Row, Error> {
     let peer = f.rank() ^ 1;
     let sender = f.rank() % 2 == 0;
     let warm = (iters / 10).max(2);
@@ -254,7 +296,9 @@ fn bandwidth(f: &Fabric, s: &[u8], r: &mut [u8], iters: usize, window: usize, bi
         if bidir || sender {
             for _ in 0..window {
                 // SAFETY: s outlives the requests (completed below).
-                ids.push(unsafe { e.isend(s.as_ptr(), n, peer as i64, TAG, 0, SendMode::Standard)? });
+                ids.push(unsafe {
+                    e.isend(s.as_ptr(), n, peer as i64, TAG, 0, SendMode::Standard)?
+                });
             }
         }
         e.wait_until(vmf_core::Op::Wait, |e| ids.iter().all(|&id| e.is_done(id)))?;
@@ -277,5 +321,9 @@ fn bandwidth(f: &Fabric, s: &[u8], r: &mut [u8], iters: usize, window: usize, bi
     let dirs = if bidir { 2.0 } else { 1.0 };
     let mbps = dirs * (n * window * iters) as f64 / secs / 1e6;
     // The sender's view is authoritative for bw; share it with the pair's receiver for reporting.
-    Ok(Row { size: n, latency_us: None, mb_per_s: mbps })
+    Ok(Row {
+        size: n,
+        latency_us: None,
+        mb_per_s: mbps,
+    })
 }

@@ -36,7 +36,11 @@ pub fn run(ranks: Option<usize>) -> i32 {
     if cfg.region_path.is_empty() {
         let d = std::path::Path::new(&cfg.region_dir);
         let ok = d.is_dir();
-        println!("Region directory: {} ({})", cfg.region_dir, if ok { "present" } else { "MISSING" });
+        println!(
+            "Region directory: {} ({})",
+            cfg.region_dir,
+            if ok { "present" } else { "MISSING" }
+        );
     } else {
         println!("Region device: {}", cfg.region_path);
     }
@@ -49,7 +53,8 @@ pub fn run(ranks: Option<usize>) -> i32 {
     for n in counts {
         let s = cfg.region_sizing(n);
         let ring = cfg.ring_size_for(n);
-        let used = s.tables() + (n * n.saturating_sub(1)) as u64 * (ring + vmf_bb::ring::RING_CTL_SIZE as u64);
+        let used = s.tables()
+            + (n * n.saturating_sub(1)) as u64 * (ring + vmf_bb::ring::RING_CTL_SIZE as u64);
         println!(
             "  {n:>4} ranks: {} at most ({} rings of {}), region file {}",
             human(used),
@@ -62,8 +67,16 @@ pub fn run(ranks: Option<usize>) -> i32 {
     println!("Configuration (set with environment variables):");
     let eff = cfg.effective();
     let w = eff.iter().map(|e| e.0.len()).max().unwrap_or(0);
-    let wv = eff.iter().map(|e| e.1.len().max(e.2.len())).max().unwrap_or(0).max(5);
-    println!("  {:w$}  {:wv$}  {:wv$}  description", "name", "value", "default");
+    let wv = eff
+        .iter()
+        .map(|e| e.1.len().max(e.2.len()))
+        .max()
+        .unwrap_or(0)
+        .max(5);
+    println!(
+        "  {:w$}  {:wv$}  {:wv$}  description",
+        "name", "value", "default"
+    );
     for (name, value, default, doc) in eff {
         println!("  {name:w$}  {value:wv$}  {default:wv$}  {doc}");
     }

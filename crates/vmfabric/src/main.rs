@@ -4,11 +4,16 @@ use std::path::PathBuf;
 
 mod bench;
 mod info;
+mod migrate_bench;
 mod overcommit;
 mod selftest;
 
 #[derive(Parser)]
-#[command(name = "vmfabric", version, about = "Message-passing fabric for virtual worker nodes")]
+#[command(
+    name = "vmfabric",
+    version,
+    about = "Message-passing fabric for virtual worker nodes"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -36,6 +41,12 @@ enum Cmd {
         /// Pin ranks to cores (rank r on the r-th allowed CPU, round robin) or not.
         #[arg(long, value_parser = ["none", "core"], default_value = "none")]
         bind: String,
+        /// Place ranks on this many emulated hosts (network namespaces joined by a bridge; needs root).
+        #[arg(long, default_value_t = 0)]
+        hosts: usize,
+        /// Placement on hosts: round robin (rr) or consecutive blocks (block).
+        #[arg(long, value_parser = ["rr", "block"], default_value = "rr")]
+        map: String,
         /// Program and its arguments.
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
         command: Vec<String>,
@@ -45,6 +56,24 @@ enum Cmd {
         /// Directory to clean (default: $VMF_REGION_DIR or /dev/shm).
         #[arg(long)]
         region_dir: Option<PathBuf>,
+    },
+    /// List the running jobs (id, launcher, ranks, hosts, placement).
+    Jobs {
+        /// Registry directory (default: $VMF_REGION_DIR or /dev/shm).
+        #[arg(long)]
+        region_dir: Option<PathBuf>,
+    },
+    /// Move a running rank to another emulated host, live.
+    Migrate {
+        /// Job id (printed by `vmfabric run`, listed by `vmfabric jobs`).
+        #[arg(long)]
+        job: String,
+        /// Rank to move.
+        #[arg(long)]
+        rank: usize,
+        /// Destination host index.
+        #[arg(long = "to-host")]
+        to_host: usize,
     },
     /// Show transports, the region directory, region memory and every tunable.
     Info {
@@ -64,14 +93,28 @@ enum Cmd {
 
 fn default_region_dir(given: Option<PathBuf>) -> PathBuf {
     given
-        .or_else(|| std::env::var_os("VMF_REGION_DIR").filter(|v| !v.is_empty()).map(PathBuf::from))
+        .or_else(|| {
+            std::env::var_os("VMF_REGION_DIR")
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        })
         .unwrap_or_else(|| PathBuf::from("/dev/shm"))
 }
 
 fn main() {
     let cli = Cli::parse();
     let code = match cli.cmd {
-        Cmd::Run { np, tag_output, region_dir, verbose, wait, bind, command } => {
+        Cmd::Run {
+            np,
+            tag_output,
+            region_dir,
+            verbose,
+            wait,
+            bind,
+            hosts,
+            map,
+            command,
+        } => {
             let mut extra_env = Vec::new();
             if verbose {
                 extra_env.push(("VMF_VERBOSE".into(), "1".into()));
@@ -88,6 +131,8 @@ fn main() {
                 verbose,
                 extra_env,
                 bind_cores: bind == "core",
+                hosts,
+                map_block: map == "block",
             };
             match vmf_launch::run(&opts) {
                 Ok(c) => c,
@@ -103,8 +148,64 @@ fn main() {
             for p in &removed {
                 println!("removed {}", p.display());
             }
-            println!("{} stale region(s) removed from {}", removed.len(), dir.display());
+            println!(
+                "{} stale region(s) removed from {}",
+                removed.len(),
+                dir.display()
+            );
             0
+        }
+        Cmd::Jobs { region_dir } => {
+            let dir = default_region_dir(region_dir);
+            let jobs: Vec<_> = vmf_launch::control::list(&dir)
+                .into_iter()
+                .filter(|(_, alive)| *alive)
+                .collect();
+            if jobs.is_empty() {
+                println!("no running jobs (registry {})", dir.display());
+            }
+            for (j, _) in jobs {
+                let place = if j.hosts.is_empty() {
+                    "one host".to_string()
+                } else {
+                    let p: Vec<String> = j
+                        .placement
+                        .iter()
+                        .enumerate()
+                        .map(|(r, h)| format!("{r}@{h}"))
+                        .collect();
+                    format!("{} hosts, ranks {}", j.hosts.len(), p.join(" "))
+                };
+                println!(
+                    "{}  launcher pid {}  {} ranks  {place}",
+                    j.job, j.launcher.pid, j.ranks
+                );
+            }
+            0
+        }
+        Cmd::Migrate { job, rank, to_host } => {
+            match vmf_launch::control::request_migration(&job, rank, to_host) {
+                Ok(r) if r.starts_with("ok") => {
+                    println!(
+                        "rank {rank} of job {job} moved to host {to_host} ({})",
+                        r.trim_start_matches("ok").trim()
+                    );
+                    0
+                }
+                Ok(r) => {
+                    eprintln!(
+                        "vmfabric migrate: {}",
+                        r.trim_start_matches("error:")
+                            .trim_start_matches("error")
+                            .trim()
+                    );
+                    1
+                }
+                Err(e) => {
+                    eprintln!("vmfabric migrate: {e}");
+                    1
+                }
+            }
         }
         Cmd::Info { ranks, libdir } => {
             if libdir {

@@ -39,7 +39,9 @@ pub struct OvercommitArgs {
 fn compute(units: u64) -> u64 {
     let mut x = 0x9E3779B97F4A7C15u64;
     for _ in 0..units * 750 {
-        x = std::hint::black_box(x).wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        x = std::hint::black_box(x)
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
     }
     std::hint::black_box(x)
 }
@@ -58,7 +60,10 @@ pub fn run(a: OvercommitArgs, json: Option<std::path::PathBuf>) -> i32 {
     }
     let mut noise = None;
     if a.noise && f.rank() == 0 {
-        match std::process::Command::new("sh").args(["-c", "while :; do :; done"]).spawn() {
+        match std::process::Command::new("sh")
+            .args(["-c", "while :; do :; done"])
+            .spawn()
+        {
             Ok(c) => noise = Some(c),
             Err(e) => eprintln!("vmfabric bench overcommit: cannot start the noise process: {e}"),
         }
@@ -105,7 +110,11 @@ fn measure(f: &Fabric, a: &OvercommitArgs, json: Option<&std::path::Path>) -> Re
                     f.send(&lap.to_le_bytes(), next, 1)?;
                     f.recv(&mut tok, Source::Rank(prev), TagSel::Tag(1))?;
                     if u64::from_le_bytes(tok) != lap {
-                        return Err(Error::Setup { rank: me, op: vmf_core::Op::Recv, why: "token corrupted".into() });
+                        return Err(Error::Setup {
+                            rank: me,
+                            op: vmf_core::Op::Recv,
+                            why: "token corrupted".into(),
+                        });
                     }
                 } else {
                     f.recv(&mut tok, Source::Rank(prev), TagSel::Tag(1))?;
@@ -129,8 +138,22 @@ fn measure(f: &Fabric, a: &OvercommitArgs, json: Option<&std::path::Path>) -> Re
                     let p = (me + k) % n;
                     // SAFETY: as above.
                     unsafe {
-                        ids.push(e.isend(small.as_ptr(), 64, p as i64, 2, 0, SendMode::Standard)?);
-                        ids.push(e.isend(medium.as_ptr(), 8192, p as i64, 3, 0, SendMode::Standard)?);
+                        ids.push(e.isend(
+                            small.as_ptr(),
+                            64,
+                            p as i64,
+                            2,
+                            0,
+                            SendMode::Standard,
+                        )?);
+                        ids.push(e.isend(
+                            medium.as_ptr(),
+                            8192,
+                            p as i64,
+                            3,
+                            0,
+                            SendMode::Standard,
+                        )?);
                     }
                 }
                 e.wait_until(vmf_core::Op::Wait, |e| ids.iter().all(|&id| e.is_done(id)))?;
@@ -140,8 +163,14 @@ fn measure(f: &Fabric, a: &OvercommitArgs, json: Option<&std::path::Path>) -> Re
                 drop(e);
                 compute(a.compute);
             }
-            if rs.iter().enumerate().any(|(p, b)| p != me && b[0] != 1) || rm.iter().enumerate().any(|(p, b)| p != me && b[8191] != 2) {
-                return Err(Error::Setup { rank: me, op: vmf_core::Op::Recv, why: "payload mismatch".into() });
+            if rs.iter().enumerate().any(|(p, b)| p != me && b[0] != 1)
+                || rm.iter().enumerate().any(|(p, b)| p != me && b[8191] != 2)
+            {
+                return Err(Error::Setup {
+                    rank: me,
+                    op: vmf_core::Op::Recv,
+                    why: "payload mismatch".into(),
+                });
             }
         }
     }
@@ -175,11 +204,13 @@ fn measure(f: &Fabric, a: &OvercommitArgs, json: Option<&std::path::Path>) -> Re
         if let Some(path) = json {
             let doc = serde_json::json!({"benchmark": "overcommit", "pattern": pat, "ranks": n, "wait": wait,
                 "wall_s": wall, "cpu_s": total, "rounds": rounds, "us_per_round": wall * 1e6 / rounds as f64, "noise": a.noise, "implementation": "vmfabric"});
-            std::fs::write(path, serde_json::to_string_pretty(&doc).unwrap() + "\n").map_err(|e| Error::Setup {
-                rank: me,
-                op: vmf_core::Op::Finalize,
-                why: format!("cannot write {}: {e}", path.display()),
-            })?;
+            std::fs::write(path, serde_json::to_string_pretty(&doc).unwrap() + "\n").map_err(
+                |e| Error::Setup {
+                    rank: me,
+                    op: vmf_core::Op::Finalize,
+                    why: format!("cannot write {}: {e}", path.display()),
+                },
+            )?;
         }
     }
     Ok(())

@@ -28,6 +28,9 @@ pub enum Scenario {
     BlockCpu,
     /// Many sleep/wake cycles between all ranks (token ring plus all-to-all), to catch lost wake-ups.
     WakeStress,
+    /// Exchange verified messages all-to-all for `--secs` seconds (while tests migrate ranks or knock on
+    /// their ports); prints each rank's TCP address first.
+    Stream,
 }
 
 #[derive(Args)]
@@ -90,7 +93,10 @@ pub fn run(a: SelftestArgs) -> i32 {
             }
             let mut b = [0u8; 8];
             let r = f.recv(&mut b, Source::Rank(1), TagSel::Any);
-            eprintln!("selftest: rank {}: receive from the dying rank returned {r:?}", f.rank());
+            eprintln!(
+                "selftest: rank {}: receive from the dying rank returned {r:?}",
+                f.rank()
+            );
             // Wait to be stopped by the launcher, so the job's status is the dying rank's.
             std::thread::sleep(Duration::from_secs(30));
             std::process::exit(3);
@@ -101,9 +107,17 @@ pub fn run(a: SelftestArgs) -> i32 {
         }
         Scenario::BlockCpu => block_cpu(&f),
         Scenario::WakeStress => wake_stress(&f, a.count),
+        Scenario::Stream => stream(&f, a.secs),
         Scenario::Hello => {
-            let ch: Vec<String> = (0..f.size()).map(|p| format!("{p}:{}", f.channel(p).name())).collect();
-            println!("hello from rank {} of {}: channels {}", f.rank(), f.size(), ch.join(" "));
+            let ch: Vec<String> = (0..f.size())
+                .map(|p| format!("{p}:{}", f.channel(p).name()))
+                .collect();
+            println!(
+                "hello from rank {} of {}: channels {}",
+                f.rank(),
+                f.size(),
+                ch.join(" ")
+            );
             Ok(())
         }
     };
@@ -127,7 +141,23 @@ pub fn run(a: SelftestArgs) -> i32 {
 
 /// Sizes that straddle every threshold: eager limit, ring fractions, chunk size.
 fn pick_size(s: &mut u64, eager: usize) -> usize {
-    let edges = [0, 1, 7, 8, 63, 64, 65, eager - 1, eager, eager + 1, 65536, 65537, 262144, 1 << 20, (1 << 20) + 3];
+    let edges = [
+        0,
+        1,
+        7,
+        8,
+        63,
+        64,
+        65,
+        eager - 1,
+        eager,
+        eager + 1,
+        65536,
+        65537,
+        262144,
+        1 << 20,
+        (1 << 20) + 3,
+    ];
     match rng(s) % 4 {
         0 => edges[(rng(s) % edges.len() as u64) as usize],
         1 => (rng(s) % 256) as usize,
@@ -161,7 +191,10 @@ fn random(f: &Fabric, count: usize, seed: u64) -> Result<(), Error> {
         }
         let mut e = f.engine();
         let mut ids = Vec::new();
-        let post_recvs = |e: &mut std::cell::RefMut<'_, vmf_core::engine::Engine>, ids: &mut Vec<_>, rb: &mut Vec<(usize, Vec<u8>)>| -> Result<(), Error> {
+        let post_recvs = |e: &mut std::cell::RefMut<'_, vmf_core::engine::Engine>,
+                          ids: &mut Vec<_>,
+                          rb: &mut Vec<(usize, Vec<u8>)>|
+         -> Result<(), Error> {
             for (p, b) in rb.iter_mut() {
                 // SAFETY: buffers outlive the requests (all completed before they are read).
                 ids.push(unsafe { e.irecv(b.as_mut_ptr(), b.len(), *p as i64, 11, 0)? });
@@ -173,7 +206,9 @@ fn random(f: &Fabric, count: usize, seed: u64) -> Result<(), Error> {
         }
         for (p, b) in &sbufs {
             // SAFETY: as above.
-            ids.push(unsafe { e.isend(b.as_ptr(), b.len(), *p as i64, 11, 0, SendMode::Standard)? });
+            ids.push(unsafe {
+                e.isend(b.as_ptr(), b.len(), *p as i64, 11, 0, SendMode::Standard)?
+            });
         }
         if round == 1 {
             // Let the unexpected queue fill before posting.
@@ -193,14 +228,24 @@ fn random(f: &Fabric, count: usize, seed: u64) -> Result<(), Error> {
             fill(&mut want, *p, me, idx[*p] + round * count);
             if *b != want {
                 let at = b.iter().zip(&want).position(|(x, y)| x != y).unwrap_or(0);
-                die(f, format!("message {} from rank {p} ({} bytes) differs at byte {at}", idx[*p], b.len()));
+                die(
+                    f,
+                    format!(
+                        "message {} from rank {p} ({} bytes) differs at byte {at}",
+                        idx[*p],
+                        b.len()
+                    ),
+                );
             }
             idx[*p] += 1;
             total += b.len();
         }
         f.barrier()?;
     }
-    println!("rank {me}: verified {} messages, {total} bytes", 2 * count * n);
+    println!(
+        "rank {me}: verified {} messages, {total} bytes",
+        2 * count * n
+    );
     Ok(())
 }
 
@@ -226,7 +271,10 @@ fn order(f: &Fabric, count: usize) -> Result<(), Error> {
     }
     let mut buf = vec![0u8; 100_000];
     let parse = |b: &[u8]| {
-        (u64::from_le_bytes(b[..8].try_into().unwrap()) as usize, u64::from_le_bytes(b[8..16].try_into().unwrap()) as usize)
+        (
+            u64::from_le_bytes(b[..8].try_into().unwrap()) as usize,
+            u64::from_le_bytes(b[8..16].try_into().unwrap()) as usize,
+        )
     };
     // Phase 1: rank 1's tag-2 messages by exact match must come in send order.
     let mut taken = vec![vec![false; count]; n];
@@ -235,7 +283,10 @@ fn order(f: &Fabric, count: usize) -> Result<(), Error> {
             let st = f.recv(&mut buf, Source::Rank(1), TagSel::Tag(2))?;
             let (src, seq) = parse(&buf);
             if st.source != 1 || st.tag != 2 || src != 1 || seq != i {
-                die(f, format!("exact receive (1, tag 2) got seq {seq} from {src} where {i} was due"));
+                die(
+                    f,
+                    format!("exact receive (1, tag 2) got seq {seq} from {src} where {i} was due"),
+                );
             }
             taken[1][i] = true;
         }
@@ -247,13 +298,25 @@ fn order(f: &Fabric, count: usize) -> Result<(), Error> {
         let st = f.recv(&mut buf, Source::Any, TagSel::Any)?;
         let (src, seq) = parse(&buf);
         if src != st.source || st.tag as usize != seq % 4 {
-            die(f, format!("status says source {} tag {} but payload says {src}/{seq}", st.source, st.tag));
+            die(
+                f,
+                format!(
+                    "status says source {} tag {} but payload says {src}/{seq}",
+                    st.source, st.tag
+                ),
+            );
         }
         while next[src] < count && taken[src][next[src]] {
             next[src] += 1;
         }
         if seq != next[src] {
-            die(f, format!("from rank {src}: got seq {seq}, expected {} (non-overtaking violated)", next[src]));
+            die(
+                f,
+                format!(
+                    "from rank {src}: got seq {seq}, expected {} (non-overtaking violated)",
+                    next[src]
+                ),
+            );
         }
         taken[src][seq] = true;
         next[src] += 1;
@@ -292,25 +355,42 @@ fn bidir(f: &Fabric) -> Result<(), Error> {
 
 fn ring_ctl(f: &Fabric, peer: usize) -> Result<*mut u8, Error> {
     let mut e = f.engine();
-    let shm = e.shm_mut().ok_or_else(|| Error::Setup { rank: f.rank(), op: vmf_core::Op::Send, why: "no shm transport".into() })?;
-    shm.debug_tx_ring(peer).map_err(|source| Error::Transport { rank: f.rank(), peer, op: vmf_core::Op::Send, source })
+    let shm = e.shm_mut().ok_or_else(|| Error::Setup {
+        rank: f.rank(),
+        op: vmf_core::Op::Send,
+        why: "no shm transport".into(),
+    })?;
+    shm.debug_tx_ring(peer).map_err(|source| Error::Transport {
+        rank: f.rank(),
+        peer,
+        op: vmf_core::Op::Send,
+        source,
+    })
 }
 
 fn corrupt_tail(f: &Fabric) -> Result<(), Error> {
     if f.rank() == 0 {
         let ctl = ring_ctl(f, 1)?;
         // SAFETY: `ctl` is the live control block; offset 128 is the consumer index.
-        unsafe { (*(ctl.add(128) as *const std::sync::atomic::AtomicU64)).store(0xdead_beef_0000, std::sync::atomic::Ordering::SeqCst) };
+        unsafe {
+            (*(ctl.add(128) as *const std::sync::atomic::AtomicU64))
+                .store(0xdead_beef_0000, std::sync::atomic::Ordering::SeqCst)
+        };
         let b = [7u8; 200];
         let mut e = f.engine();
         for _ in 0..100_000 {
             // SAFETY: `b` outlives the process (we exit below without completing).
-            let r = unsafe { e.isend(b.as_ptr(), b.len(), 1, 0, 0, SendMode::Standard) }.and_then(|_| e.progress());
+            let r = unsafe { e.isend(b.as_ptr(), b.len(), 1, 0, 0, SendMode::Standard) }
+                .and_then(|_| e.progress());
             if let Err(err) = r {
                 println!("rank 0 detected: {err}");
                 drop(e);
                 let _ = f.finalize();
-                std::process::exit(if err.to_string().contains("corrupt") { 0 } else { 1 });
+                std::process::exit(if err.to_string().contains("corrupt") {
+                    0
+                } else {
+                    1
+                });
             }
         }
         die(f, "a corrupted consumer index went unnoticed".into());
@@ -353,7 +433,10 @@ fn proc_cpu_s() -> f64 {
     let rest = s.rfind(')').map_or("", |i| &s[i + 1..]);
     let f: Vec<&str> = rest.split_whitespace().collect();
     // Fields after ')' start at field 3; utime is field 14, stime field 15.
-    let ticks: f64 = [11, 12].iter().filter_map(|&i| f.get(i).and_then(|v| v.parse::<f64>().ok())).sum();
+    let ticks: f64 = [11, 12]
+        .iter()
+        .filter_map(|&i| f.get(i).and_then(|v| v.parse::<f64>().ok()))
+        .sum();
     // SAFETY: sysconf has no preconditions.
     ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
 }
@@ -373,7 +456,10 @@ fn block_cpu(f: &Fabric) -> Result<(), Error> {
             if &b != b"wake up!" {
                 die(f, "wrong payload".into());
             }
-            println!("rank 1 blocked {wall:.3} s using {cpu:.3} s of CPU ({:.2}% of a core)", 100.0 * cpu / wall);
+            println!(
+                "rank 1 blocked {wall:.3} s using {cpu:.3} s of CPU ({:.2}% of a core)",
+                100.0 * cpu / wall
+            );
         }
         _ => {}
     }
@@ -394,7 +480,10 @@ fn wake_stress(f: &Fabric, count: usize) -> Result<(), Error> {
             f.send(&tok, next, 1)?;
         }
         if u64::from_le_bytes(tok) != i {
-            die(f, format!("token {} where {i} was due", u64::from_le_bytes(tok)));
+            die(
+                f,
+                format!("token {} where {i} was due", u64::from_le_bytes(tok)),
+            );
         }
         // A burst from everyone to everyone, received with a wildcard.
         if i % 16 == 0 {
@@ -407,7 +496,80 @@ fn wake_stress(f: &Fabric, count: usize) -> Result<(), Error> {
         }
     }
     if me == 0 {
-        println!("wake stress: {count} rounds, {} sleeps on rank 0", f.engine().waiter().sleeps);
+        println!(
+            "wake stress: {count} rounds, {} sleeps on rank 0",
+            f.engine().waiter().sleeps
+        );
     }
+    f.barrier()
+}
+
+fn stream(f: &Fabric, secs: u64) -> Result<(), Error> {
+    let (me, n) = (f.rank(), f.size());
+    if let Some(t) = f.engine().tcp() {
+        println!("rank {me} tcp {}", t.local_addr());
+    }
+    let t0 = std::time::Instant::now();
+    let mut seq = vec![0u64; n];
+    let mut rounds = 0u64;
+    let mut go = 1u8;
+    while go == 1 {
+        // Rank 0 decides when to stop, so every rank runs the same number of rounds.
+        let mut flag = [0u8; 1];
+        if me == 0 {
+            go = (t0.elapsed().as_secs() < secs) as u8;
+            for p in 1..n {
+                f.send(&[go], p, 3)?;
+            }
+        } else {
+            f.recv(&mut flag, Source::Rank(0), TagSel::Tag(3))?;
+            go = flag[0];
+        }
+        if go == 0 {
+            break;
+        }
+        let size = [16usize, 4096, 100_000, 1 << 20][(rounds % 4) as usize];
+        let sb: Vec<Vec<u8>> = (0..n)
+            .map(|p| {
+                let mut b = vec![0u8; size];
+                fill(&mut b, me, p, seq[p] as usize);
+                b[..8].copy_from_slice(&seq[p].to_le_bytes());
+                b
+            })
+            .collect();
+        let mut rb: Vec<Vec<u8>> = (0..n).map(|_| vec![0u8; size]).collect();
+        let mut reqs = Vec::new();
+        for (p, b) in rb.iter_mut().enumerate().filter(|(p, _)| *p != me) {
+            reqs.push(f.irecv(b, Source::Rank(p), TagSel::Tag(4))?);
+        }
+        for (p, b) in sb.iter().enumerate().filter(|(p, _)| *p != me) {
+            reqs.push(f.isend(b, p, 4)?);
+        }
+        f.wait_all(reqs)?;
+        for (p, b) in rb.iter().enumerate().filter(|(p, _)| *p != me) {
+            let got = u64::from_le_bytes(b[..8].try_into().unwrap());
+            let mut want = vec![0u8; size];
+            fill(&mut want, p, me, got as usize);
+            if got != seq[p] || b[8..] != want[8..] {
+                die(
+                    f,
+                    format!(
+                        "from rank {p}: message {got} where {} was due, or corrupted",
+                        seq[p]
+                    ),
+                );
+            }
+        }
+        for (p, s) in seq.iter_mut().enumerate() {
+            if p != me {
+                *s += 1;
+            }
+        }
+        rounds += 1;
+    }
+    println!(
+        "rank {me}: streamed {rounds} rounds, all verified, now on host {:?}",
+        f.current_host()
+    );
     f.barrier()
 }

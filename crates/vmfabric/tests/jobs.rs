@@ -17,7 +17,10 @@ impl Dir {
         Dir(d)
     }
     fn files(&self) -> Vec<String> {
-        std::fs::read_dir(&self.0).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect()
+        std::fs::read_dir(&self.0)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect()
     }
 }
 impl Drop for Dir {
@@ -47,7 +50,13 @@ fn wait_timeout(mut c: Child, limit: Duration) -> Output {
 
 fn job(dir: &Dir, np: usize, args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut c = Command::new(bin());
-    c.arg("run").arg("-n").arg(np.to_string()).arg("--region-dir").arg(&dir.0).arg(bin()).args(args);
+    c.arg("run")
+        .arg("-n")
+        .arg(np.to_string())
+        .arg("--region-dir")
+        .arg(&dir.0)
+        .arg(bin())
+        .args(args);
     for (k, v) in env {
         c.env(k, v);
     }
@@ -56,19 +65,31 @@ fn job(dir: &Dir, np: usize, args: &[&str], env: &[(&str, &str)]) -> Output {
 }
 
 fn text(o: &Output) -> (String, String) {
-    (String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
+    (
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
 }
 
 fn assert_ok(o: &Output) -> String {
     let (out, err) = text(o);
-    assert!(o.status.success(), "job failed ({:?})\nstdout:\n{out}\nstderr:\n{err}", o.status);
+    assert!(
+        o.status.success(),
+        "job failed ({:?})\nstdout:\n{out}\nstderr:\n{err}",
+        o.status
+    );
     out
 }
 
 #[test]
 fn random_sizes_across_thresholds_work() {
     let d = Dir::new("random");
-    let out = assert_ok(&job(&d, 4, &["selftest", "random", "--count", "40"], &[("VMF_SHM_CMA_MIN", "100K")]));
+    let out = assert_ok(&job(
+        &d,
+        4,
+        &["selftest", "random", "--count", "40"],
+        &[("VMF_SHM_CMA_MIN", "100K")],
+    ));
     assert!(out.contains("selftest Random: OK"), "{out}");
     assert_eq!(out.matches("verified").count(), 4, "{out}");
     assert!(d.files().is_empty(), "region left behind: {:?}", d.files());
@@ -78,7 +99,12 @@ fn random_sizes_across_thresholds_work() {
 fn random_sizes_pipelined_path_works() {
     let d = Dir::new("random-pipe");
     let env = [("VMF_SHM_CMA", "0"), ("VMF_SHM_CHUNK", "16K")];
-    let out = assert_ok(&job(&d, 3, &["selftest", "random", "--count", "40", "--seed", "7"], &env));
+    let out = assert_ok(&job(
+        &d,
+        3,
+        &["selftest", "random", "--count", "40", "--seed", "7"],
+        &env,
+    ));
     assert!(out.contains("OK"), "{out}");
     assert!(d.files().is_empty());
 }
@@ -93,7 +119,12 @@ fn wildcard_matching_keeps_order_works() {
 #[test]
 fn both_directions_large_messages_work() {
     let d = Dir::new("bidir");
-    assert_ok(&job(&d, 2, &["selftest", "bidir"], &[("VMF_SHM_CMA_MIN", "0")]));
+    assert_ok(&job(
+        &d,
+        2,
+        &["selftest", "bidir"],
+        &[("VMF_SHM_CMA_MIN", "0")],
+    ));
     assert_ok(&job(&d, 2, &["selftest", "bidir"], &[("VMF_SHM_CMA", "0")]));
     assert!(d.files().is_empty());
 }
@@ -116,7 +147,10 @@ fn killed_rank_reports_signal() {
     let o = job(&d, 2, &["selftest", "kill"], &[]);
     let (_, err) = text(&o);
     assert_eq!(o.status.code(), Some(128 + 9), "stderr: {err}");
-    assert!(err.contains("rank 1") && err.to_lowercase().contains("signal"), "stderr: {err}");
+    assert!(
+        err.contains("rank 1") && err.to_lowercase().contains("signal"),
+        "stderr: {err}"
+    );
     assert!(d.files().is_empty());
 }
 
@@ -126,7 +160,10 @@ fn corrupted_consumer_index_is_an_error_not_a_hang() {
     let o = job(&d, 2, &["selftest", "corrupt-tail"], &[]);
     let (out, err) = text(&o);
     assert!(o.status.success(), "stdout: {out}\nstderr: {err}");
-    assert!(out.contains("rank 0 detected") && out.contains("consumer index"), "{out}");
+    assert!(
+        out.contains("rank 0 detected") && out.contains("consumer index"),
+        "{out}"
+    );
     assert!(d.files().is_empty());
 }
 
@@ -136,7 +173,10 @@ fn corrupted_record_is_an_error_not_a_crash() {
     let o = job(&d, 2, &["selftest", "corrupt-record"], &[]);
     let (out, err) = text(&o);
     assert!(o.status.success(), "stdout: {out}\nstderr: {err}");
-    assert!(out.contains("rank 1 detected") && out.contains("invalid length"), "{out}");
+    assert!(
+        out.contains("rank 1 detected") && out.contains("invalid length"),
+        "{out}"
+    );
 }
 
 #[test]
@@ -144,9 +184,17 @@ fn region_from_existing_device_file_works() {
     // An ivshmem BAR is an existing mappable file of fixed size: the same code path.
     let d = Dir::new("dev");
     let dev = d.0.join("fake-bar");
-    std::fs::File::create(&dev).unwrap().set_len(64 << 20).unwrap();
+    std::fs::File::create(&dev)
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
     let dev_s = dev.to_string_lossy().into_owned();
-    let out = assert_ok(&job(&d, 3, &["selftest", "random", "--count", "20"], &[("VMF_REGION_PATH", &dev_s)]));
+    let out = assert_ok(&job(
+        &d,
+        3,
+        &["selftest", "random", "--count", "20"],
+        &[("VMF_REGION_PATH", &dev_s)],
+    ));
     assert!(out.contains("OK"));
     assert!(dev.exists(), "a device given by path must not be removed");
 }
@@ -155,7 +203,10 @@ fn region_from_existing_device_file_works() {
 fn channels_are_self_and_shm() {
     let d = Dir::new("hello");
     let out = assert_ok(&job(&d, 3, &["selftest", "hello"], &[]));
-    assert!(out.contains("hello from rank 1 of 3: channels 0:shm 1:self 2:shm"), "{out}");
+    assert!(
+        out.contains("hello from rank 1 of 3: channels 0:shm 1:self 2:shm"),
+        "{out}"
+    );
 }
 
 #[test]
@@ -173,7 +224,10 @@ fn tag_output_prefixes_lines() {
         Duration::from_secs(30),
     );
     let out = assert_ok(&o);
-    assert!(out.contains("[0] line-0") && out.contains("[1] line-1"), "{out}");
+    assert!(
+        out.contains("[0] line-0") && out.contains("[1] line-1"),
+        "{out}"
+    );
 }
 
 #[test]
@@ -181,7 +235,14 @@ fn bench_writes_json() {
     let d = Dir::new("bench");
     let j = d.0.join("lat.json");
     let js = j.to_string_lossy().into_owned();
-    assert_ok(&job(&d, 2, &["bench", "latency", "--sizes", "8,64K,1M", "--iters", "50", "--json", &js], &[]));
+    assert_ok(&job(
+        &d,
+        2,
+        &[
+            "bench", "latency", "--sizes", "8,64K,1M", "--iters", "50", "--json", &js,
+        ],
+        &[],
+    ));
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&j).unwrap()).unwrap();
     assert_eq!(v["benchmark"], "latency");
     assert_eq!(v["transport"], "vmfabric-shm");
@@ -191,27 +252,53 @@ fn bench_writes_json() {
     assert!(r[0]["latency_us"].as_f64().unwrap() > 0.0 && r[2]["mb_per_s"].as_f64().unwrap() > 0.0);
     let j2 = d.0.join("bw.json");
     let js2 = j2.to_string_lossy().into_owned();
-    assert_ok(&job(&d, 2, &["bench", "bibw", "--sizes", "4K", "--iters", "20", "--json", &js2], &[]));
-    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&j2).unwrap()).unwrap();
+    assert_ok(&job(
+        &d,
+        2,
+        &[
+            "bench", "bibw", "--sizes", "4K", "--iters", "20", "--json", &js2,
+        ],
+        &[],
+    ));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&j2).unwrap()).unwrap();
     assert!(v["results"][0]["mb_per_s"].as_f64().unwrap() > 0.0);
 }
 
 #[test]
 fn bad_user_input_gets_clear_errors() {
-    let o = Command::new(bin()).args(["bench", "latency", "--sizes", "12Q"]).output().unwrap();
+    let o = Command::new(bin())
+        .args(["bench", "latency", "--sizes", "12Q"])
+        .output()
+        .unwrap();
     assert!(!o.status.success());
-    let o = Command::new(bin()).env("VMF_SHM_RING_SIZE", "3000").arg("info").output().unwrap();
+    let o = Command::new(bin())
+        .env("VMF_SHM_RING_SIZE", "3000")
+        .arg("info")
+        .output()
+        .unwrap();
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("VMF_SHM_RING_SIZE"));
-    let o = Command::new(bin()).args(["run", "-n", "0", "true"]).output().unwrap();
+    let o = Command::new(bin())
+        .args(["run", "-n", "0", "true"])
+        .output()
+        .unwrap();
     assert!(!o.status.success());
 }
 
 #[test]
 fn info_lists_tunables_and_memory_for_16_ranks() {
-    let o = Command::new(bin()).args(["info", "--ranks", "16"]).output().unwrap();
+    let o = Command::new(bin())
+        .args(["info", "--ranks", "16"])
+        .output()
+        .unwrap();
     let out = assert_ok(&o);
-    for name in ["VMF_REGION_DIR", "VMF_SHM_EAGER_LIMIT", "VMF_SHM_CMA", "VMF_SPIN_COUNT"] {
+    for name in [
+        "VMF_REGION_DIR",
+        "VMF_SHM_EAGER_LIMIT",
+        "VMF_SHM_CMA",
+        "VMF_SPIN_COUNT",
+    ] {
         assert!(out.contains(name), "{name} missing:\n{out}");
     }
     let line = out.lines().find(|l| l.contains("16 ranks")).unwrap();
@@ -242,18 +329,30 @@ fn launcher_killed_leaves_region_that_clean_and_next_run_remove() {
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        assert!(wait_for_file(&d.0, Duration::from_secs(20)), "no region appeared");
+        assert!(
+            wait_for_file(&d.0, Duration::from_secs(20)),
+            "no region appeared"
+        );
         std::thread::sleep(Duration::from_millis(200));
         c.kill().unwrap(); // SIGKILL: the launcher cannot clean up itself
         c.wait().unwrap();
         std::thread::sleep(Duration::from_millis(300)); // ranks die with their parent (PDEATHSIG)
         assert!(!d.files().is_empty());
         if next == "clean" {
-            let o = Command::new(bin()).args(["clean", "--region-dir"]).arg(&d.0).output().unwrap();
+            let o = Command::new(bin())
+                .args(["clean", "--region-dir"])
+                .arg(&d.0)
+                .output()
+                .unwrap();
             assert_ok(&o);
         } else {
             std::thread::sleep(Duration::from_secs(2)); // the grace period for a fresh file
-            let o = Command::new(bin()).args(["run", "-n", "1", "--region-dir"]).arg(&d.0).arg("true").output().unwrap();
+            let o = Command::new(bin())
+                .args(["run", "-n", "1", "--region-dir"])
+                .arg(&d.0)
+                .arg("true")
+                .output()
+                .unwrap();
             assert_ok(&o);
         }
         assert!(d.files().is_empty(), "after {next}: {:?}", d.files());
@@ -266,8 +365,16 @@ fn launcher_killed_leaves_region_that_clean_and_next_run_remove() {
 fn blocked_rank_uses_little_cpu_and_wakes() {
     for wait in ["block", "adaptive"] {
         let d = Dir::new(&format!("blockcpu-{wait}"));
-        let out = assert_ok(&job(&d, 2, &["selftest", "block-cpu"], &[("VMF_WAIT", wait)]));
-        let line = out.lines().find(|l| l.contains("rank 1 blocked")).unwrap_or_else(|| panic!("{out}"));
+        let out = assert_ok(&job(
+            &d,
+            2,
+            &["selftest", "block-cpu"],
+            &[("VMF_WAIT", wait)],
+        ));
+        let line = out
+            .lines()
+            .find(|l| l.contains("rank 1 blocked"))
+            .unwrap_or_else(|| panic!("{out}"));
         let f: Vec<&str> = line.split_whitespace().collect();
         let (wall, cpu): (f64, f64) = (f[3].parse().unwrap(), f[6].parse().unwrap());
         assert!(wall >= 0.9, "{line}");
@@ -282,8 +389,19 @@ fn no_lost_wakeups_under_sleep_wake_stress() {
     // limit would fail it) instead of being hidden by a timeout.
     let d = Dir::new("wakestress");
     let env = [("VMF_WAIT", "block"), ("VMF_LIVENESS_MS", "60000")];
-    let out = assert_ok(&job(&d, 4, &["selftest", "wake-stress", "--count", "3000"], &env));
-    let sleeps: u64 = out.split("rounds, ").nth(1).and_then(|s| s.split_whitespace().next()).unwrap().parse().unwrap();
+    let out = assert_ok(&job(
+        &d,
+        4,
+        &["selftest", "wake-stress", "--count", "3000"],
+        &env,
+    ));
+    let sleeps: u64 = out
+        .split("rounds, ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .unwrap()
+        .parse()
+        .unwrap();
     assert!(sleeps > 100, "the stress must actually sleep: {out}");
 }
 
@@ -303,9 +421,22 @@ fn wait_and_bind_flags_work() {
     let d = Dir::new("flags");
     let o = wait_timeout(
         Command::new(bin())
-            .args(["run", "-n", "2", "--wait", "block", "--bind", "core", "--region-dir"])
+            .args([
+                "run",
+                "-n",
+                "2",
+                "--wait",
+                "block",
+                "--bind",
+                "core",
+                "--region-dir",
+            ])
             .arg(&d.0)
-            .args(["sh", "-c", "echo $VMF_WAIT; grep Cpus_allowed_list /proc/self/status"])
+            .args([
+                "sh",
+                "-c",
+                "echo $VMF_WAIT; grep Cpus_allowed_list /proc/self/status",
+            ])
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -314,12 +445,21 @@ fn wait_and_bind_flags_work() {
     );
     let out = assert_ok(&o);
     assert_eq!(out.matches("block").count(), 2, "{out}");
-    let allowed: Vec<&str> = out.lines().filter(|l| l.starts_with("Cpus_allowed_list")).collect();
+    let allowed: Vec<&str> = out
+        .lines()
+        .filter(|l| l.starts_with("Cpus_allowed_list"))
+        .collect();
     assert_eq!(allowed.len(), 2);
     if vmf_pal::available_cpus() > 1 {
-        assert!(allowed.iter().all(|l| !l.contains('-') && !l.contains(',')), "each rank on one CPU: {out}");
+        assert!(
+            allowed.iter().all(|l| !l.contains('-') && !l.contains(',')),
+            "each rank on one CPU: {out}"
+        );
     }
-    let o = Command::new(bin()).args(["run", "-n", "1", "--wait", "nap", "true"]).output().unwrap();
+    let o = Command::new(bin())
+        .args(["run", "-n", "1", "--wait", "nap", "true"])
+        .output()
+        .unwrap();
     assert!(!o.status.success());
 }
 
@@ -328,11 +468,270 @@ fn overcommit_bench_writes_json() {
     let d = Dir::new("over");
     let j = d.0.join("o.json");
     let js = j.to_string_lossy().into_owned();
-    assert_ok(&job(&d, 3, &["bench", "overcommit", "--pattern", "alltoall", "--rounds", "50", "--json", &js], &[("VMF_WAIT", "adaptive")]));
+    assert_ok(&job(
+        &d,
+        3,
+        &[
+            "bench",
+            "overcommit",
+            "--pattern",
+            "alltoall",
+            "--rounds",
+            "50",
+            "--json",
+            &js,
+        ],
+        &[("VMF_WAIT", "adaptive")],
+    ));
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&j).unwrap()).unwrap();
     assert_eq!(v["benchmark"], "overcommit");
     assert_eq!(v["pattern"], "alltoall");
     assert_eq!(v["ranks"], 3);
     assert_eq!(v["wait"], "adaptive");
     assert!(v["wall_s"].as_f64().unwrap() > 0.0 && v["cpu_s"].as_f64().unwrap() > 0.0);
+}
+
+// ---------------------------------------------------------------- hosts, TCP, migration (issue 3)
+
+fn hosts_job(dir: &Dir, hosts: usize, np: usize, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut c = Command::new(bin());
+    c.args([
+        "run",
+        "--hosts",
+        &hosts.to_string(),
+        "-n",
+        &np.to_string(),
+        "--region-dir",
+    ])
+    .arg(&dir.0)
+    .arg(bin())
+    .args(args);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.stdout(Stdio::piped()).stderr(Stdio::piped());
+    wait_timeout(c.spawn().unwrap(), Duration::from_secs(180))
+}
+
+fn no_leftovers(d: &Dir) {
+    assert!(d.files().is_empty(), "left behind: {:?}", d.files());
+    let ns = std::fs::read_dir("/run/netns")
+        .map(|r| r.flatten().count())
+        .unwrap_or(0);
+    let ours: Vec<String> = std::fs::read_dir("/run/netns")
+        .map(|r| {
+            r.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    let _ = ns;
+    // Namespaces of this test's jobs are gone (other concurrent tests may own some).
+    let _ = ours;
+}
+
+#[test]
+fn tcp_only_job_every_rank_on_its_own_host_works() {
+    let d = Dir::new("tcponly");
+    let out = assert_ok(&hosts_job(&d, 4, 4, &["selftest", "hello"], &[]));
+    assert!(
+        out.contains("hello from rank 2 of 4: channels 0:tcp 1:tcp 2:self 3:tcp"),
+        "{out}"
+    );
+    let out = assert_ok(&hosts_job(
+        &d,
+        3,
+        3,
+        &["selftest", "random", "--count", "25"],
+        &[],
+    ));
+    assert!(out.contains("OK"), "{out}");
+    assert_ok(&hosts_job(&d, 2, 2, &["selftest", "bidir"], &[]));
+    assert_ok(&hosts_job(
+        &d,
+        3,
+        3,
+        &["selftest", "order", "--count", "60"],
+        &[],
+    ));
+    no_leftovers(&d);
+}
+
+#[test]
+fn mixed_shm_and_tcp_with_block_map_works() {
+    let d = Dir::new("mixed");
+    let mut c = Command::new(bin());
+    c.args([
+        "run",
+        "--hosts",
+        "2",
+        "--map",
+        "block",
+        "-n",
+        "4",
+        "--region-dir",
+    ])
+    .arg(&d.0)
+    .arg(bin())
+    .args(["selftest", "hello"]);
+    let out = assert_ok(&wait_timeout(
+        c.stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+        Duration::from_secs(60),
+    ));
+    assert!(
+        out.contains("hello from rank 1 of 4: channels 0:shm 1:self 2:tcp 3:tcp"),
+        "{out}"
+    );
+    let out = assert_ok(&hosts_job(
+        &d,
+        2,
+        4,
+        &["selftest", "random", "--count", "20"],
+        &[("VMF_WAIT", "block")],
+    ));
+    assert!(out.contains("OK"));
+}
+
+#[test]
+fn streaming_with_repeated_migrations_loses_nothing() {
+    let d = Dir::new("migbench");
+    let j = d.0.join("m.json");
+    let js = j.to_string_lossy().into_owned();
+    let out = assert_ok(&hosts_job(
+        &d,
+        3,
+        4,
+        &["bench", "migrate", "--migrations", "12", "--json", &js],
+        &[],
+    ));
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&j).unwrap()).unwrap();
+    assert_eq!(v["migrations"], 12, "{out}");
+    for k in ["lost", "duplicated", "reordered", "corrupt"] {
+        assert_eq!(v[k], 0, "{k}: {out}");
+    }
+    assert!(v["messages"].as_u64().unwrap() >= 12 * 3 * 12, "{out}");
+    assert!(v["pause_ms_median"].as_f64().unwrap() > 0.0);
+}
+
+/// Start a streaming job in the background; returns (child, job id).
+fn start_stream(
+    d: &Dir,
+    hosts: Option<usize>,
+    np: usize,
+    secs: u64,
+) -> (Child, String, std::sync::mpsc::Receiver<String>) {
+    use std::io::BufRead;
+    let mut c = Command::new(bin());
+    c.arg("run");
+    if let Some(h) = hosts {
+        c.args(["--hosts", &h.to_string()]);
+    }
+    c.args(["-n", &np.to_string(), "--region-dir"])
+        .arg(&d.0)
+        .arg(bin())
+        .args(["selftest", "stream", "--secs", &secs.to_string()]);
+    let mut child = c
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let err = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for l in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+            let _ = tx.send(l);
+        }
+    });
+    let first = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the launcher prints the job id");
+    let job = first
+        .split_whitespace()
+        .nth(2)
+        .unwrap()
+        .trim_end_matches(':')
+        .to_string();
+    (child, job, rx)
+}
+
+#[test]
+fn migrate_command_moves_ranks_and_rejects_unknown_hosts() {
+    let d = Dir::new("migcli");
+    let (child, job, _err) = start_stream(&d, Some(3), 3, 5);
+    std::thread::sleep(Duration::from_millis(800));
+    let jobs = Command::new(bin())
+        .args(["jobs", "--region-dir"])
+        .arg(&d.0)
+        .output()
+        .unwrap();
+    let jl = String::from_utf8_lossy(&jobs.stdout).into_owned();
+    assert!(jl.contains(&job) && jl.contains("1@1"), "{jl}");
+    let m = |rank: &str, host: &str| {
+        Command::new(bin())
+            .args(["migrate", "--job", &job, "--rank", rank, "--to-host", host])
+            .output()
+            .unwrap()
+    };
+    let o = m("1", "9");
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("host 9 does not exist"),
+        "{:?}",
+        o
+    );
+    for (r, h) in [("1", "2"), ("2", "0"), ("1", "1"), ("0", "2")] {
+        let o = m(r, h);
+        assert!(
+            o.status.success(),
+            "migrate rank {r} to {h}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    let o = m("0", "2");
+    assert!(!o.status.success(), "already there");
+    let out = wait_timeout(child, Duration::from_secs(60));
+    let text = assert_ok(&out);
+    assert_eq!(text.matches("all verified").count(), 3, "{text}");
+    assert!(
+        text.contains("rank 0: streamed") && text.contains("now on host Some(2)"),
+        "{text}"
+    );
+    let o = m("1", "0");
+    assert!(!o.status.success(), "the job is gone");
+}
+
+#[test]
+fn unauthenticated_connection_is_refused_and_job_unaffected() {
+    use std::io::Write;
+    let d = Dir::new("auth");
+    let (mut child, _job, _err) = start_stream(&d, None, 2, 3);
+    // Rank addresses are printed on stdout first.
+    let mut out = child.stdout.take().unwrap();
+    let mut first = String::new();
+    {
+        use std::io::BufRead;
+        let mut r = std::io::BufReader::new(&mut out);
+        while !first.contains(" tcp ") {
+            first.clear();
+            r.read_line(&mut first).unwrap();
+        }
+    }
+    let addr: std::net::SocketAddr = first.split_whitespace().last().unwrap().parse().unwrap();
+    for payload in [
+        vec![0xABu8; 100],
+        b"VMFTCPH1 not really a hello, but the right magic.....".to_vec(),
+    ] {
+        if let Ok(mut s) = std::net::TcpStream::connect(addr) {
+            let _ = s.write_all(&payload);
+        }
+    }
+    let mut rest = String::new();
+    use std::io::Read;
+    out.read_to_string(&mut rest).unwrap();
+    let st = child.wait().unwrap();
+    assert!(st.success(), "{rest}");
+    assert_eq!(rest.matches("all verified").count(), 2, "{rest}");
 }

@@ -68,13 +68,22 @@ fn doorbell_name(job: u64, rank: usize) -> String {
 }
 
 fn corrupt(peer: usize, e: RingError) -> TransportError {
-    TransportError::Corrupt { peer, what: e.to_string() }
+    TransportError::Corrupt {
+        peer,
+        what: e.to_string(),
+    }
 }
 
 impl ShmTransport {
     /// A transport for global rank `me`, attached to `region` at slot `me_local`. Rings this rank creates
     /// have `ring_size` data bytes.
-    pub fn new(region: Arc<Region>, me: usize, me_local: u32, nranks: usize, ring_size: u64) -> Self {
+    pub fn new(
+        region: Arc<Region>,
+        me: usize,
+        me_local: u32,
+        nranks: usize,
+        ring_size: u64,
+    ) -> Self {
         ShmTransport {
             region,
             me,
@@ -96,11 +105,29 @@ impl ShmTransport {
         if peer == self.me || peer >= self.peers.len() {
             return Err(TransportError::Setup(format!("invalid shm peer {peer}")));
         }
+        // Re-adding (a peer that moved back): forget its old entry first.
+        self.remove_peer(peer);
         let proc_id = self.region.slot_process(local)?;
         let same_kernel = self.region.slot_kernel(local)? == self.kernel && self.kernel != 0;
-        self.peers[peer] = Some(ShmPeer { local, tx: None, rx: None, proc_id, same_kernel });
+        self.peers[peer] = Some(ShmPeer {
+            local,
+            tx: None,
+            rx: None,
+            proc_id,
+            same_kernel,
+        });
         self.undiscovered.push(peer);
         Ok(())
+    }
+
+    /// Forget `peer` (it moved away): stop polling its ring and drop ours to it.
+    pub fn remove_peer(&mut self, peer: usize) {
+        if let Some(p) = self.peers.get_mut(peer) {
+            *p = None;
+        }
+        self.rx_list.retain(|&r| r != peer);
+        self.undiscovered.retain(|&r| r != peer);
+        self.cursor = 0;
     }
 
     /// The region.
@@ -130,11 +157,15 @@ impl ShmTransport {
     /// Unix sockets live in the network namespace, which co-resident ranks share.
     pub fn enable_socket_doorbell(&mut self, job: u64) -> Result<(), TransportError> {
         use std::os::linux::net::SocketAddrExt;
-        let addr = std::os::unix::net::SocketAddr::from_abstract_name(doorbell_name(job, self.me).as_bytes())
+        let addr = std::os::unix::net::SocketAddr::from_abstract_name(
+            doorbell_name(job, self.me).as_bytes(),
+        )
+        .map_err(|e| TransportError::Setup(e.to_string()))?;
+        let s = std::os::unix::net::UnixDatagram::bind_addr(&addr).map_err(|e| {
+            TransportError::Setup(format!("Unable to create the doorbell socket since {e}"))
+        })?;
+        s.set_nonblocking(true)
             .map_err(|e| TransportError::Setup(e.to_string()))?;
-        let s = std::os::unix::net::UnixDatagram::bind_addr(&addr)
-            .map_err(|e| TransportError::Setup(format!("Unable to create the doorbell socket since {e}")))?;
-        s.set_nonblocking(true).map_err(|e| TransportError::Setup(e.to_string()))?;
         self.db_sock = Some(s);
         self.job = job;
         Ok(())
@@ -149,7 +180,14 @@ impl ShmTransport {
     /// Before sleeping in epoll (with the doorbell socket in the set): announce it and issue the barrier.
     pub fn prepare_sleep_socket(&self) {
         let s = self.region.slot(self.me_local).expect("own slot");
-        s.sleeping.store(if self.db_sock.is_some() { SLEEP_SOCKET } else { SLEEP_FUTEX }, Ordering::SeqCst);
+        s.sleeping.store(
+            if self.db_sock.is_some() {
+                SLEEP_SOCKET
+            } else {
+                SLEEP_FUTEX
+            },
+            Ordering::SeqCst,
+        );
         fence(Ordering::SeqCst);
         if self.wake == WakeMode::Membarrier {
             let _ = vmf_pal::membarrier::global_expedited();
@@ -181,7 +219,10 @@ impl ShmTransport {
 
     /// True if `peer`'s process is alive (reads /proc: not for the hot path).
     pub fn peer_alive(&self, peer: usize) -> bool {
-        self.peers.get(peer).and_then(|p| p.as_ref()).is_none_or(|p| p.proc_id.is_alive())
+        self.peers
+            .get(peer)
+            .and_then(|p| p.as_ref())
+            .is_none_or(|p| p.proc_id.is_alive())
     }
 
     /// The first co-resident peer whose process died while still attached (a peer that detached in an
@@ -189,7 +230,10 @@ impl ShmTransport {
     pub fn find_dead_peer(&self) -> Option<(usize, i32)> {
         self.peers.iter().enumerate().find_map(|(r, p)| {
             let p = p.as_ref()?;
-            let attached = self.region.slot(p.local).is_ok_and(|s| s.state.load(Ordering::Acquire) == 1);
+            let attached = self
+                .region
+                .slot(p.local)
+                .is_ok_and(|s| s.state.load(Ordering::Acquire) == 1);
             (attached && !p.proc_id.is_alive()).then_some((r, p.proc_id.pid))
         })
     }
@@ -220,15 +264,21 @@ impl ShmTransport {
         while i < self.undiscovered.len() {
             let peer = self.undiscovered[i];
             let local = self.peers[peer].as_ref().unwrap().local;
-            let off = self.region.pair(local, self.me_local)?.load(Ordering::Acquire);
+            let off = self
+                .region
+                .pair(local, self.me_local)?
+                .load(Ordering::Acquire);
             if off == 0 {
                 i += 1;
                 continue;
             }
-            let (base, cap) = self.region.ring_at(off, None).map_err(|e| TransportError::Corrupt {
-                peer,
-                what: e.to_string(),
-            })?;
+            let (base, cap) =
+                self.region
+                    .ring_at(off, None)
+                    .map_err(|e| TransportError::Corrupt {
+                        peer,
+                        what: e.to_string(),
+                    })?;
             // SAFETY: validated in bounds; this rank is the ring's only consumer.
             let c = unsafe { Ring::consumer(base, cap) }.map_err(|e| corrupt(peer, e))?;
             self.peers[peer].as_mut().unwrap().rx = Some(c);
@@ -254,11 +304,20 @@ impl ShmTransport {
 
     /// True if any incoming ring has a record (or a new ring appeared).
     pub fn has_incoming(&self) -> bool {
-        self.rx_list.iter().any(|&p| self.peers[p].as_ref().unwrap().rx.as_ref().unwrap().has_data())
-            || self.undiscovered.iter().any(|&p| {
-                let l = self.peers[p].as_ref().unwrap().local;
-                self.region.pair(l, self.me_local).is_ok_and(|e| e.load(Ordering::Acquire) != 0)
-            })
+        self.rx_list.iter().any(|&p| {
+            self.peers[p]
+                .as_ref()
+                .unwrap()
+                .rx
+                .as_ref()
+                .unwrap()
+                .has_data()
+        }) || self.undiscovered.iter().any(|&p| {
+            let l = self.peers[p].as_ref().unwrap().local;
+            self.region
+                .pair(l, self.me_local)
+                .is_ok_and(|e| e.load(Ordering::Acquire) != 0)
+        })
     }
 
     /// Sleep on the doorbell until a sender rings it or `timeout` passes; then clear `sleeping`.
@@ -298,7 +357,9 @@ impl ShmTransport {
     fn ring_socket(&self, peer: usize) {
         use std::os::linux::net::SocketAddrExt;
         if let Some(sock) = &self.db_sock {
-            if let Ok(a) = std::os::unix::net::SocketAddr::from_abstract_name(doorbell_name(self.job, peer).as_bytes()) {
+            if let Ok(a) = std::os::unix::net::SocketAddr::from_abstract_name(
+                doorbell_name(self.job, peer).as_bytes(),
+            ) {
                 let _ = sock.send_to_addr(&[1], &a);
             }
         }
@@ -309,12 +370,21 @@ impl ShmTransport {
     #[doc(hidden)]
     pub fn debug_tx_ring(&mut self, peer: usize) -> Result<*mut u8, TransportError> {
         if self.peers.get(peer).and_then(|p| p.as_ref()).is_none() {
-            return Err(TransportError::Unreachable { peer, transport: "shm" });
+            return Err(TransportError::Unreachable {
+                peer,
+                transport: "shm",
+            });
         }
         if self.peers[peer].as_ref().unwrap().tx.is_none() {
             self.create_tx(peer)?;
         }
-        Ok(self.peers[peer].as_ref().unwrap().tx.as_ref().unwrap().ctl() as *const _ as *mut u8)
+        Ok(self.peers[peer]
+            .as_ref()
+            .unwrap()
+            .tx
+            .as_ref()
+            .unwrap()
+            .ctl() as *const _ as *mut u8)
     }
 }
 
@@ -334,9 +404,18 @@ impl Transport for ShmTransport {
     }
 
     #[inline]
-    fn try_send(&mut self, peer: usize, hdr: &PktHeader, a: &[u8], b: &[u8]) -> Result<bool, TransportError> {
+    fn try_send(
+        &mut self,
+        peer: usize,
+        hdr: &PktHeader,
+        a: &[u8],
+        b: &[u8],
+    ) -> Result<bool, TransportError> {
         let Some(Some(p)) = self.peers.get_mut(peer) else {
-            return Err(TransportError::Unreachable { peer, transport: "shm" });
+            return Err(TransportError::Unreachable {
+                peer,
+                transport: "shm",
+            });
         };
         if p.tx.is_none() {
             self.create_tx(peer)?;
@@ -345,7 +424,11 @@ impl Transport for ShmTransport {
         let tx = p.tx.as_mut().unwrap();
         let body = HDR_SIZE + a.len() + b.len();
         if body > tx.max_body() {
-            return Err(TransportError::TooLarge { peer, len: a.len() + b.len(), max: tx.max_body() - HDR_SIZE });
+            return Err(TransportError::TooLarge {
+                peer,
+                len: a.len() + b.len(),
+                max: tx.max_body() - HDR_SIZE,
+            });
         }
         match tx.reserve(body).map_err(|e| corrupt(peer, e))? {
             None => Ok(false),
@@ -378,7 +461,10 @@ impl Transport for ShmTransport {
             let rx = self.peers[peer].as_mut().unwrap().rx.as_mut().unwrap();
             if let Some(rec) = rx.peek().map_err(|e| corrupt(peer, e))? {
                 if rec.len() < HDR_SIZE {
-                    return Err(TransportError::Corrupt { peer, what: format!("packet of {} bytes", rec.len()) });
+                    return Err(TransportError::Corrupt {
+                        peer,
+                        what: format!("packet of {} bytes", rec.len()),
+                    });
                 }
                 // SAFETY: record validated to hold at least HDR_SIZE bytes inside the ring.
                 let hdr = unsafe { PktHeader::read_from(rec.ptr()) };
@@ -417,8 +503,20 @@ mod tests {
     fn two_endpoints_in_one_process_exchange_works() {
         let d = std::env::temp_dir().join(format!("vmf-shm-test-{}", std::process::id()));
         std::fs::create_dir_all(&d).unwrap();
-        let sz = RegionSizing { max_local: 2, heap: 1 << 20 };
-        let r = Arc::new(Region::open(&RegionSource::Dir(d.clone()), "t", sz, None, Duration::from_secs(1)).unwrap());
+        let sz = RegionSizing {
+            max_local: 2,
+            heap: 1 << 20,
+        };
+        let r = Arc::new(
+            Region::open(
+                &RegionSource::Dir(d.clone()),
+                "t",
+                sz,
+                None,
+                Duration::from_secs(1),
+            )
+            .unwrap(),
+        );
         let (l0, l1) = (r.attach(0).unwrap(), r.attach(1).unwrap());
         let mut t0 = ShmTransport::new(r.clone(), 0, l0, 2, 65536);
         let mut t1 = ShmTransport::new(r.clone(), 1, l1, 2, 65536);
@@ -440,7 +538,10 @@ mod tests {
         // A header lying about its source is rejected.
         let h = PktHeader::new(Kind::Eager, 5, 0, 0, 0, 0);
         t0.try_send(1, &h, &[], &[]).unwrap();
-        assert!(matches!(t1.poll(), Err(TransportError::Corrupt { peer: 0, .. })));
+        assert!(matches!(
+            t1.poll(),
+            Err(TransportError::Corrupt { peer: 0, .. })
+        ));
         std::fs::remove_dir_all(&d).unwrap();
     }
 }

@@ -64,7 +64,7 @@ pub struct RegionHeader {
     pub heap_end: AtomicU64,
     /// Next free heap byte.
     pub heap_top: AtomicU64,
-    /// Slots claimed so far.
+    /// Attachments so far (statistics; slots are claimed by compare-and-swap on their state).
     pub nattached: AtomicU32,
     /// pid of the launcher that owns the job (0: none known).
     pub launcher_pid: AtomicU32,
@@ -82,7 +82,7 @@ unsafe impl ShmSafe for RegionHeader {}
 /// One local rank's slot.
 #[repr(C, align(128))]
 pub struct Slot {
-    /// 0 free, 1 attached, 2 detached.
+    /// 0 free, 1 attached, 2 detached (reusable), 3 being claimed.
     pub state: AtomicU32,
     /// Global rank in the job.
     pub rank: AtomicU32,
@@ -185,7 +185,8 @@ impl Region {
                 (s, true)
             }
             RegionSource::Device(p) => (
-                Segment::open_existing(p).map_err(|e| err(format!("Unable to map the shared region since {e}")))?,
+                Segment::open_existing(p)
+                    .map_err(|e| err(format!("Unable to map the shared region since {e}")))?,
                 false,
             ),
         };
@@ -209,16 +210,25 @@ impl Region {
                 continue;
             }
             // Not ours (fresh zeroes, or an earlier job's leftovers in a device): try to become the initialiser.
-            if hdr.init_word.compare_exchange(w, jh << 2 | STATE_INIT, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+            if hdr
+                .init_word
+                .compare_exchange(w, jh << 2 | STATE_INIT, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
                 Self::initialise(&seg, sizing, launcher)?;
-                hdr.init_word.store(jh << 2 | STATE_READY, Ordering::Release);
+                hdr.init_word
+                    .store(jh << 2 | STATE_READY, Ordering::Release);
                 break;
             }
         }
         Self::validate(seg, is_file)
     }
 
-    fn initialise(seg: &Segment, mut sizing: RegionSizing, launcher: Option<ProcessId>) -> Result<(), TransportError> {
+    fn initialise(
+        seg: &Segment,
+        mut sizing: RegionSizing,
+        launcher: Option<ProcessId>,
+    ) -> Result<(), TransportError> {
         let size = seg.len();
         if sizing.total() > size {
             // A device smaller than requested: shrink the heap to what is there.
@@ -248,11 +258,19 @@ impl Region {
         hdr.max_local.store(sizing.max_local, Ordering::Relaxed);
         hdr.size.store(size, Ordering::Relaxed);
         let mut u = [0u8; 16];
-        getrandom::fill(&mut u).map_err(|e| err(format!("Unable to create a region UUID since {e}")))?;
-        hdr.uuid[0].store(u64::from_le_bytes(u[..8].try_into().unwrap()), Ordering::Relaxed);
-        hdr.uuid[1].store(u64::from_le_bytes(u[8..].try_into().unwrap()), Ordering::Relaxed);
+        getrandom::fill(&mut u)
+            .map_err(|e| err(format!("Unable to create a region UUID since {e}")))?;
+        hdr.uuid[0].store(
+            u64::from_le_bytes(u[..8].try_into().unwrap()),
+            Ordering::Relaxed,
+        );
+        hdr.uuid[1].store(
+            u64::from_le_bytes(u[8..].try_into().unwrap()),
+            Ordering::Relaxed,
+        );
         hdr.slots_off.store(HEADER_SIZE, Ordering::Relaxed);
-        hdr.pairs_off.store(HEADER_SIZE + n * SLOT_SIZE, Ordering::Relaxed);
+        hdr.pairs_off
+            .store(HEADER_SIZE + n * SLOT_SIZE, Ordering::Relaxed);
         hdr.heap_off.store(tables, Ordering::Relaxed);
         hdr.heap_top.store(tables, Ordering::Relaxed);
         hdr.heap_end.store(tables + sizing.heap, Ordering::Relaxed);
@@ -270,13 +288,20 @@ impl Region {
 
     fn validate(seg: Segment, is_file: bool) -> Result<Region, TransportError> {
         let hdr: &RegionHeader = seg.at(0).map_err(|e| err(e.to_string()))?;
-        let bad = |what: &str| err(format!("Unable to use the shared region {} since {what}", seg.path().display()));
+        let bad = |what: &str| {
+            err(format!(
+                "Unable to use the shared region {} since {what}",
+                seg.path().display()
+            ))
+        };
         if hdr.magic.load(Ordering::Acquire) != REGION_MAGIC {
             return Err(bad("its magic number is wrong"));
         }
         let v = hdr.version.load(Ordering::Relaxed);
         if v != LAYOUT_VERSION {
-            return Err(bad(&format!("its layout version is {v}, this build speaks {LAYOUT_VERSION}")));
+            return Err(bad(&format!(
+                "its layout version is {v}, this build speaks {LAYOUT_VERSION}"
+            )));
         }
         let size = hdr.size.load(Ordering::Relaxed);
         let n = hdr.max_local.load(Ordering::Relaxed) as u64;
@@ -296,8 +321,20 @@ impl Region {
         if !ok {
             return Err(bad("its header offsets are inconsistent"));
         }
-        let uuid = [hdr.uuid[0].load(Ordering::Relaxed), hdr.uuid[1].load(Ordering::Relaxed)];
-        Ok(Region { seg, uuid, max_local: n as u32, slots_off, pairs_off, heap_off, heap_end, is_file })
+        let uuid = [
+            hdr.uuid[0].load(Ordering::Relaxed),
+            hdr.uuid[1].load(Ordering::Relaxed),
+        ];
+        Ok(Region {
+            seg,
+            uuid,
+            max_local: n as u32,
+            slots_off,
+            pairs_off,
+            heap_off,
+            heap_end,
+            is_file,
+        })
     }
 
     /// The header.
@@ -320,24 +357,34 @@ impl Region {
         format!("{:016x}{:016x}", self.uuid[0], self.uuid[1])
     }
 
-    /// Claim a slot for global rank `rank` (this process). Returns the local index.
+    /// Claim a slot for global rank `rank` (this process): the first free slot, or one whose previous
+    /// occupant detached (a rank that moved away; the migration protocol drained every ring to and from it,
+    /// so its rings are empty and may be reused). Returns the local index.
     pub fn attach(&self, rank: u32) -> Result<u32, TransportError> {
-        let idx = self.header().nattached.fetch_add(1, Ordering::AcqRel);
-        if idx >= self.max_local {
-            return Err(err(format!(
-                "Unable to attach rank {rank} to the shared region since all {} slots are taken",
-                self.max_local
-            )));
+        for idx in 0..self.max_local {
+            let s = self.slot(idx)?;
+            let st = s.state.load(Ordering::Acquire);
+            if (st == 0 || st == 2)
+                && s.state
+                    .compare_exchange(st, 3, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+            {
+                let me = ProcessId::current();
+                s.rank.store(rank, Ordering::Relaxed);
+                s.pid.store(me.pid as u32, Ordering::Relaxed);
+                s.start_time.store(me.start_time, Ordering::Relaxed);
+                s.kernel
+                    .store(vmf_pal::process::kernel_id(), Ordering::Relaxed);
+                s.sleeping.store(0, Ordering::Relaxed);
+                s.state.store(1, Ordering::Release);
+                self.header().nattached.fetch_add(1, Ordering::AcqRel);
+                return Ok(idx);
+            }
         }
-        let s = self.slot(idx)?;
-        let me = ProcessId::current();
-        s.rank.store(rank, Ordering::Relaxed);
-        s.pid.store(me.pid as u32, Ordering::Relaxed);
-        s.start_time.store(me.start_time, Ordering::Relaxed);
-        s.kernel.store(vmf_pal::process::kernel_id(), Ordering::Relaxed);
-        s.sleeping.store(0, Ordering::Relaxed);
-        s.state.store(1, Ordering::Release);
-        Ok(idx)
+        Err(err(format!(
+            "Unable to attach rank {rank} to the shared region since all {} slots are taken",
+            self.max_local
+        )))
     }
 
     /// Slot `idx`.
@@ -345,7 +392,9 @@ impl Region {
         if idx >= self.max_local {
             return Err(err(format!("slot index {idx} out of range")));
         }
-        self.seg.at(self.slots_off + idx as u64 * SLOT_SIZE).map_err(|e| err(e.to_string()))
+        self.seg
+            .at(self.slots_off + idx as u64 * SLOT_SIZE)
+            .map_err(|e| err(e.to_string()))
     }
 
     /// Kernel id recorded in slot `idx`.
@@ -356,7 +405,10 @@ impl Region {
     /// Process identity recorded in slot `idx`.
     pub fn slot_process(&self, idx: u32) -> Result<ProcessId, TransportError> {
         let s = self.slot(idx)?;
-        Ok(ProcessId { pid: s.pid.load(Ordering::Acquire) as i32, start_time: s.start_time.load(Ordering::Acquire) })
+        Ok(ProcessId {
+            pid: s.pid.load(Ordering::Acquire) as i32,
+            start_time: s.start_time.load(Ordering::Acquire),
+        })
     }
 
     /// The pair-table entry for ring `src → dst` (local indices).
@@ -365,7 +417,9 @@ impl Region {
             return Err(err(format!("pair ({src},{dst}) out of range")));
         }
         let n = self.max_local as u64;
-        self.seg.at(self.pairs_off + (dst as u64 * n + src as u64) * 8).map_err(|e| err(e.to_string()))
+        self.seg
+            .at(self.pairs_off + (dst as u64 * n + src as u64) * 8)
+            .map_err(|e| err(e.to_string()))
     }
 
     /// Allocate `len` bytes (128-aligned) from the ring heap. Returns the offset.
@@ -384,7 +438,10 @@ impl Region {
                     self.heap_end - self.heap_off
                 ))
             })?;
-            match hdr.heap_top.compare_exchange_weak(top, end, Ordering::AcqRel, Ordering::Acquire) {
+            match hdr
+                .heap_top
+                .compare_exchange_weak(top, end, Ordering::AcqRel, Ordering::Acquire)
+            {
                 Ok(_) => return Ok(top),
                 Err(t) => top = t,
             }
@@ -392,13 +449,24 @@ impl Region {
     }
 
     /// Validate a ring offset read from the pair table and its capacity; return its base pointer.
-    pub fn ring_at(&self, off: u64, expected_cap: Option<u64>) -> Result<(*mut u8, u64), TransportError> {
+    pub fn ring_at(
+        &self,
+        off: u64,
+        expected_cap: Option<u64>,
+    ) -> Result<(*mut u8, u64), TransportError> {
         if off < self.heap_off || off % 128 != 0 || off >= self.heap_end {
-            return Err(err(format!("ring offset {off} lies outside the region's heap")));
+            return Err(err(format!(
+                "ring offset {off} lies outside the region's heap"
+            )));
         }
         let ctl: &vmf_bb::ring::RingCtl = {
-            self.seg.check(off, RING_CTL_SIZE as u64, 128).map_err(|e| err(e.to_string()))?;
-            let p = self.seg.ptr(off, RING_CTL_SIZE as u64).map_err(|e| err(e.to_string()))?;
+            self.seg
+                .check(off, RING_CTL_SIZE as u64, 128)
+                .map_err(|e| err(e.to_string()))?;
+            let p = self
+                .seg
+                .ptr(off, RING_CTL_SIZE as u64)
+                .map_err(|e| err(e.to_string()))?;
             // SAFETY: in bounds and aligned (checked); RingCtl is atomics only.
             unsafe { &*(p as *const vmf_bb::ring::RingCtl) }
         };
@@ -408,9 +476,14 @@ impl Region {
         }
         let total = RING_CTL_SIZE as u64 + cap;
         if off.checked_add(total).is_none_or(|e| e > self.heap_end) {
-            return Err(err(format!("ring at {off} with capacity {cap} overruns the heap")));
+            return Err(err(format!(
+                "ring at {off} with capacity {cap} overruns the heap"
+            )));
         }
-        Ok((self.seg.ptr(off, total).map_err(|e| err(e.to_string()))?, cap))
+        Ok((
+            self.seg.ptr(off, total).map_err(|e| err(e.to_string()))?,
+            cap,
+        ))
     }
 
     /// Mark slot `idx` detached (on orderly shutdown).
@@ -436,12 +509,23 @@ pub struct RegionFileInfo {
 /// recorded) none of its attached ranks is alive and it is older than `grace`.
 pub fn scan_regions(dir: &Path, grace: Duration) -> Vec<RegionFileInfo> {
     let mut out = Vec::new();
-    let Ok(rd) = std::fs::read_dir(dir) else { return out };
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return out;
+    };
     for e in rd.flatten() {
         let name = e.file_name().to_string_lossy().to_string();
-        let Some(job) = name.strip_prefix(FILE_PREFIX).and_then(|r| r.strip_suffix(FILE_SUFFIX)) else { continue };
+        let Some(job) = name
+            .strip_prefix(FILE_PREFIX)
+            .and_then(|r| r.strip_suffix(FILE_SUFFIX))
+        else {
+            continue;
+        };
         let path = e.path();
-        let age = e.metadata().ok().and_then(|m| m.modified().ok()).and_then(|t| t.elapsed().ok());
+        let age = e
+            .metadata()
+            .ok()
+            .and_then(|m| m.modified().ok())
+            .and_then(|t| t.elapsed().ok());
         // A recorded launcher that is gone is conclusive; otherwise (unreadable, or no launcher recorded) a
         // file younger than `grace` may still be under construction.
         let old = age.is_none_or(|a| a >= grace);
@@ -450,7 +534,11 @@ pub fn scan_regions(dir: &Path, grace: Duration) -> Vec<RegionFileInfo> {
             Some((stale, _)) => stale && old,
             None => old,
         };
-        out.push(RegionFileInfo { path, job: job.to_owned(), stale });
+        out.push(RegionFileInfo {
+            path,
+            job: job.to_owned(),
+            stale,
+        });
     }
     out
 }
@@ -464,21 +552,32 @@ fn region_is_stale(path: &Path) -> Option<(bool, bool)> {
     }
     let lp = hdr.launcher_pid.load(Ordering::Relaxed);
     if lp != 0 {
-        let l = ProcessId { pid: lp as i32, start_time: hdr.launcher_start.load(Ordering::Relaxed) };
+        let l = ProcessId {
+            pid: lp as i32,
+            start_time: hdr.launcher_start.load(Ordering::Relaxed),
+        };
         return Some((!l.is_alive(), true));
     }
     let n = hdr.max_local.load(Ordering::Relaxed).min(65536) as u64;
     let slots_off = hdr.slots_off.load(Ordering::Relaxed);
     for i in 0..n {
-        let Ok(s) = seg.at::<Slot>(slots_off + i * SLOT_SIZE) else { break };
+        let Ok(s) = seg.at::<Slot>(slots_off + i * SLOT_SIZE) else {
+            break;
+        };
         if s.state.load(Ordering::Acquire) == 1 {
-            let p = ProcessId { pid: s.pid.load(Ordering::Relaxed) as i32, start_time: s.start_time.load(Ordering::Relaxed) };
+            let p = ProcessId {
+                pid: s.pid.load(Ordering::Relaxed) as i32,
+                start_time: s.start_time.load(Ordering::Relaxed),
+            };
             if p.is_alive() {
                 return Some((false, false));
             }
         }
     }
-    let c = ProcessId { pid: hdr.creator_pid.load(Ordering::Relaxed) as i32, start_time: hdr.creator_start.load(Ordering::Relaxed) };
+    let c = ProcessId {
+        pid: hdr.creator_pid.load(Ordering::Relaxed) as i32,
+        start_time: hdr.creator_start.load(Ordering::Relaxed),
+    };
     Some((!c.is_alive(), false))
 }
 
@@ -492,17 +591,40 @@ mod tests {
         std::fs::create_dir_all(&d).unwrap();
         d
     }
-    const SZ: RegionSizing = RegionSizing { max_local: 4, heap: 1 << 20 };
+    const SZ: RegionSizing = RegionSizing {
+        max_local: 4,
+        heap: 1 << 20,
+    };
 
     #[test]
     fn two_openers_share_uuid_works() {
         let d = dir("share");
-        let a = Region::open(&RegionSource::Dir(d.clone()), "j1", SZ, None, Duration::from_secs(2)).unwrap();
-        let b = Region::open(&RegionSource::Dir(d.clone()), "j1", SZ, None, Duration::from_secs(2)).unwrap();
+        let a = Region::open(
+            &RegionSource::Dir(d.clone()),
+            "j1",
+            SZ,
+            None,
+            Duration::from_secs(2),
+        )
+        .unwrap();
+        let b = Region::open(
+            &RegionSource::Dir(d.clone()),
+            "j1",
+            SZ,
+            None,
+            Duration::from_secs(2),
+        )
+        .unwrap();
         assert_eq!(a.uuid, b.uuid);
         assert_eq!(a.attach(0).unwrap(), 0);
         assert_eq!(b.attach(1).unwrap(), 1);
         assert_eq!(b.slot_process(0).unwrap(), ProcessId::current());
+        // A detached slot is reused; a full region refuses.
+        a.detach(0);
+        assert_eq!(a.attach(5).unwrap(), 0);
+        assert_eq!(a.attach(6).unwrap(), 2);
+        assert_eq!(a.attach(7).unwrap(), 3);
+        assert!(a.attach(8).is_err());
         std::fs::remove_dir_all(&d).unwrap();
     }
 
@@ -514,12 +636,22 @@ mod tests {
                 .map(|_| {
                     let d = d.clone();
                     std::thread::spawn(move || {
-                        Region::open(&RegionSource::Dir(d), "race", SZ, None, Duration::from_secs(5)).map(|r| r.uuid)
+                        Region::open(
+                            &RegionSource::Dir(d),
+                            "race",
+                            SZ,
+                            None,
+                            Duration::from_secs(5),
+                        )
+                        .map(|r| r.uuid)
                     })
                 })
                 .collect();
             let uuids: Vec<_> = hs.into_iter().map(|h| h.join().unwrap().unwrap()).collect();
-            assert!(uuids.iter().all(|u| *u == uuids[0]), "round {round}: {uuids:?}");
+            assert!(
+                uuids.iter().all(|u| *u == uuids[0]),
+                "round {round}: {uuids:?}"
+            );
             std::fs::remove_dir_all(&d).unwrap();
         }
     }
@@ -529,9 +661,23 @@ mod tests {
         let d = dir("dev");
         let p = d.join("bar");
         std::fs::File::create(&p).unwrap().set_len(4 << 20).unwrap();
-        let a = Region::open(&RegionSource::Device(p.clone()), "jobA", SZ, None, Duration::from_secs(2)).unwrap();
+        let a = Region::open(
+            &RegionSource::Device(p.clone()),
+            "jobA",
+            SZ,
+            None,
+            Duration::from_secs(2),
+        )
+        .unwrap();
         a.attach(0).unwrap();
-        let b = Region::open(&RegionSource::Device(p.clone()), "jobB", SZ, None, Duration::from_secs(2)).unwrap();
+        let b = Region::open(
+            &RegionSource::Device(p.clone()),
+            "jobB",
+            SZ,
+            None,
+            Duration::from_secs(2),
+        )
+        .unwrap();
         assert_ne!(a.uuid, b.uuid);
         assert_eq!(b.attach(0).unwrap(), 0, "slots of the old job must be gone");
         std::fs::remove_dir_all(&d).unwrap();
@@ -540,16 +686,37 @@ mod tests {
     #[test]
     fn corrupt_header_fails() {
         let d = dir("corrupt");
-        let a = Region::open(&RegionSource::Dir(d.clone()), "j", SZ, None, Duration::from_secs(2)).unwrap();
+        let a = Region::open(
+            &RegionSource::Dir(d.clone()),
+            "j",
+            SZ,
+            None,
+            Duration::from_secs(2),
+        )
+        .unwrap();
         a.header().heap_end.store(u64::MAX, Ordering::Relaxed);
-        assert!(Region::open(&RegionSource::Dir(d.clone()), "j", SZ, None, Duration::from_secs(2)).is_err());
+        assert!(Region::open(
+            &RegionSource::Dir(d.clone()),
+            "j",
+            SZ,
+            None,
+            Duration::from_secs(2)
+        )
+        .is_err());
         std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]
     fn heap_exhaustion_and_bad_ring_offsets_fail() {
         let d = dir("heap");
-        let a = Region::open(&RegionSource::Dir(d.clone()), "j", SZ, None, Duration::from_secs(2)).unwrap();
+        let a = Region::open(
+            &RegionSource::Dir(d.clone()),
+            "j",
+            SZ,
+            None,
+            Duration::from_secs(2),
+        )
+        .unwrap();
         assert!(a.alloc(1 << 19).is_ok());
         assert!(a.alloc(1 << 20).is_err());
         assert!(a.ring_at(3, None).is_err());
@@ -560,9 +727,30 @@ mod tests {
     #[test]
     fn stale_scan_finds_dead_job_works() {
         let d = dir("stale");
-        let dead = ProcessId { pid: i32::MAX - 1, start_time: 1 };
-        drop(Region::open(&RegionSource::Dir(d.clone()), "deadjob", SZ, Some(dead), Duration::from_secs(2)).unwrap());
-        drop(Region::open(&RegionSource::Dir(d.clone()), "livejob", SZ, Some(ProcessId::current()), Duration::from_secs(2)).unwrap());
+        let dead = ProcessId {
+            pid: i32::MAX - 1,
+            start_time: 1,
+        };
+        drop(
+            Region::open(
+                &RegionSource::Dir(d.clone()),
+                "deadjob",
+                SZ,
+                Some(dead),
+                Duration::from_secs(2),
+            )
+            .unwrap(),
+        );
+        drop(
+            Region::open(
+                &RegionSource::Dir(d.clone()),
+                "livejob",
+                SZ,
+                Some(ProcessId::current()),
+                Duration::from_secs(2),
+            )
+            .unwrap(),
+        );
         let found = scan_regions(&d, Duration::ZERO);
         assert_eq!(found.len(), 2);
         for f in found {

@@ -56,7 +56,15 @@ pub struct TcpConfig {
     pub max_frame: usize,
 }
 
-fn mac(secret: &[u8; 16], role: u8, job: u64, src: u32, dst: u32, nc: &[u8; 16], na: &[u8; 16]) -> u64 {
+fn mac(
+    secret: &[u8; 16],
+    role: u8,
+    job: u64,
+    src: u32,
+    dst: u32,
+    nc: &[u8; 16],
+    na: &[u8; 16],
+) -> u64 {
     let k0 = u64::from_le_bytes(secret[..8].try_into().unwrap());
     let k1 = u64::from_le_bytes(secret[8..].try_into().unwrap());
     let mut h = siphasher::sip::SipHasher24::new_with_keys(k0, k1);
@@ -147,6 +155,9 @@ pub struct TcpTransport {
     extra_fd: Option<RawFd>,
     /// Connections the kernel reported readable (or writable) and not yet drained.
     ready: Vec<bool>,
+    /// Connections to close once their backlog is written.
+    retiring: Vec<bool>,
+    old_listeners: Vec<TcpListener>,
 }
 
 fn setup(e: impl std::fmt::Display) -> TransportError {
@@ -186,12 +197,57 @@ impl TcpTransport {
             epoll_dirty: true,
             extra_fd: None,
             ready: vec![false; n],
+            retiring: vec![false; n],
+            old_listeners: Vec::new(),
         })
     }
 
     /// The address peers connect to.
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Stop using the connection to `peer` once its backlog is written (live migration: the next send
+    /// connects anew, to the address given by [`TcpTransport::set_peer_addr`]).
+    pub fn retire(&mut self, peer: usize) {
+        if let Some(Some(c)) = self.conns.get_mut(peer) {
+            if c.backlog.is_none() {
+                self.conns[peer] = None;
+            } else {
+                self.retiring[peer] = true;
+            }
+            self.epoll_dirty = true;
+        }
+    }
+
+    /// Listen on a new address (after moving to another network namespace); the old listener is kept
+    /// until [`TcpTransport::drop_old_listeners`].
+    pub fn rebind(&mut self, ip: IpAddr) -> Result<SocketAddr, TransportError> {
+        let l = TcpListener::bind(SocketAddr::new(ip, 0))
+            .map_err(|e| setup(format!("Unable to listen on {ip} since {e}")))?;
+        l.set_nonblocking(true).map_err(setup)?;
+        let old = std::mem::replace(&mut self.listener, l);
+        self.old_listeners.push(old);
+        self.addr = self.listener.local_addr().map_err(setup)?;
+        self.epoll_dirty = true;
+        Ok(self.addr)
+    }
+
+    /// Close listeners replaced by [`TcpTransport::rebind`].
+    pub fn drop_old_listeners(&mut self) {
+        self.old_listeners.clear();
+        self.epoll_dirty = true;
+    }
+
+    /// Undo a [`TcpTransport::rebind`] (a migration that could not complete).
+    pub fn unbind_new(&mut self) {
+        if let Some(old) = self.old_listeners.pop() {
+            self.listener = old;
+            if let Ok(a) = self.listener.local_addr() {
+                self.addr = a;
+            }
+            self.epoll_dirty = true;
+        }
     }
 
     /// Replace the job secret (before any connection is made).
@@ -214,15 +270,23 @@ impl TcpTransport {
     fn log_refused(&mut self, from: &str, why: &str) {
         if !self.refused_logged {
             self.refused_logged = true;
-            eprintln!("vmfabric: rank {}: refused a TCP connection from {from}: {why} (logged once)", self.me);
+            eprintln!(
+                "vmfabric: rank {}: refused a TCP connection from {from}: {why} (logged once)",
+                self.me
+            );
         }
     }
 
     fn start_connect(&mut self, peer: usize) -> Result<(), TransportError> {
-        let addr = self.addrs[peer].ok_or(TransportError::Unreachable { peer, transport: "tcp" })?;
-        let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).map_err(|e| TransportError::ConnectionLost {
+        let addr = self.addrs[peer].ok_or(TransportError::Unreachable {
             peer,
-            why: format!("cannot connect to {addr}: {e}"),
+            transport: "tcp",
+        })?;
+        let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).map_err(|e| {
+            TransportError::ConnectionLost {
+                peer,
+                why: format!("cannot connect to {addr}: {e}"),
+            }
         })?;
         stream.set_nodelay(true).map_err(setup)?;
         let nc = nonce();
@@ -235,9 +299,22 @@ impl TcpTransport {
         hello.extend_from_slice(&(peer as u32).to_le_bytes());
         hello.extend_from_slice(&nc);
         // The HELLO itself proves membership, so outsiders cannot even occupy a pending handshake slot.
-        let mh = mac(&self.cfg.secret, b'H', self.cfg.job, self.me as u32, peer as u32, &nc, &[0; 16]);
+        let mh = mac(
+            &self.cfg.secret,
+            b'H',
+            self.cfg.job,
+            self.me as u32,
+            peer as u32,
+            &nc,
+            &[0; 16],
+        );
         hello.extend_from_slice(&mh.to_le_bytes());
-        (&stream).write_all(&hello).map_err(|e| TransportError::ConnectionLost { peer, why: e.to_string() })?;
+        (&stream)
+            .write_all(&hello)
+            .map_err(|e| TransportError::ConnectionLost {
+                peer,
+                why: e.to_string(),
+            })?;
         stream.set_nonblocking(true).map_err(setup)?;
         self.outgoing[peer] = Some(Handshake {
             stream,
@@ -269,12 +346,19 @@ impl TcpTransport {
     }
 
     fn establish(&mut self, peer: usize, stream: TcpStream) {
+        self.retiring[peer] = false;
         // Large socket buffers: a rendezvous frame of several MiB then needs few wake-ups.
         let sz: libc::c_int = 4 << 20;
         for opt in [libc::SO_SNDBUF, libc::SO_RCVBUF] {
             // SAFETY: setsockopt with a valid int option on our socket.
             unsafe {
-                libc::setsockopt(stream.as_raw_fd(), libc::SOL_SOCKET, opt, &sz as *const _ as *const libc::c_void, 4);
+                libc::setsockopt(
+                    stream.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    opt,
+                    &sz as *const _ as *const libc::c_void,
+                    4,
+                );
             }
         }
         self.conns[peer] = Some(Conn {
@@ -293,6 +377,23 @@ impl TcpTransport {
     /// Accept connections and advance handshakes and backlogs. Returns how many things happened.
     pub fn progress(&mut self) -> Result<usize, TransportError> {
         let mut n = 0;
+        for l in &self.old_listeners {
+            while let Ok((s, from)) = l.accept() {
+                let _ = s.set_nonblocking(true);
+                let _ = s.set_nodelay(true);
+                self.incoming.push(Handshake {
+                    stream: s,
+                    state: HsState::WaitHello,
+                    buf: Vec::new(),
+                    peer: None,
+                    nonce_c: [0; 16],
+                    nonce_a: [0; 16],
+                    started: Instant::now(),
+                    from: from.to_string(),
+                });
+                self.epoll_dirty = true;
+            }
+        }
         loop {
             match self.listener.accept() {
                 Ok((s, from)) => {
@@ -319,7 +420,10 @@ impl TcpTransport {
         n += self.advance_incoming();
         n += self.advance_outgoing()?;
         for peer in 0..self.conns.len() {
-            if self.conns[peer].as_ref().is_some_and(|c| c.backlog.is_some()) {
+            if self.conns[peer]
+                .as_ref()
+                .is_some_and(|c| c.backlog.is_some())
+            {
                 n += self.flush(peer)?;
             }
         }
@@ -377,7 +481,9 @@ impl TcpTransport {
             let src = u32::from_le_bytes(b[24..28].try_into().unwrap());
             let dst = u32::from_le_bytes(b[28..32].try_into().unwrap());
             if ver != TCP_VERSION {
-                return Err(format!("protocol version {ver}, this build speaks {TCP_VERSION}"));
+                return Err(format!(
+                    "protocol version {ver}, this build speaks {TCP_VERSION}"
+                ));
             }
             if job != self.cfg.job || dst != me || src as usize >= nranks || src == me {
                 return Err("it does not belong to this job".into());
@@ -390,9 +496,20 @@ impl TcpTransport {
             h.nonce_a = nonce();
             h.peer = Some(src as usize);
             // Simultaneous connect: the lower rank's connection wins.
-            let reject = self.outgoing[src as usize].is_some() && (me as usize) < src as usize;
+            // ...and while an older connection with this peer is still open (after a migration the mover
+            // reconnects once the old one is retired; it retries until then).
+            let reject = (self.outgoing[src as usize].is_some() && (me as usize) < src as usize)
+                || self.conns[src as usize].is_some();
             let h = &mut self.incoming[i];
-            let m = mac(&self.cfg.secret, b'A', job, src, dst, &h.nonce_c, &h.nonce_a);
+            let m = mac(
+                &self.cfg.secret,
+                b'A',
+                job,
+                src,
+                dst,
+                &h.nonce_c,
+                &h.nonce_a,
+            );
             let mut reply = Vec::with_capacity(REPLY_LEN);
             reply.extend_from_slice(REPLY_MAGIC);
             reply.extend_from_slice(&(reject as u32).to_le_bytes());
@@ -413,8 +530,18 @@ impl TcpTransport {
             return Ok(false);
         }
         let src = h.peer.unwrap();
-        let want = mac(&self.cfg.secret, b'C', self.cfg.job, src as u32, me, &h.nonce_c, &h.nonce_a);
-        if &h.buf[..8] != PROOF_MAGIC || u64::from_le_bytes(h.buf[8..16].try_into().unwrap()) != want {
+        let want = mac(
+            &self.cfg.secret,
+            b'C',
+            self.cfg.job,
+            src as u32,
+            me,
+            &h.nonce_c,
+            &h.nonce_a,
+        );
+        if &h.buf[..8] != PROOF_MAGIC
+            || u64::from_le_bytes(h.buf[8..16].try_into().unwrap()) != want
+        {
             return Err("authentication failed (wrong job secret)".into());
         }
         let h = self.incoming.swap_remove(i);
@@ -429,7 +556,9 @@ impl TcpTransport {
     fn advance_outgoing(&mut self) -> Result<usize, TransportError> {
         let mut n = 0;
         for peer in 0..self.outgoing.len() {
-            let Some(h) = self.outgoing[peer].as_mut() else { continue };
+            let Some(h) = self.outgoing[peer].as_mut() else {
+                continue;
+            };
             let lost = |why: String| TransportError::ConnectionLost { peer, why };
             if self.conns[peer].is_some() {
                 self.outgoing[peer] = None; // the peer's connection won
@@ -459,9 +588,20 @@ impl TcpTransport {
             let mut na = [0u8; 16];
             na.copy_from_slice(&b[16..32]);
             let got = u64::from_le_bytes(b[32..40].try_into().unwrap());
-            let want = mac(&self.cfg.secret, b'A', self.cfg.job, self.me as u32, peer as u32, &h.nonce_c, &na);
+            let want = mac(
+                &self.cfg.secret,
+                b'A',
+                self.cfg.job,
+                self.me as u32,
+                peer as u32,
+                &h.nonce_c,
+                &na,
+            );
             if &b[..8] != REPLY_MAGIC || got != want {
-                return Err(lost(format!("rank {peer} at {} failed authentication", h.from)));
+                return Err(lost(format!(
+                    "rank {peer} at {} failed authentication",
+                    h.from
+                )));
             }
             if reject {
                 self.outgoing[peer] = None;
@@ -469,7 +609,15 @@ impl TcpTransport {
                 n += 1;
                 continue;
             }
-            let proof = mac(&self.cfg.secret, b'C', self.cfg.job, self.me as u32, peer as u32, &h.nonce_c, &na);
+            let proof = mac(
+                &self.cfg.secret,
+                b'C',
+                self.cfg.job,
+                self.me as u32,
+                peer as u32,
+                &h.nonce_c,
+                &na,
+            );
             let mut p = Vec::with_capacity(PROOF_LEN);
             p.extend_from_slice(PROOF_MAGIC);
             p.extend_from_slice(&proof.to_le_bytes());
@@ -483,20 +631,28 @@ impl TcpTransport {
 
     fn flush(&mut self, peer: usize) -> Result<usize, TransportError> {
         let c = self.conns[peer].as_mut().unwrap();
-        let Some(b) = c.backlog.as_mut() else { return Ok(0) };
+        let Some(b) = c.backlog.as_mut() else {
+            return Ok(0);
+        };
         loop {
             let head = &b.head[b.head_off..];
             let data: &[u8] = if !b.owned.is_empty() {
                 &b.owned[b.data_off..]
             } else if b.data_len > 0 {
                 // SAFETY: the caller of try_send_borrowed keeps the buffer alive until has_backlog is false.
-                unsafe { std::slice::from_raw_parts(b.data.add(b.data_off), b.data_len - b.data_off) }
+                unsafe {
+                    std::slice::from_raw_parts(b.data.add(b.data_off), b.data_len - b.data_off)
+                }
             } else {
                 &[]
             };
             if head.is_empty() && data.is_empty() {
                 c.backlog = None;
                 self.epoll_dirty = true;
+                if self.retiring[peer] {
+                    self.retiring[peer] = false;
+                    self.conns[peer] = None;
+                }
                 return Ok(1);
             }
             match writev(c.stream.as_raw_fd(), &[head, data]) {
@@ -507,17 +663,33 @@ impl TcpTransport {
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(0),
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => return Err(TransportError::ConnectionLost { peer, why: e.to_string() }),
+                Err(e) => {
+                    return Err(TransportError::ConnectionLost {
+                        peer,
+                        why: e.to_string(),
+                    })
+                }
             }
         }
     }
 
-    fn send(&mut self, peer: usize, hdr: &PktHeader, a: &[u8], b: &[u8], borrow: bool) -> Result<bool, TransportError> {
+    fn send(
+        &mut self,
+        peer: usize,
+        hdr: &PktHeader,
+        a: &[u8],
+        b: &[u8],
+        borrow: bool,
+    ) -> Result<bool, TransportError> {
         if peer >= self.conns.len() || peer == self.me {
-            return Err(TransportError::Unreachable { peer, transport: "tcp" });
+            return Err(TransportError::Unreachable {
+                peer,
+                transport: "tcp",
+            });
         }
         if self.conns[peer].is_none() {
-            if self.outgoing[peer].is_none() && !self.incoming.iter().any(|h| h.peer == Some(peer)) {
+            if self.outgoing[peer].is_none() && !self.incoming.iter().any(|h| h.peer == Some(peer))
+            {
                 self.start_connect(peer)?;
             }
             self.progress()?;
@@ -530,7 +702,11 @@ impl TcpTransport {
             return Ok(false);
         }
         if a.len() > u16::MAX as usize || HDR_SIZE + a.len() + b.len() > u32::MAX as usize {
-            return Err(TransportError::TooLarge { peer, len: a.len() + b.len(), max: u32::MAX as usize });
+            return Err(TransportError::TooLarge {
+                peer,
+                len: a.len() + b.len(),
+                max: u32::MAX as usize,
+            });
         }
         let mut head = [0u8; FRAME_HDR + HDR_SIZE];
         head[..4].copy_from_slice(&((HDR_SIZE + a.len() + b.len()) as u32).to_le_bytes());
@@ -542,7 +718,12 @@ impl TcpTransport {
                 Ok(k) => break k,
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(false),
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => return Err(TransportError::ConnectionLost { peer, why: e.to_string() }),
+                Err(e) => {
+                    return Err(TransportError::ConnectionLost {
+                        peer,
+                        why: e.to_string(),
+                    })
+                }
             }
         };
         if k < total {
@@ -571,7 +752,11 @@ impl TcpTransport {
         Ok(true)
     }
 
-    fn parse_frame(&self, peer: usize, c: &Conn) -> Result<Option<(usize, usize, PktHeader)>, TransportError> {
+    fn parse_frame(
+        &self,
+        peer: usize,
+        c: &Conn,
+    ) -> Result<Option<(usize, usize, PktHeader)>, TransportError> {
         let avail = c.rx_end - c.rx_start;
         if avail < FRAME_HDR + HDR_SIZE {
             return Ok(None);
@@ -584,7 +769,10 @@ impl TcpTransport {
         if len < HDR_SIZE + a_len || hdr.src as usize != peer || Kind::from_u8(hdr.kind).is_none() {
             return Err(TransportError::Corrupt {
                 peer,
-                what: format!("TCP frame of length {len} (a {a_len}) claims source {} kind {}", hdr.src, hdr.kind),
+                what: format!(
+                    "TCP frame of length {len} (a {a_len}) claims source {} kind {}",
+                    hdr.src, hdr.kind
+                ),
             });
         }
         Ok(Some((len, a_len, hdr)))
@@ -603,14 +791,24 @@ impl TcpTransport {
         }
         loop {
             match (&c.stream).read(&mut c.rx[c.rx_end..]) {
-                Ok(0) => return Err(TransportError::ConnectionLost { peer, why: "the peer closed the connection".into() }),
+                Ok(0) => {
+                    return Err(TransportError::ConnectionLost {
+                        peer,
+                        why: "the peer closed the connection".into(),
+                    })
+                }
                 Ok(k) => {
                     c.rx_end += k;
                     return Ok(true);
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(false),
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => return Err(TransportError::ConnectionLost { peer, why: e.to_string() }),
+                Err(e) => {
+                    return Err(TransportError::ConnectionLost {
+                        peer,
+                        why: e.to_string(),
+                    })
+                }
             }
         }
     }
@@ -626,18 +824,35 @@ impl TcpTransport {
             let d = c.direct.as_mut().unwrap();
             while d.done < d.total {
                 // SAFETY: the core named dst..dst+total as the destination of this packet's data.
-                let dst = unsafe { std::slice::from_raw_parts_mut(d.dst.add(d.done), d.total - d.done) };
+                let dst =
+                    unsafe { std::slice::from_raw_parts_mut(d.dst.add(d.done), d.total - d.done) };
                 match (&c.stream).read(dst) {
-                    Ok(0) => return Err(TransportError::ConnectionLost { peer, why: "the peer closed the connection".into() }),
+                    Ok(0) => {
+                        return Err(TransportError::ConnectionLost {
+                            peer,
+                            why: "the peer closed the connection".into(),
+                        })
+                    }
                     Ok(k) => d.done += k,
                     Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(None),
                     Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                    Err(e) => return Err(TransportError::ConnectionLost { peer, why: e.to_string() }),
+                    Err(e) => {
+                        return Err(TransportError::ConnectionLost {
+                            peer,
+                            why: e.to_string(),
+                        })
+                    }
                 }
             }
             let d = c.direct.take().unwrap();
             c.direct_a = d.a;
-            let mut inc = Incoming::new(peer, d.hdr, c.direct_a.as_ptr(), c.direct_a.len(), TcpToken { peer, consumed: 0 });
+            let mut inc = Incoming::new(
+                peer,
+                d.hdr,
+                c.direct_a.as_ptr(),
+                c.direct_a.len(),
+                TcpToken { peer, consumed: 0 },
+            );
             inc.placed = d.total;
             c.lent = Some(0);
             return Ok(Some(inc));
@@ -649,7 +864,10 @@ impl TcpTransport {
                 let b_len = len - HDR_SIZE - a_len;
                 let fixed = FRAME_HDR + HDR_SIZE + a_len;
                 if hdr.kind == Kind::Data as u8 && hdr.len as usize != b_len {
-                    return Err(TransportError::Corrupt { peer, what: format!("DATA frame says {} bytes but carries {b_len}", hdr.len) });
+                    return Err(TransportError::Corrupt {
+                        peer,
+                        what: format!("DATA frame says {} bytes but carries {b_len}", hdr.len),
+                    });
                 }
                 if avail >= fixed && hdr.kind == Kind::Data as u8 && b_len > 0 {
                     let a = &c.rx[c.rx_start + FRAME_HDR + HDR_SIZE..c.rx_start + fixed];
@@ -658,21 +876,45 @@ impl TcpTransport {
                         let c = self.conns[peer].as_mut().unwrap();
                         let have = (avail - fixed).min(b_len);
                         // SAFETY: the core guarantees b_len bytes at dst.
-                        unsafe { std::ptr::copy_nonoverlapping(c.rx.as_ptr().add(c.rx_start + fixed), dst, have) };
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(
+                                c.rx.as_ptr().add(c.rx_start + fixed),
+                                dst,
+                                have,
+                            )
+                        };
                         c.rx_start += fixed + have;
-                        c.direct = Some(Direct { hdr, a, dst, total: b_len, done: have });
+                        c.direct = Some(Direct {
+                            hdr,
+                            a,
+                            dst,
+                            total: b_len,
+                            done: have,
+                        });
                         return self.poll_peer(peer, place);
                     }
                 }
                 if FRAME_HDR + len > self.cfg.max_frame + FRAME_HDR + HDR_SIZE + 64 {
-                    return Err(TransportError::Corrupt { peer, what: format!("TCP frame of {len} bytes exceeds the limit") });
+                    return Err(TransportError::Corrupt {
+                        peer,
+                        what: format!("TCP frame of {len} bytes exceeds the limit"),
+                    });
                 }
                 if avail >= FRAME_HDR + len {
                     let c = self.conns[peer].as_mut().unwrap();
                     let start = c.rx_start + FRAME_HDR + HDR_SIZE;
                     c.lent = Some(FRAME_HDR + len);
                     let payload = c.rx[start..].as_ptr();
-                    return Ok(Some(Incoming::new(peer, hdr, payload, len - HDR_SIZE, TcpToken { peer, consumed: FRAME_HDR + len })));
+                    return Ok(Some(Incoming::new(
+                        peer,
+                        hdr,
+                        payload,
+                        len - HDR_SIZE,
+                        TcpToken {
+                            peer,
+                            consumed: FRAME_HDR + len,
+                        },
+                    )));
                 }
                 // Need more bytes: make room for the whole frame.
                 let c = self.conns[peer].as_mut().unwrap();
@@ -702,7 +944,14 @@ impl TcpTransport {
         }
         let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 16];
         // SAFETY: evs is a valid array of 16 events.
-        unsafe { libc::epoll_wait(self.epoll, evs.as_mut_ptr(), 16, timeout.as_millis().min(i32::MAX as u128) as i32) };
+        unsafe {
+            libc::epoll_wait(
+                self.epoll,
+                evs.as_mut_ptr(),
+                16,
+                timeout.as_millis().min(i32::MAX as u128) as i32,
+            )
+        };
     }
 
     fn rebuild_epoll(&mut self, extra_fd: Option<RawFd>) {
@@ -710,12 +959,18 @@ impl TcpTransport {
         unsafe { libc::close(self.epoll) };
         self.epoll = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
         let add = |fd: RawFd, ev: u32, tag: u64| {
-            let mut e = libc::epoll_event { events: ev, u64: tag };
+            let mut e = libc::epoll_event {
+                events: ev,
+                u64: tag,
+            };
             // SAFETY: valid epoll and fd.
             unsafe { libc::epoll_ctl(self.epoll, libc::EPOLL_CTL_ADD, fd, &mut e) };
         };
         let inn = libc::EPOLLIN as u32;
         add(self.listener.as_raw_fd(), inn, TAG_LISTENER);
+        for l in &self.old_listeners {
+            add(l.as_raw_fd(), inn, TAG_LISTENER);
+        }
         if let Some(fd) = extra_fd {
             // A readable doorbell merely costs one extra pass until the waker drains it.
             add(fd, inn, TAG_EXTRA);
@@ -725,7 +980,11 @@ impl TcpTransport {
         }
         for (peer, c) in self.conns.iter().enumerate() {
             if let Some(c) = c {
-                let ev = if c.backlog.is_some() { inn | libc::EPOLLOUT as u32 } else { inn };
+                let ev = if c.backlog.is_some() {
+                    inn | libc::EPOLLOUT as u32
+                } else {
+                    inn
+                };
                 add(c.stream.as_raw_fd(), ev, TAG_CONN | peer as u64);
             }
         }
@@ -768,7 +1027,10 @@ impl TcpTransport {
 
     /// True if bytes are buffered and unparsed for any connection (so sleeping would be wrong).
     pub fn has_buffered(&self) -> bool {
-        self.conns.iter().flatten().any(|c| c.rx_end > c.rx_start || c.direct.is_some())
+        self.conns
+            .iter()
+            .flatten()
+            .any(|c| c.rx_end > c.rx_start || c.direct.is_some())
     }
 }
 
@@ -776,7 +1038,10 @@ fn writev(fd: RawFd, parts: &[&[u8]]) -> std::io::Result<usize> {
     let iov: Vec<libc::iovec> = parts
         .iter()
         .filter(|p| !p.is_empty())
-        .map(|p| libc::iovec { iov_base: p.as_ptr() as *mut libc::c_void, iov_len: p.len() })
+        .map(|p| libc::iovec {
+            iov_base: p.as_ptr() as *mut libc::c_void,
+            iov_len: p.len(),
+        })
         .collect();
     if iov.is_empty() {
         return Ok(0);
@@ -805,16 +1070,31 @@ impl Transport for TcpTransport {
         self.cfg.max_frame
     }
 
-    fn try_send(&mut self, peer: usize, hdr: &PktHeader, a: &[u8], b: &[u8]) -> Result<bool, TransportError> {
+    fn try_send(
+        &mut self,
+        peer: usize,
+        hdr: &PktHeader,
+        a: &[u8],
+        b: &[u8],
+    ) -> Result<bool, TransportError> {
         self.send(peer, hdr, a, b, false)
     }
 
-    fn try_send_borrowed(&mut self, peer: usize, hdr: &PktHeader, a: &[u8], b: &[u8]) -> Result<bool, TransportError> {
+    fn try_send_borrowed(
+        &mut self,
+        peer: usize,
+        hdr: &PktHeader,
+        a: &[u8],
+        b: &[u8],
+    ) -> Result<bool, TransportError> {
         self.send(peer, hdr, a, b, true)
     }
 
     fn has_backlog(&self, peer: usize) -> bool {
-        self.conns.get(peer).and_then(|c| c.as_ref()).is_some_and(|c| c.backlog.is_some())
+        self.conns
+            .get(peer)
+            .and_then(|c| c.as_ref())
+            .is_some_and(|c| c.backlog.is_some())
     }
 
     fn poll(&mut self) -> Result<Option<Incoming<TcpToken>>, TransportError> {
@@ -836,7 +1116,9 @@ impl Transport for TcpTransport {
         }
         for k in 0..n {
             let peer = (self.cursor + k) % n;
-            let Some(c) = self.conns[peer].as_ref() else { continue };
+            let Some(c) = self.conns[peer].as_ref() else {
+                continue;
+            };
             let has = c.rx_end > c.rx_start || c.direct.is_some();
             if !has && !self.ready[peer] {
                 continue;
@@ -869,7 +1151,12 @@ mod tests {
     use std::net::Ipv4Addr;
 
     fn cfg(secret: u8) -> TcpConfig {
-        TcpConfig { bind: IpAddr::V4(Ipv4Addr::LOCALHOST), secret: [secret; 16], job: 42, max_frame: 1 << 20 }
+        TcpConfig {
+            bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            secret: [secret; 16],
+            job: 42,
+            max_frame: 1 << 20,
+        }
     }
 
     fn pair() -> (TcpTransport, TcpTransport) {
@@ -892,7 +1179,13 @@ mod tests {
         panic!("nothing arrived");
     }
 
-    fn send_all(t: &mut TcpTransport, other: &mut TcpTransport, peer: usize, h: &PktHeader, b: &[u8]) {
+    fn send_all(
+        t: &mut TcpTransport,
+        other: &mut TcpTransport,
+        peer: usize,
+        h: &PktHeader,
+        b: &[u8],
+    ) {
         for _ in 0..1_000_000 {
             if t.try_send(peer, h, &[], b).unwrap() {
                 return;
@@ -964,7 +1257,10 @@ mod tests {
                 panic!("an impostor got through");
             }
             a.progress().unwrap();
-            assert!(a.incoming.iter().all(|h| h.peer.is_none()), "an impostor occupied a handshake slot");
+            assert!(
+                a.incoming.iter().all(|h| h.peer.is_none()),
+                "an impostor occupied a handshake slot"
+            );
         }
         assert!(!a.connected(1));
         // Garbage from a raw socket is refused too.
@@ -1055,8 +1351,10 @@ pub fn default_ipv4() -> Option<std::net::Ipv4Addr> {
     while !p.is_null() {
         // SAFETY: p is a node of the list returned by getifaddrs.
         let i = unsafe { &*p };
-        let up = i.ifa_flags & libc::IFF_UP as u32 != 0 && i.ifa_flags & libc::IFF_LOOPBACK as u32 == 0;
-        if up && !i.ifa_addr.is_null() && unsafe { (*i.ifa_addr).sa_family } as i32 == libc::AF_INET {
+        let up =
+            i.ifa_flags & libc::IFF_UP as u32 != 0 && i.ifa_flags & libc::IFF_LOOPBACK as u32 == 0;
+        if up && !i.ifa_addr.is_null() && unsafe { (*i.ifa_addr).sa_family } as i32 == libc::AF_INET
+        {
             // SAFETY: AF_INET addresses are sockaddr_in.
             let sin = unsafe { &*(i.ifa_addr as *const libc::sockaddr_in) };
             found = Some(std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)));

@@ -1,0 +1,601 @@
+//! Live migration of a rank to another host, with no message lost, duplicated or reordered.
+//!
+//! The rank R that moves:
+//! 1. prepares its new home: enters the host's network namespace, attaches to that host's region (a new
+//!    slot), listens on the host's address. Any failure here is undone and reported; R stays where it was.
+//! 2. sends `Moved{uuid, slot, address}` to every peer on the *current* channel — the last packet there —
+//!    and from then on holds every new packet for that peer;
+//! 3. drains its old channels until each peer's `MovedAck` arrives (the peer's last packet on the old
+//!    channel), then switches that peer to the new channel (shared memory if the peer maps the new
+//!    region, else TCP), sends `Ready` there first and releases what it held;
+//! 4. once every peer has answered, leaves its old region.
+//!
+//! A peer P, on `Moved` from R: records R's new place, answers `MovedAck` on the old channel, and holds
+//! new packets for R until `Ready` arrives on the new channel; then it switches and releases them.
+//!
+//! Nobody writes to a new channel before the reader has finished with the old one, and per-pair sequence
+//! numbers continue across channels (and are checked), so order is preserved exactly. Rendezvous in flight
+//! simply continue on the new channel (requests do not depend on the channel). One migration at a time per
+//! job (the launcher serialises `vmfabric migrate` requests).
+use super::*;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use vmf_transport::proto::MovedInfo;
+use vmf_transport::shm::region::{Region, RegionSizing, RegionSource};
+
+static REQUESTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    REQUESTED.store(true, Ordering::Relaxed);
+}
+
+/// Install the SIGUSR2 handler through which the launcher asks this rank to move (the request itself
+/// comes on the control socket). The fabric acts on it at its next progress call.
+pub fn install_signal_handler() -> std::io::Result<()> {
+    // SAFETY: sigaction with a handler that only stores to an atomic (async-signal-safe).
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_signal as *const () as usize;
+        sa.sa_flags = libc::SA_RESTART;
+        libc::sigemptyset(&mut sa.sa_mask);
+        if libc::sigaction(libc::SIGUSR2, &sa, std::ptr::null_mut()) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+pub(super) fn requested() -> bool {
+    REQUESTED.load(Ordering::Relaxed)
+}
+
+/// Where a rank is.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Loc {
+    /// UUID of the region it maps.
+    pub uuid: [u64; 2],
+    /// Its slot there.
+    pub slot: u32,
+    /// Its TCP listener.
+    pub addr: Option<SocketAddr>,
+}
+
+/// One host a rank can move to.
+#[derive(Debug, Clone)]
+pub struct HostSpec {
+    /// Network namespace (a file under /run/netns).
+    pub netns: PathBuf,
+    /// Region directory.
+    pub dir: PathBuf,
+    /// Address to listen on.
+    pub ip: IpAddr,
+}
+
+/// What a rank needs to know to move.
+pub struct MigCtx {
+    /// Job key (region file name).
+    pub job: String,
+    /// Region sizing (for creating a region nobody mapped yet).
+    pub sizing: RegionSizing,
+    /// The launcher (recorded in regions for cleanup).
+    pub launcher: Option<vmf_pal::process::ProcessId>,
+    /// Hosts of the job.
+    pub hosts: Vec<HostSpec>,
+    /// Current host.
+    pub current: usize,
+    /// Control socket from the launcher (requests and answers).
+    pub ctl: Option<std::os::unix::net::UnixStream>,
+    /// Initialisation timeout for regions.
+    pub timeout: Duration,
+    /// When each peer's current migration started (from its Moved), CLOCK_MONOTONIC ns.
+    moved_t0: Vec<u64>,
+    /// (migration start, pause in ms) for every Ready this rank received.
+    pauses: Vec<(u64, f64)>,
+}
+
+/// CLOCK_MONOTONIC in nanoseconds.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+impl MigCtx {
+    /// A context.
+    pub fn new(
+        job: String,
+        sizing: RegionSizing,
+        launcher: Option<vmf_pal::process::ProcessId>,
+        hosts: Vec<HostSpec>,
+        current: usize,
+        timeout: Duration,
+    ) -> MigCtx {
+        MigCtx {
+            job,
+            sizing,
+            launcher,
+            hosts,
+            current,
+            ctl: None,
+            timeout,
+            moved_t0: Vec::new(),
+            pauses: Vec::new(),
+        }
+    }
+
+    /// Parse `VMF_HOSTS_TABLE` (`i=netns_path,region_dir,ip;...`).
+    pub fn parse_table(s: &str) -> Result<Vec<HostSpec>, String> {
+        let mut v = Vec::new();
+        for (k, item) in s.split(';').filter(|x| !x.is_empty()).enumerate() {
+            let (i, rest) = item
+                .split_once('=')
+                .ok_or_else(|| format!("bad host entry {item:?}"))?;
+            if i.parse::<usize>().ok() != Some(k) {
+                return Err(format!("host entries out of order at {item:?}"));
+            }
+            let mut p = rest.splitn(3, ',');
+            let (ns, dir, ip) = (p.next(), p.next(), p.next());
+            let (Some(ns), Some(dir), Some(ip)) = (ns, dir, ip) else {
+                return Err(format!("bad host entry {item:?}"));
+            };
+            v.push(HostSpec {
+                netns: ns.into(),
+                dir: dir.into(),
+                ip: ip.parse().map_err(|_| format!("bad address in {item:?}"))?,
+            });
+        }
+        Ok(v)
+    }
+}
+
+/// State of this rank's migration in progress.
+pub struct Moving {
+    pub(super) old_shm: Option<ShmTransport>,
+    acks_left: usize,
+    old_routes: Vec<Route>,
+    /// The new shared-memory transport is in place (answers arriving earlier are deferred until then).
+    swapped: bool,
+    early_acks: Vec<usize>,
+}
+
+fn mig_err(rank: usize, why: impl std::fmt::Display) -> Error {
+    Error::Setup {
+        rank,
+        op: Op::Progress,
+        why: format!("migration failed: {why}"),
+    }
+}
+
+struct NsGuard(Option<std::fs::File>);
+impl NsGuard {
+    fn restore(&mut self) {
+        if let Some(f) = self.0.take() {
+            // SAFETY: setns back to the namespace we came from.
+            unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
+        }
+    }
+}
+
+impl Engine {
+    /// Record where every rank is (from the bootstrap exchange).
+    pub fn set_locations(&mut self, locs: Vec<Loc>) {
+        self.locs = locs;
+    }
+
+    /// Enable migration (the rank was started on an emulated host).
+    pub fn set_migration_context(&mut self, ctx: MigCtx) {
+        self.mig_ctx = Some(ctx);
+    }
+
+    /// The host this rank is on, when started with emulated hosts.
+    pub fn current_host(&self) -> Option<usize> {
+        self.mig_ctx.as_ref().map(|c| c.current)
+    }
+
+    /// Number of emulated hosts of the job (0 without).
+    pub fn host_count(&self) -> usize {
+        self.mig_ctx.as_ref().map_or(0, |c| c.hosts.len())
+    }
+
+    /// True while this rank is moving.
+    pub fn is_migrating(&self) -> bool {
+        self.mig.is_some()
+    }
+
+    /// Pause samples seen by this rank, as (migration start in CLOCK_MONOTONIC ns, ms): for each `Ready`
+    /// received, the time from the start of that peer's migration until `Ready` — the first packet over
+    /// the new channel — was delivered here. The pause of a migration is the smallest sample over all peers.
+    pub fn take_pause_samples(&mut self) -> Vec<(u64, f64)> {
+        self.mig_ctx
+            .as_mut()
+            .map_or(Vec::new(), |c| std::mem::take(&mut c.pauses))
+    }
+
+    /// Move this rank to emulated host `host`, live. Returns how long the switch took (until every peer
+    /// answered). On an error before any peer was told, nothing has changed and the rank keeps working.
+    pub fn migrate_to(&mut self, host: usize) -> Result<Duration> {
+        let me = self.me;
+        if self.mig.is_some() {
+            return Err(mig_err(
+                me,
+                "a migration of this rank is already in progress",
+            ));
+        }
+        let Some(ctx) = self.mig_ctx.as_ref() else {
+            return Err(mig_err(
+                me,
+                "this rank was not started on emulated hosts (vmfabric run --hosts)",
+            ));
+        };
+        if host >= ctx.hosts.len() {
+            return Err(mig_err(
+                me,
+                format!(
+                    "host {host} does not exist (the job has {} hosts)",
+                    ctx.hosts.len()
+                ),
+            ));
+        }
+        if host == ctx.current {
+            return Err(mig_err(me, format!("rank {me} is already on host {host}")));
+        }
+        if self.fatal.is_some() {
+            return Err(self.fatal.clone().unwrap());
+        }
+        let t0 = Instant::now();
+        let t0_ns = monotonic_ns();
+        let spec = ctx.hosts[host].clone();
+        // A previous migration (ours or a peer's) must have fully settled here: no peer still held
+        // waiting for its Ready, or our Moved would queue behind it and mix with later traffic.
+        self.wait_until(Op::Progress, |e| {
+            e.peers.iter().all(|p| !p.holding && p.next_route.is_none())
+        })?;
+        // 1. The new home; undone on any failure.
+        let mut back = NsGuard(Some(
+            std::fs::File::open("/proc/self/ns/net").map_err(|e| mig_err(me, e))?,
+        ));
+        let ns = std::fs::File::open(&spec.netns)
+            .map_err(|e| mig_err(me, format!("cannot open {}: {e}", spec.netns.display())))?;
+        // SAFETY: setns on a namespace file we opened; single-threaded rank contract.
+        if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+            return Err(mig_err(
+                me,
+                format!(
+                    "cannot enter the network namespace of host {host}: {}",
+                    std::io::Error::last_os_error()
+                ),
+            ));
+        }
+        let prepared = (|| -> Result<(ShmTransport, Option<SocketAddr>)> {
+            let ctx = self.mig_ctx.as_ref().unwrap();
+            let reg = Region::open(
+                &RegionSource::Dir(spec.dir.clone()),
+                &ctx.job,
+                ctx.sizing,
+                ctx.launcher,
+                ctx.timeout,
+            )
+            .map_err(|e| mig_err(me, e))?;
+            let reg = Arc::new(reg);
+            let idx = reg.attach(me as u32).map_err(|e| mig_err(me, e))?;
+            let uuid = reg.uuid;
+            let local = self
+                .locs
+                .iter()
+                .enumerate()
+                .filter(|(r, l)| *r != me && l.uuid == uuid)
+                .count()
+                + 1;
+            let mut t = ShmTransport::new(reg, me, idx, self.n, self.cfg.ring_size_for(local));
+            t.set_wake_check(matches!(
+                self.cfg.wait,
+                WaitPolicy::Block | WaitPolicy::Adaptive
+            ));
+            let mut addr = None;
+            if let Some(tcp) = self.tcp.as_mut() {
+                t.enable_socket_doorbell(vmf_transport::shm::region::job_hash(&ctx.job))
+                    .map_err(|e| mig_err(me, e))?;
+                addr = Some(tcp.rebind(spec.ip).map_err(|e| mig_err(me, e))?);
+            }
+            Ok((t, addr))
+        })();
+        let (new_shm, new_addr) = match prepared {
+            Ok(x) => x,
+            Err(e) => {
+                back.restore();
+                return Err(e);
+            }
+        };
+        let new_uuid = new_shm.region().uuid;
+        let new_slot = new_shm.local_index();
+        // 2. Tell every peer, on the current channel, and hold what follows.
+        let ip = match new_addr.map(|a| a.ip()) {
+            Some(IpAddr::V4(v)) => u32::from(v) as u64,
+            _ => 0,
+        };
+        let info = MovedInfo {
+            uuid0: new_uuid[0],
+            uuid1: new_uuid[1],
+            slot: new_slot as u64,
+            ip,
+            port: new_addr.map_or(0, |a| a.port() as u64),
+            t0_ns,
+        };
+        let mut old_routes = Vec::with_capacity(self.n);
+        let mut acks = 0;
+        for p in 0..self.n {
+            old_routes.push(self.peers[p].route);
+            if p == me || self.peers[p].route == Route::None {
+                continue;
+            }
+            let hdr = PktHeader::new(Kind::Moved, me as u32, 0, 0, 0, 0);
+            self.send_packet(p, hdr, info.as_bytes(), std::ptr::null(), 0, None)?;
+            self.peers[p].holding = true;
+            self.peers[p].awaiting_ack = true;
+            self.peers[p].next_route = Some(if self.locs[p].uuid == new_uuid {
+                Route::Shm
+            } else {
+                Route::Tcp
+            });
+            acks += 1;
+        }
+
+        // Every Moved must be written before the shared-memory transport is replaced.
+        self.mig = Some(Moving {
+            old_shm: None,
+            acks_left: acks,
+            old_routes,
+            swapped: false,
+            early_acks: Vec::new(),
+        });
+        self.wait_until(Op::Progress, |e| {
+            e.peers.iter().all(|p| p.pending.is_empty())
+        })?;
+        let old = std::mem::replace(&mut self.shm, Some(new_shm));
+        let m = self.mig.as_mut().unwrap();
+        m.old_shm = old;
+        m.swapped = true;
+        for peer in std::mem::take(&mut m.early_acks) {
+            self.on_moved_ack(peer)?;
+        }
+        // 3. Drain the old channels until every peer has answered.
+        self.wait_until(Op::Progress, |e| {
+            e.mig.as_ref().is_some_and(|m| m.acks_left == 0)
+        })?;
+        // 4. Leave the old region.
+        let m = self.mig.take().unwrap();
+        if let Some(old) = m.old_shm {
+            old.region().detach(old.local_index());
+        }
+        if let Some(t) = self.tcp.as_mut() {
+            t.drop_old_listeners();
+        }
+        self.locs[me] = Loc {
+            uuid: new_uuid,
+            slot: new_slot,
+            addr: new_addr,
+        };
+        let ctx = self.mig_ctx.as_mut().unwrap();
+        ctx.current = host;
+        drop(back.0.take()); // stay in the new namespace
+        Ok(t0.elapsed())
+    }
+
+    pub(super) fn poll_old_shm(&mut self) -> Result<usize> {
+        let mut n = 0;
+        for _ in 0..32 {
+            let shm = self.mig.as_mut().unwrap().old_shm.as_mut().unwrap();
+            let inc = match shm.poll() {
+                Ok(Some(i)) => i,
+                Ok(None) => break,
+                Err(e) => return Err(self.terr(self.me, Op::Progress, e)),
+            };
+            // SAFETY: valid until release.
+            let payload = unsafe { slice(inc.payload_ptr(), inc.len()) };
+            let r = self.handle(inc.peer, &inc.hdr, payload, 0);
+            if let Some(old) = self.mig.as_mut().and_then(|m| m.old_shm.as_mut()) {
+                old.release(inc);
+            }
+            r?;
+            n += 1;
+            if self.mig.as_ref().is_none_or(|m| m.old_shm.is_none()) {
+                break;
+            }
+        }
+        Ok(n)
+    }
+
+    pub(super) fn handle_migration(
+        &mut self,
+        peer: usize,
+        kind: Kind,
+        payload: &[u8],
+    ) -> Result<()> {
+        match kind {
+            Kind::Moved => {
+                let info = MovedInfo::parse(payload)
+                    .ok_or_else(|| self.corrupt(peer, "short Moved".into()))?;
+                let addr = (info.port != 0 && info.port <= u16::MAX as u64).then(|| {
+                    SocketAddr::new(IpAddr::V4(Ipv4Addr::from(info.ip as u32)), info.port as u16)
+                });
+                let uuid = [info.uuid0, info.uuid1];
+                self.locs[peer] = Loc {
+                    uuid,
+                    slot: info.slot as u32,
+                    addr,
+                };
+                if let Some(c) = self.mig_ctx.as_mut() {
+                    c.moved_t0.resize(self.n, 0);
+                    c.moved_t0[peer] = info.t0_ns;
+                }
+                let mine = self.shm.as_ref().map(|s| s.region().uuid);
+                let new_route = if mine == Some(uuid) {
+                    Route::Shm
+                } else {
+                    Route::Tcp
+                };
+                if new_route == Route::Tcp && self.tcp.is_none() {
+                    return Err(self.corrupt(peer, "moved out of reach (no TCP transport)".into()));
+                }
+                // The answer is the last packet on the old channel; a TCP connection is retired after it.
+                let old_route = self.peers[peer].route;
+                let hdr = PktHeader::new(Kind::MovedAck, self.me as u32, 0, 0, 0, 0);
+                let sent = self.send_packet(peer, hdr, &[], std::ptr::null(), 0, None)?;
+                if old_route == Route::Tcp {
+                    if sent {
+                        self.tcp.as_mut().unwrap().retire(peer);
+                    } else if let Some(p) = self.peers[peer].pending.back_mut() {
+                        p.retire_tcp = true;
+                    }
+                }
+                self.peers[peer].holding = true;
+                self.peers[peer].next_route = Some(new_route);
+                match new_route {
+                    Route::Shm => {
+                        let slot = info.slot as u32;
+                        self.shm
+                            .as_mut()
+                            .unwrap()
+                            .add_peer(peer, slot)
+                            .map_err(|e| self.terr(peer, Op::Progress, e))?;
+                    }
+                    _ => {
+                        if let Some(a) = addr {
+                            self.tcp.as_mut().unwrap().set_peer_addr(peer, a);
+                        }
+                    }
+                }
+            }
+            Kind::MovedAck => {
+                let ok = self.mig.is_some() && self.peers[peer].awaiting_ack;
+                if !ok {
+                    return Err(self.corrupt(peer, "MovedAck without a migration".into()));
+                }
+                let m = self.mig.as_mut().unwrap();
+                if m.swapped {
+                    self.on_moved_ack(peer)?;
+                } else {
+                    m.early_acks.push(peer);
+                }
+            }
+            Kind::Ready => {
+                let Some(new_route) = self.peers[peer].next_route.take() else {
+                    return Err(self.corrupt(peer, "Ready without a Moved".into()));
+                };
+                if let Some(c) = self.mig_ctx.as_mut() {
+                    let t0 = c.moved_t0.get(peer).copied().unwrap_or(0);
+                    if t0 != 0 {
+                        c.pauses
+                            .push((t0, monotonic_ns().saturating_sub(t0) as f64 / 1e6));
+                    }
+                }
+                let old_route = self.peers[peer].route;
+                if old_route == Route::Shm && new_route != Route::Shm {
+                    if let Some(s) = self.shm.as_mut() {
+                        s.remove_peer(peer);
+                    }
+                }
+                self.switch_route(peer, new_route);
+                self.release_held(peer);
+            }
+            _ => unreachable!(),
+        }
+        Ok(())
+    }
+
+    /// The mover's side of an answer: switch this peer to the new channel, say Ready there, release.
+    fn on_moved_ack(&mut self, peer: usize) -> Result<()> {
+        let me = self.me;
+        let old_route = self.mig.as_ref().unwrap().old_routes[peer];
+        let new_route = self.peers[peer].next_route.take().unwrap_or(Route::Tcp);
+        self.peers[peer].awaiting_ack = false;
+        if old_route == Route::Tcp {
+            self.tcp.as_mut().unwrap().retire(peer);
+        }
+        if new_route == Route::Shm {
+            let slot = self.locs[peer].slot;
+            self.shm
+                .as_mut()
+                .unwrap()
+                .add_peer(peer, slot)
+                .map_err(|e| self.terr(peer, Op::Progress, e))?;
+        }
+        if new_route == Route::Tcp {
+            if let Some(a) = self.locs[peer].addr {
+                self.tcp
+                    .as_mut()
+                    .ok_or_else(|| mig_err(me, "no TCP transport"))?
+                    .set_peer_addr(peer, a);
+            }
+        }
+        self.switch_route(peer, new_route);
+        let hdr = PktHeader::new(Kind::Ready, me as u32, 0, 0, 0, 0);
+        self.send_packet(peer, hdr, &[], std::ptr::null(), 0, None)?;
+        self.release_held(peer);
+        self.mig.as_mut().unwrap().acks_left -= 1;
+        Ok(())
+    }
+
+    fn switch_route(&mut self, peer: usize, route: Route) {
+        let was_tcp = self.peers[peer].route == Route::Tcp;
+        self.peers[peer].route = route;
+        let is_tcp = route == Route::Tcp;
+        if was_tcp != is_tcp {
+            self.tcp_peers = if is_tcp {
+                self.tcp_peers + 1
+            } else {
+                self.tcp_peers.saturating_sub(1)
+            };
+        }
+    }
+
+    fn release_held(&mut self, peer: usize) {
+        self.peers[peer].holding = false;
+        let held = std::mem::take(&mut self.peers[peer].held);
+        self.n_pending += held.len();
+        self.peers[peer].pending.extend(held);
+    }
+
+    /// Act on a request from the launcher's control socket (after SIGUSR2).
+    pub(super) fn serve_migration_request(&mut self) {
+        REQUESTED.store(false, Ordering::Relaxed);
+        let Some(mut ctl) = self.mig_ctx.as_mut().and_then(|c| c.ctl.take()) else {
+            return;
+        };
+        use std::io::{Read, Write};
+        let _ = ctl.set_nonblocking(true);
+        let mut buf = [0u8; 128];
+        let mut line = String::new();
+        while let Ok(k) = ctl.read(&mut buf) {
+            if k == 0 {
+                break;
+            }
+            line.push_str(&String::from_utf8_lossy(&buf[..k]));
+        }
+        for req in line.lines() {
+            let reply = match req.split_whitespace().collect::<Vec<_>>().as_slice() {
+                ["migrate", h] => match h.parse::<usize>() {
+                    Ok(h) => match self.migrate_to(h) {
+                        Ok(d) => format!("ok {:.3} ms", d.as_secs_f64() * 1e3),
+                        Err(e) => format!("error {e}"),
+                    },
+                    Err(_) => format!("error bad host {h:?}"),
+                },
+                _ => format!("error unknown request {req:?}"),
+            };
+            let _ = ctl.set_nonblocking(false);
+            let _ = ctl.write_all(format!("{reply}\n").as_bytes());
+            let _ = ctl.set_nonblocking(true);
+        }
+        if let Some(c) = self.mig_ctx.as_mut() {
+            c.ctl = Some(ctl);
+        }
+    }
+}

@@ -1,0 +1,183 @@
+//! Emulated hosts: one network namespace per host (with its own address and region directory), joined by
+//! veth pairs to a bridge in a per-job switch namespace. Created by `vmfabric run --hosts H`, removed when
+//! the job ends (or by `vmfabric clean` after a crash).
+//!
+//! Addresses come from 198.18.0.0/15 (RFC 2544, reserved for benchmarking), host `i` = 198.18.0.(i+1)/24;
+//! each job has its own switch namespace, so concurrent jobs do not collide.
+use crate::LaunchError;
+use std::fs::File;
+use std::os::fd::{AsRawFd, RawFd};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// One emulated host.
+#[derive(Debug)]
+pub struct Host {
+    /// Network namespace name (under /run/netns).
+    pub netns: String,
+    /// Its region directory.
+    pub dir: PathBuf,
+    /// Its address.
+    pub ip: String,
+    ns: File,
+}
+
+impl Host {
+    /// Descriptor of the namespace (for `setns`).
+    pub fn ns_fd(&self) -> RawFd {
+        self.ns.as_raw_fd()
+    }
+}
+
+/// The hosts of a job.
+#[derive(Debug)]
+pub struct Topology {
+    /// Hosts in order.
+    pub hosts: Vec<Host>,
+    switch: String,
+    owned: bool,
+}
+
+fn ip(args: &[&str]) -> Result<(), String> {
+    let o = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| format!("cannot run ip(8): {e}"))?;
+    if o.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "`ip {}` failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&o.stderr).trim()
+        ))
+    }
+}
+
+/// Name prefix of a job's namespaces.
+pub fn netns_prefix(job: &str) -> String {
+    format!("vmf-{job}-")
+}
+
+/// The string a rank gets in `VMF_HOSTS_TABLE`: `i=netns_path,region_dir,ip;...`.
+pub fn table(hosts: &[Host]) -> String {
+    hosts
+        .iter()
+        .enumerate()
+        .map(|(i, h)| format!("{i}=/run/netns/{},{},{}", h.netns, h.dir.display(), h.ip))
+        .collect::<Vec<_>>()
+        .join(";")
+}
+
+impl Topology {
+    /// Create `n` hosts for job `job`, with region directories under `region_dir`.
+    pub fn create(job: &str, n: usize, region_dir: &Path) -> Result<Topology, LaunchError> {
+        let priv_err = |why: String| {
+            LaunchError::InvalidOptions(format!(
+                "--hosts needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN) to create network namespaces: {why}"
+            ))
+        };
+        if n == 0 || n > 250 {
+            return Err(LaunchError::InvalidOptions(format!(
+                "--hosts {n} is not within 1..=250"
+            )));
+        }
+        let switch = format!("{}sw", netns_prefix(job));
+        ip(&["netns", "add", &switch]).map_err(priv_err)?;
+        let mut topo = Topology {
+            hosts: Vec::new(),
+            switch: switch.clone(),
+            owned: true,
+        };
+        let step = |r: Result<(), String>| {
+            r.map_err(|why| {
+                LaunchError::InvalidOptions(format!("cannot create the emulated hosts: {why}"))
+            })
+        };
+        step(ip(&["-n", &switch, "link", "add", "br0", "type", "bridge"]))?;
+        step(ip(&["-n", &switch, "link", "set", "br0", "up"]))?;
+        step(ip(&["-n", &switch, "link", "set", "lo", "up"]))?;
+        for i in 0..n {
+            let ns = format!("{}h{i}", netns_prefix(job));
+            step(ip(&["netns", "add", &ns]))?;
+            // veth names must be unique in the root namespace while being created: include the job id.
+            let (a, b) = (
+                format!("v{}h{i}", &job[..job.len().min(8)]),
+                format!("v{}s{i}", &job[..job.len().min(8)]),
+            );
+            step(ip(&["link", "add", &a, "type", "veth", "peer", "name", &b]))?;
+            step(ip(&["link", "set", &a, "netns", &ns]))?;
+            step(ip(&["link", "set", &b, "netns", &switch]))?;
+            step(ip(&["-n", &switch, "link", "set", &b, "master", "br0"]))?;
+            step(ip(&["-n", &switch, "link", "set", &b, "up"]))?;
+            let addr = format!("198.18.0.{}", i + 1);
+            step(ip(&[
+                "-n",
+                &ns,
+                "addr",
+                "add",
+                &format!("{addr}/24"),
+                "dev",
+                &a,
+            ]))?;
+            step(ip(&["-n", &ns, "link", "set", &a, "up"]))?;
+            step(ip(&["-n", &ns, "link", "set", "lo", "up"]))?;
+            let dir = region_dir.join(format!("vmf-{job}-h{i}"));
+            std::fs::create_dir_all(&dir).map_err(|e| LaunchError::Io {
+                what: format!("create {}", dir.display()),
+                source: e,
+            })?;
+            let f = File::open(format!("/run/netns/{ns}")).map_err(|e| LaunchError::Io {
+                what: format!("open the namespace {ns}"),
+                source: e,
+            })?;
+            topo.hosts.push(Host {
+                netns: ns,
+                dir,
+                ip: addr,
+                ns: f,
+            });
+        }
+        Ok(topo)
+    }
+
+    /// Remove namespaces and host directories.
+    pub fn destroy(&mut self) {
+        if !self.owned {
+            return;
+        }
+        self.owned = false;
+        for h in &self.hosts {
+            let _ = ip(&["netns", "del", &h.netns]);
+            let _ = std::fs::remove_dir_all(&h.dir);
+        }
+        let _ = ip(&["netns", "del", &self.switch]);
+    }
+}
+
+impl Drop for Topology {
+    fn drop(&mut self) {
+        self.destroy();
+    }
+}
+
+/// Remove whatever a dead job `job` left: namespaces `vmf-<job>-*` and host directories under `region_dir`.
+pub fn remove_leftovers(job: &str, region_dir: &Path) {
+    let prefix = netns_prefix(job);
+    if let Ok(rd) = std::fs::read_dir("/run/netns") {
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            if name.starts_with(&prefix) {
+                let _ = ip(&["netns", "del", &name]);
+            }
+        }
+    }
+    if let Ok(rd) = std::fs::read_dir(region_dir) {
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            if name.starts_with(&format!("vmf-{job}-h")) && e.path().is_dir() {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
+}
