@@ -42,13 +42,17 @@ DISPLAY = {"vmfabric": "vmfabric", "vmfabric-mpi": "vmfabric (MPI)", "mpich": "M
 IMPL_ORDER = ["vmfabric", "vmfabric-mpi", "mpich", "openmpi"]
 BENCH_ORDER = ["latency", "bw", "bibw"]
 BANDWIDTH_BENCHES = ("bw", "bibw")
-SPECIAL = {"summary", "cacheline"}  # json files that are not <impl>-<bench>
+SPECIAL = {"summary", "cacheline", "migrate"}  # json files that are not <impl>-<bench>
 
 # (id, description, benchmark, size, kind, factor)
 #   kind "le_best": ours <= factor * best-of-others   (lower is better)
 #   kind "ge_best": ours >= factor * best-of-others   (higher is better)
 #   kind "le_floor": ours <= factor * cache-line floor
 TARGETS = [
+    ("tcp_lat8_vs_openmpi", "TCP across hosts: 8-byte latency <= 0.8x {others}",
+     "tcplat", 8, "le_best", 0.8),
+    ("tcp_bw1m_vs_openmpi", "TCP across hosts: bw at 1 MiB >= 1.2x {others}",
+     "tcpbw", 1048576, "ge_best", 1.2),
     ("lat8_vs_best", "8-byte latency <= 0.8x best of {others}",
      "latency", 8, "le_best", 0.8),
     ("lat8_vs_floor", "8-byte latency <= 3x cache-line floor",
@@ -477,6 +481,24 @@ def main(argv):
     date = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
 
     md = render_markdown(summary, transports, floor, floor_ratios, targets, status, machine, date, meta)
+    mig_path = os.path.join(rdir, "migrate.json")
+    if os.path.exists(mig_path):
+        try:
+            with open(mig_path) as f:
+                m = json.load(f)
+            clean = all(m.get(k) == 0 for k in ("lost", "duplicated", "reordered", "corrupt"))
+            md += ("\n## Live migration (`vmfabric run --hosts %s -n %s vmfabric bench migrate`)\n\n"
+                   "| migrations | messages | MiB | lost | duplicated | reordered | corrupt | pause median (ms) | pause p99 (ms) |\n"
+                   "|---|---|---|---|---|---|---|---|---|\n"
+                   "| %s | %s | %.1f | %s | %s | %s | %s | %.3f | %.3f |\n\n"
+                   % (m.get("hosts"), m.get("ranks"), m.get("migrations"), m.get("messages"),
+                      m.get("bytes", 0) / 2**20, m.get("lost"), m.get("duplicated"), m.get("reordered"),
+                      m.get("corrupt"), m.get("pause_ms_median", 0), m.get("pause_ms_p99", 0)))
+            md += "- %s  nothing lost, duplicated or reordered\n" % ("PASS" if clean else "MISS")
+            md += "- %s  pause median <= 5 ms (%.3f ms)\n" % (
+                "PASS" if m.get("pause_ms_median", 1e9) <= 5 else "MISS", m.get("pause_ms_median", 0))
+        except (OSError, ValueError) as e:
+            warn("cannot read %s: %s" % (mig_path, e))
     with open(os.path.join(rdir, "summary.md"), "w") as f:
         f.write(md)
 

@@ -19,6 +19,7 @@
 #   BENCH_RESULTS_DIR=dir     where results go (default bench/results)
 #   BENCH_VMFABRIC=path       vmfabric binary (default target/release/vmfabric)
 #   BENCH_STRICT=1            exit 1 if any run failed (default: warn, exit 0)
+#   BENCH_HOSTS=0             skip TCP-between-hosts and migration benchmarks (need root)
 #   BENCH_OVERCOMMIT=0        skip the overcommit sweep (bench/overcommit.sh, which
 #                             has its own knobs: BENCH_OVERCOMMIT_QUICK=1, ...)
 set -euo pipefail
@@ -290,6 +291,29 @@ if [ "${BENCH_OVERCOMMIT:-1}" != 0 ]; then
     fi
 else
     log "BENCH_OVERCOMMIT=0: overcommit sweep skipped"
+fi
+
+# ---------------------------------------------------------------- hosts: TCP and live migration
+# vmfabric across 2 emulated hosts (TCP over veth + bridge) vs Open MPI's TCP BTL (loopback), and the
+# migration benchmark on 3 hosts. Needs root for the network namespaces; BENCH_HOSTS=0 skips it.
+if [ "${BENCH_HOSTS:-1}" != 0 ] && [ "$(id -u)" = 0 ]; then
+    TSZ="8,1024,65536,1048576"
+    timeout 300 "$VMF" run --hosts 2 -n 2 "$VMF" bench latency --sizes "$TSZ" --iters 3000 \
+        --json "$RESULTS/vmfabric-tcplat.json" || FAILURES+=("vmfabric tcp latency")
+    timeout 300 "$VMF" run --hosts 2 -n 2 "$VMF" bench bw --sizes "$TSZ" --iters 500 \
+        --json "$RESULTS/vmfabric-tcpbw.json" || FAILURES+=("vmfabric tcp bw")
+    if command -v mpirun.openmpi >/dev/null 2>&1; then
+        timeout 300 mpirun.openmpi --allow-run-as-root --oversubscribe --mca pml ob1 --mca btl tcp,self -n 2 \
+            "$BUILD/mpi_pingpong.openmpi" latency --sizes "$TSZ" --iters 3000 --json "$RESULTS/openmpi-tcplat.json" \
+            --label openmpi-tcp >/dev/null || FAILURES+=("openmpi tcp latency")
+        timeout 300 mpirun.openmpi --allow-run-as-root --oversubscribe --mca pml ob1 --mca btl tcp,self -n 2 \
+            "$BUILD/mpi_pingpong.openmpi" bw --sizes "$TSZ" --iters 500 --json "$RESULTS/openmpi-tcpbw.json" \
+            --label openmpi-tcp >/dev/null || FAILURES+=("openmpi tcp bw")
+    fi
+    timeout 300 "$VMF" run --hosts 3 -n 4 "$VMF" bench migrate --migrations 20 \
+        --json "$RESULTS/migrate.json" || FAILURES+=("vmfabric migrate")
+else
+    log "hosts benchmarks skipped (BENCH_HOSTS=0 or not root)"
 fi
 
 # ---------------------------------------------------------------- report

@@ -12,6 +12,11 @@ command -v make >/dev/null 2>&1 || need+=(make)
 # MPICH: the ABI reference the MPI library's tests compile against, and Hydra (mpiexec.mpich).
 command -v mpicc.mpich >/dev/null 2>&1 || need+=(mpich libmpich-dev)
 command -v objdump >/dev/null 2>&1 || need+=(binutils)
+# Fortran bindings (libmpichfort.so.12) and their tests; python3 generates the bindings.
+command -v gfortran >/dev/null 2>&1 || need+=(gfortran)
+command -v python3 >/dev/null 2>&1 || need+=(python3)
+# Emulated hosts (vmfabric run --hosts) use ip(8).
+command -v ip >/dev/null 2>&1 || need+=(iproute2)
 if [ ${#need[@]} -gt 0 ]; then
   echo "deps: installing ${need[*]}"
   if [ "$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi

@@ -18,7 +18,32 @@ fn human(b: u64) -> String {
     }
 }
 
+/// Inside a job (`vmfabric run -n N vmfabric info`): every rank prints the channel it uses to every peer.
+fn in_job() -> i32 {
+    let f = match vmf_core::Fabric::init() {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("vmfabric info: {e}");
+            return 1;
+        }
+    };
+    let ch: Vec<String> = (0..f.size()).map(|p| format!("{p}:{}", f.channel(p).name())).collect();
+    let host = f.current_host().map_or(String::new(), |h| format!(" on host {h}"));
+    let tcp = f.engine().tcp().map_or(String::new(), |t| format!(", tcp {}", t.local_addr()));
+    println!("rank {}{host}: channels {}{tcp}", f.rank(), ch.join(" "));
+    match f.finalize() {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("vmfabric info: {e}");
+            1
+        }
+    }
+}
+
 pub fn run(ranks: Option<usize>) -> i32 {
+    if std::env::var_os("PMI_FD").is_some() || std::env::var_os("PMI_PORT").is_some() {
+        return in_job();
+    }
     let cfg = match Config::from_env() {
         Ok(c) => c,
         Err(e) => {
@@ -32,6 +57,8 @@ pub fn run(ranks: Option<usize>) -> i32 {
     println!("  self   loopback to the same rank");
     println!("  shm    shared-memory rings between ranks that map the same region (same UUID)");
     println!("         large messages: process_vm_readv {}", cma_status());
+    println!("  tcp    authenticated TCP between ranks that share no region (other hosts); selection per pair:");
+    println!("         self, then shm, then tcp (run a job with `vmfabric run -n N vmfabric info` to see it)");
     println!();
     if cfg.region_path.is_empty() {
         let d = std::path::Path::new(&cfg.region_dir);
