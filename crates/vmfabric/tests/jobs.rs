@@ -735,3 +735,14 @@ fn unauthenticated_connection_is_refused_and_job_unaffected() {
     assert!(st.success(), "{rest}");
     assert_eq!(rest.matches("all verified").count(), 2, "{rest}");
 }
+
+#[test]
+fn blocked_rank_wakes_on_tcp_with_little_cpu() {
+    // Ranks on two emulated hosts: the waiting rank sleeps in epoll and must wake on the TCP message.
+    let d = Dir::new("blockcpu-tcp");
+    let out = assert_ok(&hosts_job(&d, 2, 2, &["selftest", "block-cpu"], &[("VMF_WAIT", "adaptive")]));
+    let line = out.lines().find(|l| l.contains("rank 1 blocked")).unwrap_or_else(|| panic!("{out}"));
+    let f: Vec<&str> = line.split_whitespace().collect();
+    let (wall, cpu): (f64, f64) = (f[3].parse().unwrap(), f[6].parse().unwrap());
+    assert!(wall >= 0.9 && cpu <= 0.1 * wall, "{line}");
+}
