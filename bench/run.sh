@@ -310,6 +310,11 @@ if [ "${BENCH_HOSTS:-1}" != 0 ] && [ "$(id -u)" = 0 ]; then
             "$BUILD/mpi_pingpong.openmpi" bw --sizes "$TSZ" --iters 500 --json "$RESULTS/openmpi-tcpbw.json" \
             --label openmpi-tcp >/dev/null || FAILURES+=("openmpi tcp bw")
     fi
+    # The programs write "latency"/"bw": retag so these land in their own tables.
+    for f in vmfabric-tcplat vmfabric-tcpbw openmpi-tcplat openmpi-tcpbw; do
+        [ -f "$RESULTS/$f.json" ] && "$PY" -c 'import json,sys; p=sys.argv[1]; d=json.load(open(p)); d["benchmark"]=sys.argv[2]; json.dump(d, open(p,"w"), indent=1)' \
+            "$RESULTS/$f.json" "${f#*-}"
+    done
     timeout 300 "$VMF" run --hosts 3 -n 4 "$VMF" bench migrate --migrations 20 \
         --json "$RESULTS/migrate.json" || FAILURES+=("vmfabric migrate")
 else

@@ -24,6 +24,7 @@ pub const PARAMS: &[Param] = &[
     Param { name: "SHM_CMA", default: "1", doc: "1: large messages by a single process_vm_readv copy where the kernel allows; 0: pipelined copy through the region (the path between VMs)" },
     Param { name: "SHM_CMA_MIN", default: "auto", doc: "smallest rendezvous message (bytes) moved by single copy when SHM_CMA=1; auto: every rendezvous message when this host's ranks outnumber its CPUs, else none (the pipelined copy measured faster)" },
     Param { name: "SHM_CHUNK", default: "64K", doc: "chunk size (bytes) of the pipelined rendezvous copy" },
+    Param { name: "SHM", default: "1", doc: "1: co-resident ranks talk through shared memory; 0: over TCP too (to measure or test TCP on one host)" },
     Param { name: "TCP", default: "1", doc: "1: reach ranks that share no region over TCP; 0: shared memory only" },
     Param { name: "TCP_ADDR", default: "auto", doc: "address this rank listens on and publishes; auto: the first non-loopback IPv4 address of this host, else 127.0.0.1" },
     Param { name: "TCP_EAGER_LIMIT", default: "64K", doc: "largest message (bytes) sent eagerly over TCP; larger ones use rendezvous and are read straight into the receive buffer" },
@@ -98,6 +99,8 @@ pub struct Config {
     pub shm_chunk: usize,
     /// SHM_MAX_LOCAL.
     pub shm_max_local: u32,
+    /// SHM.
+    pub shm: bool,
     /// TCP.
     pub tcp: bool,
     /// TCP_ADDR (None = auto).
@@ -199,6 +202,7 @@ impl Config {
             },
             shm_chunk: size("SHM_CHUNK", 4096, 1 << 30)? as usize,
             shm_max_local: size("SHM_MAX_LOCAL", 1, 65536)? as u32,
+            shm: flag("SHM")?,
             tcp: flag("TCP")?,
             tcp_addr: match get("TCP_ADDR").as_str() {
                 "auto" | "" => None,

@@ -1157,7 +1157,12 @@ impl Engine {
             && (self.shm.is_none() || n == 0 || self.passes % 8 == 0))
             || (self.tcp.is_some() && self.mig_ctx.is_some() && self.passes % 16 == 0);
         if look_tcp {
-            for _ in 0..32 {
+            for i in 0..32 {
+                // After the first packet, continue only with bytes already read: another look at the
+                // sockets would put system calls between a delivery and the application's answer.
+                if i > 0 && !self.tcp.as_ref().unwrap().has_buffered() {
+                    break;
+                }
                 let reqs = &self.reqs;
                 let tcp = self.tcp.as_mut().unwrap();
                 let inc =

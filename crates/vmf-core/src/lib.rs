@@ -236,7 +236,7 @@ impl Fabric {
                     slot: li,
                     addr,
                 });
-                if uuid == reg.uuid_hex() {
+                if uuid == reg.uuid_hex() && cfg.shm {
                     local.push((r, li));
                 } else if let (Some(t), Some(a)) = (tcp.as_mut(), addr) {
                     t.set_peer_addr(r, a);

@@ -377,45 +377,32 @@ impl TcpTransport {
     /// Accept connections and advance handshakes and backlogs. Returns how many things happened.
     pub fn progress(&mut self) -> Result<usize, TransportError> {
         let mut n = 0;
-        for l in &self.old_listeners {
-            while let Ok((s, from)) = l.accept() {
-                let _ = s.set_nonblocking(true);
-                let _ = s.set_nodelay(true);
-                self.incoming.push(Handshake {
-                    stream: s,
-                    state: HsState::WaitHello,
-                    buf: Vec::new(),
-                    peer: None,
-                    nonce_c: [0; 16],
-                    nonce_a: [0; 16],
-                    started: Instant::now(),
-                    from: from.to_string(),
-                });
-                self.epoll_dirty = true;
+        // Listeners kept from before a migration still accept (peers that have not heard of it yet).
+        let mut accepted = Vec::new();
+        for l in self.old_listeners.iter().chain(std::iter::once(&self.listener)) {
+            loop {
+                match l.accept() {
+                    Ok(x) => accepted.push(x),
+                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                    Err(_) => break,
+                }
             }
         }
-        loop {
-            match self.listener.accept() {
-                Ok((s, from)) => {
-                    let _ = s.set_nonblocking(true);
-                    let _ = s.set_nodelay(true);
-                    self.incoming.push(Handshake {
-                        stream: s,
-                        state: HsState::WaitHello,
-                        buf: Vec::new(),
-                        peer: None,
-                        nonce_c: [0; 16],
-                        nonce_a: [0; 16],
-                        started: Instant::now(),
-                        from: from.to_string(),
-                    });
-                    self.epoll_dirty = true;
-                    n += 1;
-                }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(_) => break,
-            }
+        for (s, from) in accepted {
+            let _ = s.set_nonblocking(true);
+            let _ = s.set_nodelay(true);
+            self.incoming.push(Handshake {
+                stream: s,
+                state: HsState::WaitHello,
+                buf: Vec::new(),
+                peer: None,
+                nonce_c: [0; 16],
+                nonce_a: [0; 16],
+                started: Instant::now(),
+                from: from.to_string(),
+            });
+            self.epoll_dirty = true;
+            n += 1;
         }
         n += self.advance_incoming();
         n += self.advance_outgoing()?;
@@ -798,7 +785,12 @@ impl TcpTransport {
                     })
                 }
                 Ok(k) => {
+                    let drained = c.rx_end + k < c.rx.len();
                     c.rx_end += k;
+                    // A short read emptied the socket: no need to ask it again until epoll says so.
+                    if drained {
+                        self.ready[peer] = false;
+                    }
                     return Ok(true);
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(false),
