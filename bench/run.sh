@@ -298,10 +298,15 @@ fi
 # migration benchmark on 3 hosts. Needs root for the network namespaces; BENCH_HOSTS=0 skips it.
 if [ "${BENCH_HOSTS:-1}" != 0 ] && [ "$(id -u)" = 0 ]; then
     TSZ="8,1024,65536,1048576"
-    timeout 300 "$VMF" run --hosts 2 -n 2 "$VMF" bench latency --sizes "$TSZ" --iters 3000 \
+    # Same kernel path as Open MPI's TCP BTL (one host, VMF_SHM=0), and across emulated hosts (veth + bridge).
+    timeout 300 env VMF_SHM=0 "$VMF" run -n 2 "$VMF" bench latency --sizes "$TSZ" --iters 3000 \
         --json "$RESULTS/vmfabric-tcplat.json" || FAILURES+=("vmfabric tcp latency")
-    timeout 300 "$VMF" run --hosts 2 -n 2 "$VMF" bench bw --sizes "$TSZ" --iters 500 \
+    timeout 300 env VMF_SHM=0 "$VMF" run -n 2 "$VMF" bench bw --sizes "$TSZ" --iters 500 \
         --json "$RESULTS/vmfabric-tcpbw.json" || FAILURES+=("vmfabric tcp bw")
+    timeout 300 "$VMF" run --hosts 2 -n 2 "$VMF" bench latency --sizes "$TSZ" --iters 3000 \
+        --json "$RESULTS/vmfabric-hosts-tcplat.json" || FAILURES+=("vmfabric hosts tcp latency")
+    timeout 300 "$VMF" run --hosts 2 -n 2 "$VMF" bench bw --sizes "$TSZ" --iters 500 \
+        --json "$RESULTS/vmfabric-hosts-tcpbw.json" || FAILURES+=("vmfabric hosts tcp bw")
     if command -v mpirun.openmpi >/dev/null 2>&1; then
         timeout 300 mpirun.openmpi --allow-run-as-root --oversubscribe --mca pml ob1 --mca btl tcp,self -n 2 \
             "$BUILD/mpi_pingpong.openmpi" latency --sizes "$TSZ" --iters 3000 --json "$RESULTS/openmpi-tcplat.json" \
@@ -311,9 +316,9 @@ if [ "${BENCH_HOSTS:-1}" != 0 ] && [ "$(id -u)" = 0 ]; then
             --label openmpi-tcp >/dev/null || FAILURES+=("openmpi tcp bw")
     fi
     # The programs write "latency"/"bw": retag so these land in their own tables.
-    for f in vmfabric-tcplat vmfabric-tcpbw openmpi-tcplat openmpi-tcpbw; do
+    for f in vmfabric-tcplat vmfabric-tcpbw vmfabric-hosts-tcplat vmfabric-hosts-tcpbw openmpi-tcplat openmpi-tcpbw; do
         [ -f "$RESULTS/$f.json" ] && "$PY" -c 'import json,sys; p=sys.argv[1]; d=json.load(open(p)); d["benchmark"]=sys.argv[2]; json.dump(d, open(p,"w"), indent=1)' \
-            "$RESULTS/$f.json" "${f#*-}"
+            "$RESULTS/$f.json" "${f##*-}"
     done
     timeout 300 "$VMF" run --hosts 3 -n 4 "$VMF" bench migrate --migrations 20 \
         --json "$RESULTS/migrate.json" || FAILURES+=("vmfabric migrate")
