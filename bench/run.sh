@@ -34,7 +34,7 @@ STATUS="$RESULTS/status.tsv"
 VMF="${BENCH_VMFABRIC:-target/release/vmfabric}"
 read -r -a MODES <<<"${BENCH_MODES:-latency bw bibw}"
 TIMEOUT="${BENCH_TIMEOUT:-600}"
-ROUNDS="${BENCH_ROUNDS:-3}"
+ROUNDS="${BENCH_ROUNDS:-5}"
 ROUNDS_DIR="$BUILD/rounds"
 FAILURES=()
 FAILED_ROUNDS=()

@@ -265,7 +265,10 @@ impl Waiter {
     fn new(cfg: &Config, local_ranks: usize) -> Waiter {
         let cpus = cfg.host_cpus.unwrap_or_else(vmf_pal::available_cpus).max(1);
         let oversubscribed = local_ranks > cpus;
-        let min_spin = Duration::from_micros(2);
+        // With a core per rank the budget never drops below 20 us: under background load a preempted peer
+        // makes some waits long, and a budget learnt down to nothing would put every later wait to sleep,
+        // whose wake-up latency then makes the next waits long too. With more ranks than cores, 2 us.
+        let min_spin = Duration::from_micros(if oversubscribed { 2 } else { 20 });
         // With fewer cores than ranks, spinning burns the time slice the awaited rank needs.
         let max_spin = if oversubscribed {
             min_spin
