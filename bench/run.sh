@@ -329,6 +329,7 @@ fi
 # ---------------------------------------------------------------- report
 CMP_RC=0
 "$PY" bench/compare.py "$RESULTS" || CMP_RC=$?
+[ "$RESULTS" = "$ROOT/bench/results" ] || [ "$RESULTS" = "bench/results" ] && "$PY" bench/publish.py || true
 if [ "$CMP_RC" != 0 ]; then
     warn "compare.py failed (rc=$CMP_RC)"
 fi
