@@ -31,7 +31,7 @@ pub const PARAMS: &[Param] = &[
     Param { name: "TCP_CHUNK", default: "256K", doc: "bytes per data frame of a TCP rendezvous (written straight from the send buffer)" },
     Param { name: "SHM_MAX_LOCAL", default: "256", doc: "most ranks that may share one region" },
     Param { name: "WAIT", default: "adaptive", doc: "how a rank waits: spin (poll), yield (poll, then sched_yield), block (poll briefly, then sleep until a message arrives), adaptive (spin budget learnt from observed waits and cores per rank, then yield if oversubscribed, then sleep)" },
-    Param { name: "WAIT_SPIN_MAX_US", default: "50", doc: "adaptive: longest spin (microseconds) before sleeping when every rank of the host has a core" },
+    Param { name: "WAIT_SPIN_MAX_US", default: "1000", doc: "adaptive: longest spin (microseconds) when every rank of the host has a core (the learnt budget stays between 200 us and this)" },
     Param { name: "WAIT_YIELD_US", default: "50", doc: "adaptive, when ranks outnumber cores: time (microseconds) spent yielding before sleeping" },
     Param { name: "SPIN_COUNT", default: "100", doc: "yield policy: idle polls before the first sched_yield" },
     Param { name: "HOST_CPUS", default: "auto", doc: "CPUs available to this host's ranks (set by the launcher); auto: this process's affinity mask" },

@@ -265,21 +265,20 @@ impl Waiter {
     fn new(cfg: &Config, local_ranks: usize) -> Waiter {
         let cpus = cfg.host_cpus.unwrap_or_else(vmf_pal::available_cpus).max(1);
         let oversubscribed = local_ranks > cpus;
-        // With a core per rank the budget never drops below 20 us: under background load a preempted peer
+        // With a core per rank the budget never drops below 200 us: under background load a preempted peer
         // makes some waits long, and a budget learnt down to nothing would put every later wait to sleep,
         // whose wake-up latency then makes the next waits long too. With more ranks than cores, 2 us.
-        let min_spin = Duration::from_micros(if oversubscribed { 2 } else { 20 });
+        let min_spin = Duration::from_micros(if oversubscribed { 2 } else { 200 });
         // With fewer cores than ranks, spinning burns the time slice the awaited rank needs.
         let max_spin = if oversubscribed {
             min_spin
         } else {
             Duration::from_micros(cfg.wait_spin_max_us).max(min_spin)
         };
-        let yield_for = if oversubscribed {
-            Duration::from_micros(cfg.wait_yield_us)
-        } else {
-            Duration::ZERO
-        };
+        // Then yield before sleeping: 50 us (VMF_WAIT_YIELD_US) when ranks outnumber cores; 20x that when
+        // they do not, so that a peer preempted by a foreign program does not cost a wake-up every time
+        // (a yielding rank stays runnable) while a rank blocked for long still sleeps.
+        let yield_for = Duration::from_micros(if oversubscribed { cfg.wait_yield_us } else { 20 * cfg.wait_yield_us });
         let (spin, yield_for) = match cfg.wait {
             WaitPolicy::Block => (Duration::from_micros(1), Duration::ZERO),
             _ => (max_spin, yield_for),
@@ -619,27 +618,20 @@ impl Engine {
         data_len: usize,
         complete: Option<ReqId>,
     ) -> Result<bool> {
-        let mut p = Pending {
-            hdr,
-            a: [0; 48],
-            a_len: a.len() as u8,
-            data,
-            data_len,
-            complete,
-            retire_tcp: false,
-        };
-        p.a[..a.len()].copy_from_slice(a);
-        if self.peers[peer].holding {
-            self.peers[peer].held.push_back(p);
-            return Ok(false);
-        }
-        if self.peers[peer].pending.is_empty() {
+        let holding = self.peers[peer].holding;
+        if !holding && self.peers[peer].pending.is_empty() {
+            // The common case: straight into the transport, no bookkeeping.
             // SAFETY: data/data_len describe the caller's buffer, valid until the request completes.
             let b = unsafe { slice(data, data_len) };
             if self.try_packet(peer, &mut hdr, a, b)? {
                 return Ok(true);
             }
-            p.hdr = hdr;
+        }
+        let mut p = Pending { hdr, a: [0; 48], a_len: a.len() as u8, data, data_len, complete, retire_tcp: false };
+        p.a[..a.len()].copy_from_slice(a);
+        if holding {
+            self.peers[peer].held.push_back(p);
+            return Ok(false);
         }
         self.peers[peer].pending.push_back(p);
         self.n_pending += 1;
