@@ -192,7 +192,10 @@ def implemented():
     src = os.path.join(ROOT, "crates", "vmf-mpi", "src")
     for f in os.listdir(src):
         if f.endswith(".rs"):
-            names.update(re.findall(r"\bfn\s+(MPI_\w+)\s*/\s*PMPI_", open(os.path.join(src, f)).read()))
+            # `fn MPI_X / PMPI_X(` and the paired form `fn MPI_X / PMPI_X / MPI_IX / PMPI_IX(` (coll.rs)
+            for line in open(os.path.join(src, f)).read().splitlines():
+                if re.match(r"\s*fn\s+MPI_", line):
+                    names.update(re.findall(r"\b(MPI_\w+)\s*/\s*PMPI_", line))
     return sorted(names)
 
 

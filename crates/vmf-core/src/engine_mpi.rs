@@ -6,7 +6,7 @@
 //! - [`Engine::peek`]: the status of a completed request without freeing it (MPI_Request_get_status);
 //! - [`Engine::take_full`]: free a completed request and return its status *and* its error, so a truncated
 //!   receive still reports how many bytes it delivered (MPI_ERR_TRUNCATE with a valid status).
-use super::{matches, Engine, Phase, ReqId, State, Status, UnexpBody, Unexp};
+use super::{matches, Engine, Phase, ReqId, State, Status, Unexp, UnexpBody};
 use crate::error::{Error, Op, Result};
 
 /// A message removed from the unexpected queue by a matched probe; receive it with [`Engine::imrecv`].
@@ -20,7 +20,13 @@ impl MatchedMsg {
     /// The message's status (source, tag, length).
     pub fn status(&self) -> Status {
         let len = unexp_len(&self.u);
-        Status { source: self.u.src, tag: self.u.tag, count: len, msg_len: len, cancelled: false }
+        Status {
+            source: self.u.src,
+            tag: self.u.tag,
+            count: len,
+            msg_len: len,
+            cancelled: false,
+        }
     }
 }
 
@@ -45,12 +51,19 @@ impl Engine {
     pub fn mprobe(&mut self, src: i64, tag: i32, ctx: u32) -> Result<MatchedMsg> {
         self.check_peer(src, Op::Probe, true)?;
         self.check_tag(src, tag, Op::Probe, true)?;
-        self.wait_until(Op::Probe, |e| e.unexpected.iter().any(|u| matches(src as i32, tag, ctx, u.src, u.tag, u.ctx)))?;
+        self.wait_until(Op::Probe, |e| {
+            e.unexpected
+                .iter()
+                .any(|u| matches(src as i32, tag, ctx, u.src, u.tag, u.ctx))
+        })?;
         Ok(self.take_unexpected(src, tag, ctx).expect("found above"))
     }
 
     fn take_unexpected(&mut self, src: i64, tag: i32, ctx: u32) -> Option<MatchedMsg> {
-        let pos = self.unexpected.iter().position(|u| matches(src as i32, tag, ctx, u.src, u.tag, u.ctx))?;
+        let pos = self
+            .unexpected
+            .iter()
+            .position(|u| matches(src as i32, tag, ctx, u.src, u.tag, u.ctx))?;
         self.unexpected.remove(pos).map(|u| MatchedMsg { u })
     }
 
@@ -88,7 +101,10 @@ impl Engine {
     /// keeps the number of bytes it delivered in `count`).
     pub fn take_full(&mut self, id: ReqId) -> Result<(Status, Option<Error>)> {
         let me = self.me;
-        let r = self.req_mut(id).ok_or(Error::InvalidRequest { rank: me, op: Op::Wait })?;
+        let r = self.req_mut(id).ok_or(Error::InvalidRequest {
+            rank: me,
+            op: Op::Wait,
+        })?;
         r.state = State::Free;
         r.gen = r.gen.wrapping_add(1).max(1);
         let st = r.status;
@@ -99,6 +115,7 @@ impl Engine {
 
     /// True if the request is a receive still waiting in the posted queue (not matched yet).
     pub fn is_posted(&self, id: ReqId) -> bool {
-        self.req(id).is_some_and(|r| r.state == State::Active && r.phase == Phase::Posted)
+        self.req(id)
+            .is_some_and(|r| r.state == State::Active && r.phase == Phase::Posted)
     }
 }

@@ -190,8 +190,10 @@ fn do_init(required: c_int, provided: *mut c_int) -> R {
     }
     let fab = Fabric::init().map_err(|e| MpiErr { code: MPI_ERR_OTHER, msg: e.to_string() })?;
     let (rank, size) = (fab.rank(), fab.size());
-    let world = Comm { pt: 16, coll: 17, rank: rank as i32, size: size as i32, world: None, eh: MPI_ERRORS_ARE_FATAL, coll_seq: 0 };
-    let selfc = Comm { pt: 18, coll: 19, rank: 0, size: 1, world: Some(vec![rank]), eh: MPI_ERRORS_ARE_FATAL, coll_seq: 0 };
+    let mut world = Comm::new(16, rank as i32, None, size as i32, MPI_ERRORS_ARE_FATAL);
+    world.name = "MPI_COMM_WORLD".into();
+    let mut selfc = Comm::new(18, 0, Some(vec![rank]), 1, MPI_ERRORS_ARE_FATAL);
+    selfc.name = "MPI_COMM_SELF".into();
     let level = required.clamp(MPI_THREAD_SINGLE, MPI_THREAD_SERIALIZED);
     let st = State {
         fab,
@@ -206,6 +208,13 @@ fn do_init(required: c_int, provided: *mut c_int) -> R {
         errhandlers: Vec::new(),
         thread_level: level,
         main_thread: std::thread::current().id(),
+        groups: Vec::new(),
+        keyvals: Vec::new(),
+        ops: Vec::new(),
+        types: Vec::new(),
+        next_ctx: 32,
+        spare: None,
+        nbc_active: 0,
     };
     // SAFETY: serialised calls (crate contract).
     unsafe {
@@ -536,6 +545,16 @@ mpi_api! {
             if attribute_val.is_null() || flag.is_null() {
                 return err(MPI_ERR_ARG, "NULL argument");
             }
+            if let Some(v) = crate::comm::get_user_attr(st, comm, keyval)? {
+                match v {
+                    Some(v) => {
+                        *(attribute_val as *mut *mut c_void) = v;
+                        *flag = 1;
+                    }
+                    None => *flag = 0,
+                }
+                return Ok(());
+            }
             let out = attribute_val as *mut *mut c_int;
             let p: *mut c_int = match keyval {
                 MPI_TAG_UB => &raw mut ATTR_TAG_UB,
@@ -554,23 +573,4 @@ mpi_api! {
         fin(comm, "MPI_Comm_get_attr", r)
     }
 
-    fn MPI_Type_size / PMPI_Type_size(datatype: MPI_Datatype, size: *mut c_int) -> c_int {
-        let r = (|| -> R {
-            let s = type_extent(datatype)?;
-            if size.is_null() {
-                return err(MPI_ERR_ARG, "size is NULL");
-            }
-            *size = s as c_int;
-            Ok(())
-        })();
-        fin(MPI_COMM_WORLD, "MPI_Type_size", r)
-    }
-
-    fn MPI_Barrier / PMPI_Barrier(comm: MPI_Comm) -> c_int {
-        let r = (|| -> R {
-            let st = state()?;
-            crate::p2p::barrier(st, comm)
-        })();
-        fin(comm, "MPI_Barrier", r)
-    }
 }

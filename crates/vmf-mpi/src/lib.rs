@@ -27,7 +27,12 @@ use vmf_core::engine::{Engine, ReqId};
 use vmf_core::Fabric;
 
 pub mod consts;
+mod bigcount;
+mod coll;
+mod comm;
+mod datatype;
 mod env;
+mod op;
 mod p2p;
 
 use consts::*;
@@ -98,6 +103,19 @@ pub(crate) struct Comm {
     pub world: Option<Vec<usize>>,
     pub eh: c_int,
     pub coll_seq: i32,
+    /// Name (MPI_Comm_set_name).
+    pub name: String,
+    /// User attributes: (keyval, value), in the order they were set.
+    pub attrs: Vec<(c_int, *mut c_void)>,
+    /// Virtual topology.
+    pub topo: Option<comm::Topo>,
+}
+
+impl Comm {
+    /// A new communicator with contexts `ctx`/`ctx+1` over the world ranks `world` (`me` = my index).
+    pub fn new(ctx: u32, me: i32, world: Option<Vec<usize>>, size: i32, eh: c_int) -> Comm {
+        Comm { pt: ctx, coll: ctx + 1, rank: me, size, world, eh, coll_seq: 0, name: String::new(), attrs: Vec::new(), topo: None }
+    }
 }
 
 impl Comm {
@@ -131,6 +149,10 @@ pub(crate) enum Mode {
 pub(crate) struct Persist {
     pub buf: *mut u8,
     pub bytes: usize,
+    /// Elements and datatype (derived, non-contiguous types are packed/unpacked at each start).
+    pub count: usize,
+    pub dt: MPI_Datatype,
+    pub packed: bool,
     pub peer: i32,
     pub tag: i32,
     pub mode: Mode,
@@ -187,6 +209,10 @@ pub(crate) struct MReq {
     pub persist: Option<Persist>,
     /// Started (always true for nonpersistent requests).
     pub active: bool,
+    /// Derived-datatype staging: packed send data, or the receive buffer to unpack into.
+    pub xfer: Option<Box<datatype::Xfer>>,
+    /// Nonblocking collective: its schedule.
+    pub sched: Option<Box<coll::Sched>>,
 }
 
 /// A user error handler.
@@ -208,6 +234,21 @@ pub(crate) struct State {
     pub errhandlers: Vec<Option<CommErrFn>>,
     pub thread_level: c_int,
     pub main_thread: std::thread::ThreadId,
+    /// Groups (handle 0x88000000|i): world ranks in group order.
+    pub groups: Vec<Option<Vec<usize>>>,
+    /// Attribute keys (handle KEYVAL_BASE|i).
+    pub keyvals: Vec<Option<comm::Keyval>>,
+    /// User-defined reduction operations (handle 0x98000000|i).
+    pub ops: Vec<Option<op::UserOp>>,
+    /// Derived datatypes (handle 0xcc000000|i).
+    pub types: Vec<Option<datatype::Dtype>>,
+    /// Next free context id (every communicator takes two: point-to-point and collective).
+    pub next_ctx: u32,
+    /// A finished schedule kept for reuse (its vectors and temporaries): blocking collectives allocate
+    /// nothing in the steady state.
+    pub spare: Option<Box<coll::Sched>>,
+    /// Nonblocking collectives in flight (their requests are advanced by every MPI_Wait*/MPI_Test*).
+    pub nbc_active: usize,
 }
 
 /// Library lifecycle.

@@ -78,8 +78,70 @@ fn req_index(st: &State, h: MPI_Request) -> R<usize> {
     err(MPI_ERR_REQUEST, format!("invalid request handle {h:#x}"))
 }
 
+/// A request for a nonblocking collective.
+pub(crate) fn new_sched_req(st: &mut State, ci: usize, s: Box<crate::coll::Sched>) -> MPI_Request {
+    st.nbc_active += 1;
+    new_req(st, MReq { live: true, comm: ci, is_recv: false, eng: None, fin: None, persist: None, active: true, xfer: None, sched: Some(s) })
+}
+
+/// A request that is already complete.
+pub(crate) fn new_done_req(st: &mut State, ci: usize) -> MPI_Request {
+    new_req(st, MReq { live: true, comm: ci, is_recv: false, eng: None, fin: Some(St::EMPTY), persist: None, active: true, xfer: None, sched: None })
+}
+
+/// Advance the schedules (nonblocking collectives) among requests `idx`.
+fn drive(st: &mut State, idx: &[usize]) {
+    let (reqs, fab) = (&mut st.reqs, &st.fab);
+    let mut e = fab.engine();
+    for &i in idx {
+        if let Some(s) = reqs[i].sched.as_mut() {
+            let _ = s.advance(&mut e);
+        }
+    }
+}
+
+/// Requests of every nonblocking collective in flight (none in the common case: a counter says so).
+fn all_scheds(st: &State) -> Vec<usize> {
+    if st.nbc_active == 0 {
+        return Vec::new();
+    }
+    (0..st.reqs.len()).filter(|&i| st.reqs[i].live && st.reqs[i].sched.as_ref().is_some_and(|s| !s.done)).collect()
+}
+
+/// Block until all (or any) of the requests `idx` are done, advancing schedules on the way.
+fn wait_reqs(st: &mut State, idx: &[usize], all: bool) -> R {
+    // While blocked here, every nonblocking collective in flight advances too (not only those waited for):
+    // a peer may need this rank's next round before it can complete what we wait for.
+    let scheds = all_scheds(st);
+    let any_sched = !scheds.is_empty();
+    loop {
+        if any_sched {
+            drive(st, &scheds);
+        }
+        let (rt, mut e) = (&st.reqs, st.fab.engine());
+        let cond = |e: &Engine| {
+            if all {
+                idx.iter().all(|&i| req_done(e, &rt[i]))
+            } else {
+                idx.iter().any(|&i| req_done(e, &rt[i]))
+            }
+        };
+        if !any_sched {
+            return e.wait_until(Op::Wait, cond).map_err(from_core);
+        }
+        if cond(&e) {
+            return Ok(());
+        }
+        e.wait_until(Op::Wait, |e| cond(e) || scheds.iter().any(|&i| rt[i].sched.as_ref().is_some_and(|s| !s.done && s.ready(e))))
+            .map_err(from_core)?;
+    }
+}
+
 #[inline]
 fn req_done(e: &Engine, r: &MReq) -> bool {
+    if let Some(s) = &r.sched {
+        return s.done;
+    }
     !r.active || r.fin.is_some() || r.eng.is_none_or(|id| e.is_done(id))
 }
 
@@ -89,7 +151,10 @@ unsafe fn complete(st: &mut State, i: usize, h: *mut MPI_Request) -> R<(St, R)> 
     let r = &mut st.reqs[i];
     let ci = r.comm;
     let is_recv = r.is_recv;
-    let res = if !r.active {
+    let res = if let Some(s) = r.sched.take() {
+        st.nbc_active -= 1;
+        (St::EMPTY, s.err.clone().map_or(Ok(()), Err))
+    } else if !r.active {
         (St::EMPTY, Ok(()))
     } else if let Some(f) = r.fin.take() {
         (f, Ok(()))
@@ -97,11 +162,19 @@ unsafe fn complete(st: &mut State, i: usize, h: *mut MPI_Request) -> R<(St, R)> 
         let (s, e) = st.fab.engine().take_full(id).map_err(from_core)?;
         let c = st.comms[ci].as_ref().expect("request's communicator");
         let s = if is_recv { st_from(c, s) } else { St { cancelled: s.cancelled, ..St::EMPTY } };
+        if let Some(x) = st.reqs[i].xfer.take() {
+            if let Some((b, n, dt)) = x.unpack {
+                crate::datatype::unpack_from(&x.tmp, s.bytes, b, n, dt)?;
+            }
+        }
         (s, core_err(e))
     } else {
         (St::EMPTY, Ok(()))
     };
     let r = &mut st.reqs[i];
+    if r.persist.is_none() {
+        r.xfer = None;
+    }
     r.active = false;
     if r.persist.is_none() {
         r.live = false;
@@ -194,10 +267,34 @@ unsafe fn bsend(st: &mut State, pt: u32, buf: *const u8, bytes: usize, dest: i64
 }
 
 /// Common checks of a send: returns (comm index, bytes, world destination or None for PROC_NULL).
+/// Bytes on the wire of (buf, count, dt): predefined types straight from the handle, derived through the table.
+#[inline]
+fn lay_bytes(buf: *const c_void, count: c_int, dt: MPI_Datatype) -> R<usize> {
+    if !crate::datatype::is_derived(dt) {
+        return msg_bytes(buf, count, dt);
+    }
+    match crate::datatype::layout(buf, count, dt)? {
+        crate::datatype::Lay::Contig(b) | crate::datatype::Lay::Packed { bytes: b } => Ok(b),
+    }
+}
+
+/// Staging of a non-contiguous derived datatype: `Some(vec)` (send: packed data; receive: room) or None.
+#[inline]
+unsafe fn stage(buf: *const c_void, count: c_int, dt: MPI_Datatype, bytes: usize, send: bool) -> R<Option<Vec<u8>>> {
+    if !crate::datatype::is_derived(dt) {
+        return Ok(None);
+    }
+    match crate::datatype::layout(buf, count, dt)? {
+        crate::datatype::Lay::Contig(_) => Ok(None),
+        crate::datatype::Lay::Packed { .. } if send => crate::datatype::pack_vec(buf as *const u8, count as usize, dt, bytes).map(Some),
+        crate::datatype::Lay::Packed { .. } => Ok(Some(vec![0u8; bytes.max(1)])),
+    }
+}
+
 #[inline]
 unsafe fn send_args(st: &mut State, buf: *const c_void, count: c_int, dt: MPI_Datatype, dest: c_int, tag: c_int, comm: MPI_Comm) -> R<(usize, usize, Option<i64>)> {
     let (ci, c) = st.comm(comm)?;
-    let bytes = msg_bytes(buf, count, dt)?;
+    let bytes = lay_bytes(buf, count, dt)?;
     check_tag(tag, false)?;
     let w = peer(c, dest, false)?;
     Ok((ci, bytes, w))
@@ -206,7 +303,7 @@ unsafe fn send_args(st: &mut State, buf: *const c_void, count: c_int, dt: MPI_Da
 #[inline]
 unsafe fn recv_args(st: &mut State, buf: *const c_void, count: c_int, dt: MPI_Datatype, src: c_int, tag: c_int, comm: MPI_Comm) -> R<(usize, usize, Option<i64>)> {
     let (ci, c) = st.comm(comm)?;
-    let bytes = msg_bytes(buf, count, dt)?;
+    let bytes = lay_bytes(buf, count, dt)?;
     check_tag(tag, true)?;
     let w = peer(c, src, true)?;
     Ok((ci, bytes, w))
@@ -216,7 +313,9 @@ unsafe fn send_blocking(buf: *const c_void, count: c_int, dt: MPI_Datatype, dest
     let st = state()?;
     let (ci, bytes, w) = send_args(st, buf, count, dt, dest, tag, comm)?;
     let Some(w) = w else { return Ok(()) };
-    let Some(id) = start_send(st, ci, buf as *const u8, bytes, w, tag, mode)? else { return Ok(()) };
+    let pk = stage(buf, count, dt, bytes, true)?;
+    let p = pk.as_ref().map_or(buf as *const u8, |v| v.as_ptr());
+    let Some(id) = start_send(st, ci, p, bytes, w, tag, mode)? else { return Ok(()) };
     let mut e = st.fab.engine();
     if !e.is_done(id) {
         e.wait_until(Op::Send, |e| e.is_done(id)).map_err(from_core)?;
@@ -231,14 +330,17 @@ unsafe fn send_nonblocking(buf: *const c_void, count: c_int, dt: MPI_Datatype, d
         return err(MPI_ERR_ARG, "request pointer is NULL");
     }
     let (ci, bytes, w) = send_args(st, buf, count, dt, dest, tag, comm)?;
+    let pk = if w.is_some() { stage(buf, count, dt, bytes, true)? } else { None };
+    let p = pk.as_ref().map_or(buf as *const u8, |v| v.as_ptr());
     let (eng, fin) = match w {
         None => (None, Some(St::PROC_NULL)),
-        Some(w) => match start_send(st, ci, buf as *const u8, bytes, w, tag, mode)? {
+        Some(w) => match start_send(st, ci, p, bytes, w, tag, mode)? {
             Some(id) => (Some(id), None),
             None => (None, Some(St::EMPTY)),
         },
     };
-    *req = new_req(st, MReq { live: true, comm: ci, is_recv: false, eng, fin, persist: None, active: true });
+    let xfer = pk.map(|tmp| Box::new(crate::datatype::Xfer { tmp, unpack: None }));
+    *req = new_req(st, MReq { live: true, comm: ci, is_recv: false, eng, fin, persist: None, active: true, xfer, sched: None });
     Ok(())
 }
 
@@ -249,13 +351,19 @@ unsafe fn recv_blocking(buf: *mut c_void, count: c_int, dt: MPI_Datatype, src: c
         St::PROC_NULL.write(status);
         return Ok(());
     };
+    let mut tmp = stage(buf, count, dt, bytes, false)?;
+    let p = tmp.as_mut().map_or(buf as *mut u8, |v| v.as_mut_ptr());
     let c = st.comms[ci].as_ref().unwrap();
     let mut e = st.fab.engine();
-    let id = e.irecv(buf as *mut u8, bytes, w, tag, c.pt).map_err(from_core)?;
+    let id = e.irecv(p, bytes, w, tag, c.pt).map_err(from_core)?;
     if !e.is_done(id) {
         e.wait_until(Op::Recv, |e| e.is_done(id)).map_err(from_core)?;
     }
     let (s, er) = e.take_full(id).map_err(from_core)?;
+    drop(e);
+    if let Some(t) = &tmp {
+        crate::datatype::unpack_from(t, s.count, buf as *mut u8, count as usize, dt)?;
+    }
     st_from(c, s).write(status);
     core_err(er)
 }
@@ -266,14 +374,17 @@ unsafe fn recv_nonblocking(buf: *mut c_void, count: c_int, dt: MPI_Datatype, src
         return err(MPI_ERR_ARG, "request pointer is NULL");
     }
     let (ci, bytes, w) = recv_args(st, buf, count, dt, src, tag, comm)?;
+    let mut tmp = if w.is_some() { stage(buf, count, dt, bytes, false)? } else { None };
+    let p = tmp.as_mut().map_or(buf as *mut u8, |v| v.as_mut_ptr());
     let (eng, fin) = match w {
         None => (None, Some(St::PROC_NULL)),
         Some(w) => {
             let pt = st.comms[ci].as_ref().unwrap().pt;
-            (Some(st.fab.engine().irecv(buf as *mut u8, bytes, w, tag, pt).map_err(from_core)?), None)
+            (Some(st.fab.engine().irecv(p, bytes, w, tag, pt).map_err(from_core)?), None)
         }
     };
-    *req = new_req(st, MReq { live: true, comm: ci, is_recv: true, eng, fin, persist: None, active: true });
+    let xfer = tmp.map(|tmp| Box::new(crate::datatype::Xfer { tmp, unpack: Some((buf as *mut u8, count as usize, dt)) }));
+    *req = new_req(st, MReq { live: true, comm: ci, is_recv: true, eng, fin, persist: None, active: true, xfer, sched: None });
     Ok(())
 }
 
@@ -287,8 +398,9 @@ unsafe fn persistent(buf: *mut c_void, count: c_int, dt: MPI_Datatype, peer_r: c
     } else {
         send_args(st, buf, count, dt, peer_r, tag, comm)?
     };
-    let p = Persist { buf: buf as *mut u8, bytes, peer: peer_r, tag, mode };
-    *req = new_req(st, MReq { live: true, comm: ci, is_recv, eng: None, fin: None, persist: Some(p), active: false });
+    let packed = stage(buf, 0, dt, 0, false)?.is_some() || (crate::datatype::is_derived(dt) && !matches!(crate::datatype::layout(buf, count, dt)?, crate::datatype::Lay::Contig(_)));
+    let p = Persist { buf: buf as *mut u8, bytes, peer: peer_r, tag, mode, count: count as usize, dt, packed };
+    *req = new_req(st, MReq { live: true, comm: ci, is_recv, eng: None, fin: None, persist: Some(p), active: false, xfer: None, sched: None });
     Ok(())
 }
 
@@ -303,10 +415,23 @@ unsafe fn start(st: &mut State, h: MPI_Request) -> R {
     let c = st.comms[ci].as_ref().ok_or_else(|| MpiErr { code: MPI_ERR_COMM, msg: "communicator was freed".into() })?;
     let w = peer(c, p.peer, is_recv)?;
     let pt = c.pt;
+    let mut xfer = None;
+    let mut bp = p.buf;
+    if p.packed && w.is_some() {
+        let x = if is_recv {
+            crate::datatype::Xfer { tmp: vec![0u8; p.bytes.max(1)], unpack: Some((p.buf, p.count, p.dt)) }
+        } else {
+            crate::datatype::Xfer { tmp: crate::datatype::pack_vec(p.buf, p.count, p.dt, p.bytes)?, unpack: None }
+        };
+        let mut x = Box::new(x);
+        bp = x.tmp.as_mut_ptr();
+        xfer = Some(x);
+    }
+    st.reqs[i].xfer = xfer;
     let (eng, fin) = match w {
         None => (None, Some(if is_recv { St::PROC_NULL } else { St::EMPTY })),
-        Some(w) if is_recv => (Some(st.fab.engine().irecv(p.buf, p.bytes, w, p.tag, pt).map_err(from_core)?), None),
-        Some(w) => match start_send(st, ci, p.buf, p.bytes, w, p.tag, p.mode)? {
+        Some(w) if is_recv => (Some(st.fab.engine().irecv(bp, p.bytes, w, p.tag, pt).map_err(from_core)?), None),
+        Some(w) => match start_send(st, ci, bp, p.bytes, w, p.tag, p.mode)? {
             Some(id) => (Some(id), None),
             None => (None, Some(St::EMPTY)),
         },
@@ -331,7 +456,9 @@ unsafe fn wait(h: *mut MPI_Request, status: *mut MPI_Status, ecomm: &mut MPI_Com
     }
     let i = req_index(st, *h)?;
     *ecomm = comm_handle(st.reqs[i].comm);
-    if let (true, Some(id)) = (st.reqs[i].active, st.reqs[i].eng) {
+    if st.reqs[i].sched.is_some() || st.nbc_active > 0 {
+        wait_reqs(st, &[i], true)?;
+    } else if let (true, Some(id)) = (st.reqs[i].active, st.reqs[i].eng) {
         let mut e = st.fab.engine();
         if !e.is_done(id) {
             e.wait_until(Op::Wait, |e| e.is_done(id)).map_err(from_core)?;
@@ -354,6 +481,10 @@ unsafe fn test(h: *mut MPI_Request, flag: *mut c_int, status: *mut MPI_Status, e
     }
     let i = req_index(st, *h)?;
     *ecomm = comm_handle(st.reqs[i].comm);
+    if st.nbc_active > 0 {
+        let sc = all_scheds(st);
+        drive(st, &sc);
+    }
     let mut done = req_done(&st.fab.engine(), &st.reqs[i]);
     if !done {
         st.fab.engine().progress().map_err(from_core)?;
@@ -433,10 +564,8 @@ unsafe fn complete_all(st: &mut State, reqs: *mut MPI_Request, statuses: *mut MP
 unsafe fn waitall(n: c_int, reqs: *mut MPI_Request, statuses: *mut MPI_Status, ecomm: &mut MPI_Comm) -> R {
     let st = state()?;
     let idx = indices(st, reqs, n)?;
-    {
-        let (rt, mut e) = (&st.reqs, st.fab.engine());
-        e.wait_until(Op::Wait, |e| idx.iter().all(|ix| ix.is_none_or(|i| req_done(e, &rt[i])))).map_err(from_core)?;
-    }
+    let flat: Vec<usize> = idx.iter().flatten().copied().collect();
+    wait_reqs(st, &flat, true)?;
     complete_all(st, reqs, statuses, &idx, ecomm)
 }
 
@@ -446,6 +575,8 @@ unsafe fn testall(n: c_int, reqs: *mut MPI_Request, flag: *mut c_int, statuses: 
         return err(MPI_ERR_ARG, "flag is NULL");
     }
     let idx = indices(st, reqs, n)?;
+    let flat: Vec<usize> = idx.iter().flatten().copied().collect();
+    drive(st, &flat);
     let all = |st: &State| {
         let e = st.fab.engine();
         idx.iter().all(|ix| ix.is_none_or(|i| req_done(&e, &st.reqs[i])))
@@ -487,11 +618,12 @@ unsafe fn anyof(n: c_int, reqs: *mut MPI_Request, index: *mut c_int, flag: *mut 
         let e = st.fab.engine();
         act.iter().copied().find(|&(_, i)| req_done(&e, &st.reqs[i]))
     };
+    let flat: Vec<usize> = act.iter().map(|&(_, i)| i).collect();
+    drive(st, &flat);
     let mut got = find(st);
     if got.is_none() {
         if block {
-            let (rt, mut e) = (&st.reqs, st.fab.engine());
-            e.wait_until(Op::Wait, |e| act.iter().any(|&(_, i)| req_done(e, &rt[i]))).map_err(from_core)?;
+            wait_reqs(st, &flat, false)?;
         } else {
             st.fab.engine().progress().map_err(from_core)?;
         }
@@ -527,10 +659,11 @@ unsafe fn someof(n: c_int, reqs: *mut MPI_Request, outcount: *mut c_int, indices
         *outcount = MPI_UNDEFINED;
         return Ok(());
     }
+    let flat: Vec<usize> = act.iter().map(|&(_, i)| i).collect();
     if block {
-        let (rt, mut e) = (&st.reqs, st.fab.engine());
-        e.wait_until(Op::Wait, |e| act.iter().any(|&(_, i)| req_done(e, &rt[i]))).map_err(from_core)?;
+        wait_reqs(st, &flat, false)?;
     } else {
+        drive(st, &flat);
         st.fab.engine().progress().map_err(from_core)?;
     }
     let done: Vec<(usize, usize)> = {
@@ -661,32 +794,6 @@ unsafe fn mrecv_start(st: &mut State, buf: *mut c_void, count: c_int, dt: MPI_Da
     Ok(Some((id, ci)))
 }
 
-// ------------------------------------------------------------------------------------------------ barrier
-
-/// Dissemination barrier on the communicator's collective context (⌈log₂ n⌉ rounds of empty messages).
-pub(crate) fn barrier(st: &mut State, comm: MPI_Comm) -> R {
-    let (ci, c) = st.comm(comm)?;
-    let tag = c.coll_seq;
-    c.coll_seq = (c.coll_seq + 1) & 0x3fff_ffff;
-    let (n, me, ctx) = (c.size as usize, c.rank as usize, c.coll);
-    let c = st.comms[ci].as_ref().unwrap();
-    let mut e = st.fab.engine();
-    let mut k = 1;
-    while k < n {
-        let to = c.to_world(((me + k) % n) as i32) as i64;
-        let from = c.to_world(((me + n - k) % n) as i32) as i64;
-        let mut b = [0u8; 1];
-        // SAFETY: the buffers live until both requests are complete below.
-        let r = unsafe { e.irecv(b.as_mut_ptr(), 0, from, tag, ctx) }.map_err(from_core)?;
-        let s = unsafe { e.isend(b.as_ptr(), 0, to, tag, ctx, SendMode::Standard) }.map_err(from_core)?;
-        e.wait_until(Op::Barrier, |e| e.is_done(r) && e.is_done(s)).map_err(from_core)?;
-        let _ = e.take_full(s);
-        let _ = e.take_full(r);
-        k *= 2;
-    }
-    Ok(())
-}
-
 // ------------------------------------------------------------------------------------------------ entry points
 
 mpi_api! {
@@ -770,9 +877,14 @@ mpi_api! {
     fn MPI_Sendrecv_replace / PMPI_Sendrecv_replace(buf: *mut c_void, count: c_int, datatype: MPI_Datatype, dest: c_int, sendtag: c_int,
         source: c_int, recvtag: c_int, comm: MPI_Comm, status: *mut MPI_Status) -> c_int {
         let r = (|| -> R {
-            let bytes = msg_bytes(buf, count, datatype)?;
-            let tmp = if bytes > 0 { std::slice::from_raw_parts(buf as *const u8, bytes).to_vec() } else { Vec::new() };
-            sendrecv(tmp.as_ptr() as *const c_void, count, datatype, dest, sendtag, buf, count, datatype, source, recvtag, comm, status)
+            let bytes = lay_bytes(buf, count, datatype)?;
+            let tmp = match stage(buf, count, datatype, bytes, true)? {
+                Some(v) => v,
+                None if bytes > 0 => std::slice::from_raw_parts(buf as *const u8, bytes).to_vec(),
+                None => Vec::new(),
+            };
+            const MPI_BYTE: MPI_Datatype = 0x4c00_010d;
+            sendrecv(tmp.as_ptr() as *const c_void, bytes as c_int, MPI_BYTE, dest, sendtag, buf, count, datatype, source, recvtag, comm, status)
         })();
         fin(comm, "MPI_Sendrecv_replace", r)
     }
@@ -826,6 +938,11 @@ mpi_api! {
             }
             let i = req_index(st, *request)?;
             ec = comm_handle(st.reqs[i].comm);
+            if let Some(mut s) = st.reqs[i].sched.take() {
+                // A freed nonblocking collective still has to take part: finish it here.
+                st.nbc_active -= 1;
+                s.run(&mut st.fab.engine())?;
+            }
             let r = &mut st.reqs[i];
             if let (true, Some(id)) = (r.active, r.eng.take()) {
                 let mut e = st.fab.engine();
@@ -859,6 +976,7 @@ mpi_api! {
             }
             let i = req_index(st, request)?;
             ec = comm_handle(st.reqs[i].comm);
+            drive(st, &[i]);
             let mut done = req_done(&st.fab.engine(), &st.reqs[i]);
             if !done {
                 st.fab.engine().progress().map_err(from_core)?;
@@ -904,7 +1022,7 @@ mpi_api! {
             if status.is_null() || status as usize == 1 || count.is_null() {
                 return err(MPI_ERR_ARG, "NULL argument");
             }
-            let ext = type_extent(datatype)?;
+            let ext = crate::datatype::ext_size(datatype)?.1;
             let bytes = get_count(&*status);
             *count = if ext == 0 {
                 0
@@ -979,7 +1097,7 @@ mpi_api! {
                 Some((id, ci)) => (Some(id), None, ci),
             };
             ec = comm_handle(ci);
-            *request = new_req(st, MReq { live: true, comm: ci, is_recv: true, eng, fin, persist: None, active: true });
+            *request = new_req(st, MReq { live: true, comm: ci, is_recv: true, eng, fin, persist: None, active: true, xfer: None, sched: None });
             Ok(())
         })();
         fin(ec, "MPI_Imrecv", r)
@@ -1019,6 +1137,9 @@ mpi_api! {
 }
 
 fn elements(status: &MPI_Status, dt: MPI_Datatype) -> R<MPI_Count> {
+    if crate::datatype::is_derived(dt) {
+        return Ok(crate::datatype::elements_of(dt, get_count(status))?.unwrap_or(MPI_UNDEFINED as i64));
+    }
     let ext = type_extent(dt)? as i64;
     let bytes = get_count(status);
     if ext == 0 {
@@ -1041,13 +1162,17 @@ unsafe fn sendrecv(
     let st = state()?;
     let (ci, sbytes, sw) = send_args(st, sendbuf, sendcount, sendtype, dest, sendtag, comm)?;
     let (_, rbytes, rw) = recv_args(st, recvbuf, recvcount, recvtype, source, recvtag, comm)?;
+    let pk = stage(sendbuf, sendcount, sendtype, sbytes, true)?;
+    let sp = pk.as_ref().map_or(sendbuf as *const u8, |v| v.as_ptr());
+    let mut tmp = stage(recvbuf, recvcount, recvtype, rbytes, false)?;
+    let rp = tmp.as_mut().map_or(recvbuf as *mut u8, |v| v.as_mut_ptr());
     let pt = st.comms[ci].as_ref().unwrap().pt;
     let rid = match rw {
-        Some(w) => Some(st.fab.engine().irecv(recvbuf as *mut u8, rbytes, w, recvtag, pt).map_err(from_core)?),
+        Some(w) => Some(st.fab.engine().irecv(rp, rbytes, w, recvtag, pt).map_err(from_core)?),
         None => None,
     };
     let sid = match sw {
-        Some(w) => match start_send(st, ci, sendbuf as *const u8, sbytes, w, sendtag, Mode::Standard) {
+        Some(w) => match start_send(st, ci, sp, sbytes, w, sendtag, Mode::Standard) {
             Ok(x) => x,
             Err(e) => {
                 if let Some(r) = rid {
@@ -1072,6 +1197,9 @@ unsafe fn sendrecv(
     match rid {
         Some(r) => {
             let (s, er) = e.take_full(r).map_err(from_core)?;
+            if let Some(t) = &tmp {
+                crate::datatype::unpack_from(t, s.count, recvbuf as *mut u8, recvcount as usize, recvtype)?;
+            }
             st_from(st.comms[ci].as_ref().unwrap(), s).write(status);
             core_err(er)?;
         }

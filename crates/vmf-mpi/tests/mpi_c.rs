@@ -10,7 +10,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 
-const PROGRAMS: &[&str] = &["p2p_basic", "p2p_modes", "p2p_order", "p2p_persist", "p2p_probe", "errors", "abort", "fatal"];
+const PROGRAMS: &[&str] = &[
+    "p2p_basic", "p2p_modes", "p2p_order", "p2p_persist", "p2p_probe", "errors", "abort", "fatal", "comm_group", "coll_all", "coll_ops",
+    "coll_nb", "dtype", "topo", "nas_is",
+];
 const MPICH_INC: &str = "/usr/include/x86_64-linux-gnu/mpich";
 
 fn root() -> PathBuf {
@@ -78,7 +81,7 @@ fn setup() -> &'static Setup {
             std::fs::create_dir_all(build.join(kind)).unwrap();
             for p in PROGRAMS {
                 let src = root.join(format!("mpi/tests/{p}.c"));
-                sh(Command::new(&cc).arg("-O1").arg("-o").arg(build.join(kind).join(p)).arg(&src));
+                sh(Command::new(&cc).arg("-O1").arg("-Werror=implicit-function-declaration").arg("-o").arg(build.join(kind).join(p)).arg(&src));
             }
         }
         Setup { libdir: rel.join("lib"), rel, build, mpich }
@@ -162,6 +165,54 @@ fn errors_classes_handlers_and_environment_work() {
     semantic("errors");
 }
 
+/// Rank counts 5..=8 (oversubscribed on small machines): one build (MPICH's when available).
+fn semantic_wide(prog: &str) {
+    let kind = *builds().last().unwrap();
+    for n in 5..=8 {
+        run_ok("vmfabric", kind, prog, n);
+    }
+}
+
+#[test]
+fn comm_group_communicators_groups_attributes_work() {
+    semantic("comm_group");
+}
+
+#[test]
+fn coll_all_every_collective_exact_on_world_dup_and_split() {
+    semantic("coll_all");
+    semantic_wide("coll_all");
+}
+
+#[test]
+fn coll_ops_predefined_and_user_ops_work() {
+    semantic("coll_ops");
+    semantic_wide("coll_ops");
+}
+
+#[test]
+fn coll_nb_nonblocking_collectives_work() {
+    semantic("coll_nb");
+}
+
+#[test]
+fn dtype_derived_datatypes_work_in_p2p_and_collectives() {
+    semantic("dtype");
+    semantic_wide("dtype");
+}
+
+#[test]
+fn topo_cartesian_and_graph_topologies_and_neighbor_collectives_work() {
+    semantic("topo");
+    semantic_wide("topo");
+}
+
+#[test]
+fn nas_is_bucket_sort_verifies() {
+    semantic("nas_is");
+    semantic_wide("nas_is");
+}
+
 #[test]
 fn abort_ends_the_job_with_its_code() {
     for kind in builds() {
@@ -194,6 +245,8 @@ fn hydra_mpiexec_mpich_runs_our_library() {
         run_ok("hydra", kind, "errors", 2);
     }
     run_ok("hydra", builds().last().unwrap(), "p2p_order", 3);
+    run_ok("hydra", builds().last().unwrap(), "coll_all", 3);
+    run_ok("hydra", builds().last().unwrap(), "comm_group", 2);
     let o = job("hydra", 2, &setup().build.join(builds().last().unwrap()).join("abort"));
     assert_eq!(o.status.code(), Some(7), "abort under Hydra: {}", String::from_utf8_lossy(&o.stderr));
 }

@@ -1,0 +1,1084 @@
+//! Communicators, groups, attributes and topologies.
+//!
+//! **Context ids.** Every communicator owns two engine contexts (point-to-point, collective). A new
+//! communicator's pair is agreed by the members with an allreduce(MAX) of each process's next free id over
+//! the parent (Comm_split/split_type/create/dup) or over the group itself (Comm_create_group, on the
+//! parent's collective context with a tag derived from the user's tag); every member then moves its next
+//! free id past the agreed one. Disjoint communicators from one split may share a pair: they have no
+//! member in common, so their traffic can never meet.
+//!
+//! Intercommunicators are not implemented yet (MPI_Comm_test_inter always says false).
+use crate::coll;
+use crate::p2p::comm_handle;
+use crate::*;
+use std::ffi::{c_char, c_int, c_void, CStr};
+use vmf_core::engine::Route;
+
+pub type MPI_Group = c_int;
+pub const MPI_GROUP_NULL: MPI_Group = 0x0800_0000;
+pub const MPI_GROUP_EMPTY: MPI_Group = 0x4800_0000;
+const GROUP_BASE: u32 = 0x8800_0000;
+pub const MPI_KEYVAL_INVALID: c_int = 0x2400_0000;
+const KEYVAL_BASE: u32 = 0x2400_0000;
+pub const MPI_IDENT: c_int = 0;
+pub const MPI_CONGRUENT: c_int = 1;
+pub const MPI_SIMILAR: c_int = 2;
+pub const MPI_UNEQUAL: c_int = 3;
+pub const MPI_CART: c_int = 2;
+pub const MPI_DIST_GRAPH: c_int = 3;
+
+pub type CopyFn = unsafe extern "C" fn(MPI_Comm, c_int, *mut c_void, *mut c_void, *mut c_void, *mut c_int) -> c_int;
+pub type DeleteFn = unsafe extern "C" fn(MPI_Comm, c_int, *mut c_void, *mut c_void) -> c_int;
+
+/// An attribute key.
+#[derive(Clone, Copy)]
+pub(crate) struct Keyval {
+    pub copy: Option<CopyFn>,
+    pub delete: Option<DeleteFn>,
+    pub extra: *mut c_void,
+}
+
+/// A virtual topology.
+#[derive(Clone, Debug)]
+pub(crate) enum Topo {
+    Cart { dims: Vec<c_int>, periods: Vec<c_int> },
+    DistGraph { src: Vec<c_int>, sw: Option<Vec<c_int>>, dst: Vec<c_int>, dw: Option<Vec<c_int>> },
+}
+
+fn members(c: &Comm) -> Vec<usize> {
+    (0..c.size).map(|r| c.to_world(r)).collect()
+}
+
+// ------------------------------------------------------------------------------------------------ groups
+
+fn group_handle(st: &mut State, g: Vec<usize>) -> MPI_Group {
+    if g.is_empty() {
+        return MPI_GROUP_EMPTY;
+    }
+    let i = match st.groups.iter().position(|x| x.is_none()) {
+        Some(i) => i,
+        None => {
+            st.groups.push(None);
+            st.groups.len() - 1
+        }
+    };
+    st.groups[i] = Some(g);
+    (GROUP_BASE | i as u32) as c_int
+}
+
+fn group(st: &State, h: MPI_Group) -> R<Vec<usize>> {
+    if h == MPI_GROUP_EMPTY {
+        return Ok(Vec::new());
+    }
+    let u = h as u32;
+    if u & 0xfc00_0000 == GROUP_BASE {
+        if let Some(Some(g)) = st.groups.get((u & 0x03ff_ffff) as usize) {
+            return Ok(g.clone());
+        }
+    }
+    err(MPI_ERR_GROUP, format!("invalid group handle {h:#x}"))
+}
+
+fn my_world(st: &State) -> usize {
+    st.fab.rank()
+}
+
+fn compare_lists(a: &[usize], b: &[usize]) -> c_int {
+    if a == b {
+        return MPI_IDENT;
+    }
+    let mut x = a.to_vec();
+    let mut y = b.to_vec();
+    x.sort_unstable();
+    y.sort_unstable();
+    if x == y {
+        MPI_SIMILAR
+    } else {
+        MPI_UNEQUAL
+    }
+}
+
+// ------------------------------------------------------------------------------------------------ creation
+
+/// Add a communicator to the table; returns its handle.
+fn add_comm(st: &mut State, c: Comm) -> MPI_Comm {
+    let i = match st.comms.iter().skip(2).position(|x| x.is_none()) {
+        Some(i) => i + 2,
+        None => {
+            st.comms.push(None);
+            st.comms.len() - 1
+        }
+    };
+    st.comms[i] = Some(c);
+    comm_handle(i)
+}
+
+/// Agree on a new context pair among the members of communicator `ci` (collective over it).
+fn new_ctx(st: &mut State, ci: usize) -> R<u32> {
+    let c = st.comms[ci].as_ref().unwrap();
+    let (ctx, me, mem) = (c.coll, c.rank as usize, members(c));
+    let tag = {
+        let c = st.comms[ci].as_mut().unwrap();
+        let t = c.coll_seq;
+        c.coll_seq = (c.coll_seq + 1) & 0x3fff_ffff;
+        t
+    };
+    let mut v = [st.next_ctx as i32];
+    coll::allreduce_max_group(st, ctx, tag, &mem, me, &mut v)?;
+    st.next_ctx = v[0] as u32 + 2;
+    Ok(v[0] as u32)
+}
+
+/// Run copy callbacks of `ci`'s attributes for a duplicate.
+unsafe fn copy_attrs(st: &mut State, ci: usize) -> R<Vec<(c_int, *mut c_void)>> {
+    let old = comm_handle(ci);
+    let attrs = st.comms[ci].as_ref().unwrap().attrs.clone();
+    let mut out = Vec::new();
+    for (k, v) in attrs {
+        let Some(Some(kv)) = st.keyvals.get((k as u32 & 0x00ff_ffff) as usize - 1).copied() else { continue };
+        if let Some(f) = kv.copy {
+            let mut newv: *mut c_void = std::ptr::null_mut();
+            let mut flag: c_int = 0;
+            let rc = f(old, k, kv.extra, v, &mut newv as *mut *mut c_void as *mut c_void, &mut flag);
+            if rc != MPI_SUCCESS {
+                return err(rc, "attribute copy callback failed");
+            }
+            if flag != 0 {
+                out.push((k, newv));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Run the delete callback of attribute `k` (value `v`) of object `h` (communicator or datatype).
+pub(crate) unsafe fn delete_obj_attr(st: &mut State, h: c_int, k: c_int, v: *mut c_void) -> R {
+    delete_attr(st, h, k, v)
+}
+
+/// Run the copy callbacks of `attrs` of object `old` (datatype duplication).
+pub(crate) unsafe fn copy_obj_attrs(st: &mut State, old: c_int, attrs: &[(c_int, *mut c_void)]) -> R<Vec<(c_int, *mut c_void)>> {
+    let mut out = Vec::new();
+    for &(k, v) in attrs {
+        let Some(Some(kv)) = st.keyvals.get(((k as u32 & 0x00ff_ffff) as usize).wrapping_sub(1)).copied() else { continue };
+        if let Some(f) = kv.copy {
+            let mut newv: *mut c_void = std::ptr::null_mut();
+            let mut flag: c_int = 0;
+            let rc = f(old, k, kv.extra, v, &mut newv as *mut *mut c_void as *mut c_void, &mut flag);
+            if rc != MPI_SUCCESS {
+                return err(rc, "attribute copy callback failed");
+            }
+            if flag != 0 {
+                out.push((k, newv));
+            }
+        }
+    }
+    Ok(out)
+}
+
+unsafe fn delete_attr(st: &mut State, h: MPI_Comm, k: c_int, v: *mut c_void) -> R {
+    if let Some(Some(kv)) = st.keyvals.get(((k as u32 & 0x00ff_ffff) as usize).wrapping_sub(1)).copied() {
+        if let Some(f) = kv.delete {
+            let rc = f(h, k, v, kv.extra);
+            if rc != MPI_SUCCESS {
+                return err(rc, "attribute delete callback failed");
+            }
+        }
+    }
+    Ok(())
+}
+
+unsafe fn dup(st: &mut State, comm: MPI_Comm, newcomm: *mut MPI_Comm) -> R {
+    if newcomm.is_null() {
+        return err(MPI_ERR_ARG, "newcomm is NULL");
+    }
+    let (ci, _) = st.comm(comm)?;
+    let ctx = new_ctx(st, ci)?;
+    let attrs = copy_attrs(st, ci)?;
+    let c = st.comms[ci].as_ref().unwrap();
+    let mut n = Comm::new(ctx, c.rank, c.world.clone(), c.size, c.eh);
+    n.topo = c.topo.clone();
+    n.attrs = attrs;
+    *newcomm = add_comm(st, n);
+    Ok(())
+}
+
+/// Split communicator `ci` by (color, key); returns the new handle (MPI_COMM_NULL for MPI_UNDEFINED).
+fn split(st: &mut State, ci: usize, color: c_int, key: c_int) -> R<MPI_Comm> {
+    let recs = coll::allgather_ints(st, ci, &[color, key, st.next_ctx as i32])?;
+    let ctx = recs.chunks(3).map(|r| r[2]).max().unwrap() as u32;
+    st.next_ctx = ctx + 2;
+    if color == MPI_UNDEFINED {
+        return Ok(MPI_COMM_NULL);
+    }
+    let c = st.comms[ci].as_ref().unwrap();
+    let mut mine: Vec<(c_int, usize)> = recs.chunks(3).enumerate().filter(|(_, r)| r[0] == color).map(|(i, r)| (r[1], i)).collect();
+    mine.sort();
+    let world: Vec<usize> = mine.iter().map(|&(_, i)| c.to_world(i as i32)).collect();
+    let me = mine.iter().position(|&(_, i)| i as i32 == c.rank).unwrap() as i32;
+    let n = Comm::new(ctx, me, Some(world), mine.len() as i32, c.eh);
+    Ok(add_comm(st, n))
+}
+
+// ------------------------------------------------------------------------------------------------ topology
+
+fn cart_coords(dims: &[c_int], mut r: c_int) -> Vec<c_int> {
+    let mut c = vec![0; dims.len()];
+    for i in (0..dims.len()).rev() {
+        c[i] = r % dims[i];
+        r /= dims[i];
+    }
+    c
+}
+
+fn cart_rank(dims: &[c_int], periods: &[c_int], coords: &[c_int]) -> R<c_int> {
+    let mut r = 0;
+    for i in 0..dims.len() {
+        let mut x = coords[i];
+        if x < 0 || x >= dims[i] {
+            if periods[i] != 0 {
+                x = x.rem_euclid(dims[i]);
+            } else {
+                return err(MPI_ERR_ARG, format!("coordinate {x} out of range in dimension {i}"));
+            }
+        }
+        r = r * dims[i] + x;
+    }
+    Ok(r)
+}
+
+fn shift(dims: &[c_int], periods: &[c_int], me: c_int, dir: usize, disp: c_int) -> (c_int, c_int) {
+    let co = cart_coords(dims, me);
+    let at = |d: c_int| {
+        let mut c = co.clone();
+        c[dir] += d;
+        if periods[dir] == 0 && (c[dir] < 0 || c[dir] >= dims[dir]) {
+            MPI_PROC_NULL
+        } else {
+            cart_rank(dims, periods, &c).unwrap()
+        }
+    };
+    (at(-disp), at(disp))
+}
+
+/// In- and out-neighbours of the topology of `c`.
+pub(crate) fn topo_neighbors(c: &Comm) -> R<(Vec<c_int>, Vec<c_int>)> {
+    match &c.topo {
+        Some(Topo::Cart { dims, periods }) => {
+            let mut v = Vec::new();
+            for d in 0..dims.len() {
+                let (lo, hi) = shift(dims, periods, c.rank, d, 1);
+                v.push(lo);
+                v.push(hi);
+            }
+            Ok((v.clone(), v))
+        }
+        Some(Topo::DistGraph { src, dst, .. }) => Ok((src.clone(), dst.clone())),
+        None => err(MPI_ERR_TOPOLOGY, "communicator has no topology"),
+    }
+}
+
+fn cart<'a>(st: &'a mut State, comm: MPI_Comm) -> R<(&'a Vec<c_int>, &'a Vec<c_int>, c_int)> {
+    let c = st.comm(comm)?.1;
+    match &c.topo {
+        Some(Topo::Cart { dims, periods }) => Ok((dims, periods, c.rank)),
+        _ => err(MPI_ERR_TOPOLOGY, "communicator has no cartesian topology"),
+    }
+}
+
+unsafe fn ints(p: *const c_int, n: c_int) -> R<Vec<c_int>> {
+    if n < 0 {
+        return err(MPI_ERR_ARG, "negative count");
+    }
+    if n > 0 && p.is_null() {
+        return err(MPI_ERR_ARG, "array argument is NULL");
+    }
+    Ok((0..n as usize).map(|i| *p.add(i)).collect())
+}
+
+fn weights(p: *const c_int, n: c_int) -> R<Option<Vec<c_int>>> {
+    let uw = crate::env::MPI_UNWEIGHTED.0;
+    let we = crate::env::MPI_WEIGHTS_EMPTY.0;
+    if p == uw || p.is_null() {
+        Ok(None)
+    } else if p == we {
+        Ok(Some(vec![]))
+    } else {
+        // SAFETY: the program passes n weights.
+        unsafe { ints(p, n).map(Some) }
+    }
+}
+
+/// Dims_create: fill zero entries of `dims` with a balanced factorisation of the rest of `nnodes`.
+fn dims_create(nnodes: c_int, dims: &mut [c_int]) -> R {
+    let fixed: i64 = dims.iter().filter(|&&d| d > 0).map(|&d| d as i64).product();
+    if dims.iter().any(|&d| d < 0) {
+        return err(MPI_ERR_DIMS, "negative dimension");
+    }
+    if fixed == 0 || nnodes as i64 % fixed != 0 {
+        return err(MPI_ERR_DIMS, format!("{nnodes} nodes cannot be divided over the fixed dimensions"));
+    }
+    let free: Vec<usize> = (0..dims.len()).filter(|&i| dims[i] == 0).collect();
+    if free.is_empty() {
+        return if fixed == nnodes as i64 { Ok(()) } else { err(MPI_ERR_DIMS, "dimensions do not multiply to nnodes") };
+    }
+    let mut rest = nnodes as i64 / fixed;
+    let mut f = Vec::new();
+    let mut p = 2;
+    while rest > 1 {
+        while rest % p == 0 {
+            f.push(p);
+            rest /= p;
+        }
+        p += 1;
+    }
+    let mut vals = vec![1i64; free.len()];
+    for x in f.into_iter().rev() {
+        // give the largest remaining factor to the smallest dimension
+        let k = (0..vals.len()).min_by_key(|&i| (vals[i], i)).unwrap();
+        vals[k] *= x;
+    }
+    vals.sort_unstable_by(|a, b| b.cmp(a));
+    for (k, &i) in free.iter().enumerate() {
+        dims[i] = vals[k] as c_int;
+    }
+    Ok(())
+}
+
+// ------------------------------------------------------------------------------------------------ entry points
+
+unsafe fn cstr(p: *const c_char) -> String {
+    if p.is_null() {
+        String::new()
+    } else {
+        CStr::from_ptr(p).to_string_lossy().into_owned()
+    }
+}
+
+pub(crate) unsafe fn keyval_create(copy: Option<CopyFn>, delete: Option<DeleteFn>, keyval: *mut c_int, extra: *mut c_void) -> R {
+    let st = state()?;
+    if keyval.is_null() {
+        return err(MPI_ERR_ARG, "keyval is NULL");
+    }
+    st.keyvals.push(Some(Keyval { copy, delete, extra }));
+    *keyval = (KEYVAL_BASE | st.keyvals.len() as u32) as c_int;
+    Ok(())
+}
+
+pub(crate) fn user_key(st: &State, k: c_int) -> R<usize> {
+    let u = k as u32;
+    let i = (u & 0x00ff_ffff) as usize;
+    if u & 0xff00_0000 == KEYVAL_BASE && i >= 1 && st.keyvals.get(i - 1).is_some_and(|x| x.is_some()) {
+        Ok(i - 1)
+    } else {
+        err(MPI_ERR_KEYVAL, format!("invalid attribute key {k:#x}"))
+    }
+}
+
+unsafe fn set_attr(comm: MPI_Comm, keyval: c_int, val: *mut c_void) -> R {
+    let st = state()?;
+    let (ci, _) = st.comm(comm)?;
+    user_key(st, keyval)?;
+    let old = st.comms[ci].as_ref().unwrap().attrs.iter().find(|a| a.0 == keyval).map(|a| a.1);
+    if let Some(v) = old {
+        delete_attr(st, comm, keyval, v)?;
+    }
+    let c = st.comms[ci].as_mut().unwrap();
+    match c.attrs.iter_mut().find(|a| a.0 == keyval) {
+        Some(a) => a.1 = val,
+        None => c.attrs.push((keyval, val)),
+    }
+    Ok(())
+}
+
+unsafe fn del_attr(comm: MPI_Comm, keyval: c_int) -> R {
+    let st = state()?;
+    let (ci, _) = st.comm(comm)?;
+    user_key(st, keyval)?;
+    let c = st.comms[ci].as_ref().unwrap();
+    let Some(pos) = c.attrs.iter().position(|a| a.0 == keyval) else {
+        return err(MPI_ERR_KEYVAL, "attribute not set on this communicator");
+    };
+    let v = c.attrs[pos].1;
+    delete_attr(st, comm, keyval, v)?;
+    st.comms[ci].as_mut().unwrap().attrs.remove(pos);
+    Ok(())
+}
+
+/// User attribute lookup (predefined keys are answered by env.rs).
+pub(crate) fn get_user_attr(st: &mut State, comm: MPI_Comm, keyval: c_int) -> R<Option<Option<*mut c_void>>> {
+    if (keyval as u32) & 0xff00_0000 != KEYVAL_BASE {
+        return Ok(None);
+    }
+    let (ci, _) = st.comm(comm)?;
+    user_key(st, keyval)?;
+    Ok(Some(st.comms[ci].as_ref().unwrap().attrs.iter().find(|a| a.0 == keyval).map(|a| a.1)))
+}
+
+unsafe fn free_comm(st: &mut State, comm: *mut MPI_Comm) -> R {
+    if comm.is_null() {
+        return err(MPI_ERR_ARG, "comm is NULL");
+    }
+    let h = *comm;
+    let (ci, _) = st.comm(h)?;
+    if ci < 2 {
+        return err(MPI_ERR_COMM, "cannot free a predefined communicator");
+    }
+    let attrs = std::mem::take(&mut st.comms[ci].as_mut().unwrap().attrs);
+    for (k, v) in attrs.iter().rev() {
+        delete_attr(st, h, *k, *v)?;
+    }
+    // Pending requests on the communicator keep its index alive: free lazily only when none refers to it.
+    if st.reqs.iter().any(|r| r.live && r.comm == ci) {
+        // keep the entry (requests still use it); the handle becomes invalid for the program
+        let c = st.comms[ci].as_mut().unwrap();
+        c.name = String::from("(freed)");
+    } else {
+        st.comms[ci] = None;
+    }
+    *comm = MPI_COMM_NULL;
+    Ok(())
+}
+
+mpi_api! {
+    fn MPI_Comm_dup / PMPI_Comm_dup(comm: MPI_Comm, newcomm: *mut MPI_Comm) -> c_int {
+        let r = (|| -> R { dup(state()?, comm, newcomm) })();
+        fin(comm, "MPI_Comm_dup", r)
+    }
+    fn MPI_Comm_dup_with_info / PMPI_Comm_dup_with_info(comm: MPI_Comm, _info: MPI_Info, newcomm: *mut MPI_Comm) -> c_int {
+        let r = (|| -> R { dup(state()?, comm, newcomm) })();
+        fin(comm, "MPI_Comm_dup_with_info", r)
+    }
+    fn MPI_Comm_idup / PMPI_Comm_idup(comm: MPI_Comm, newcomm: *mut MPI_Comm, request: *mut MPI_Request) -> c_int {
+        let r = (|| -> R {
+            let st = state()?;
+            dup(st, comm, newcomm)?;
+            if request.is_null() {
+                return err(MPI_ERR_ARG, "request is NULL");
+            }
+            let ci = st.comm(comm)?.0;
+            *request = crate::p2p::new_done_req(st, ci);
+            Ok(())
+        })();
+        fin(comm, "MPI_Comm_idup", r)
+    }
+    fn MPI_Comm_split / PMPI_Comm_split(comm: MPI_Comm, color: c_int, key: c_int, newcomm: *mut MPI_Comm) -> c_int {
+        let r = (|| -> R {
+            let st = state()?;
+            if newcomm.is_null() {
+                return err(MPI_ERR_ARG, "newcomm is NULL");
+            }
+            if color < 0 && color != MPI_UNDEFINED {
+                return err(MPI_ERR_ARG, format!("invalid color {color}"));
+            }
+            let (ci, _) = st.comm(comm)?;
+            *newcomm = split(st, ci, color, key)?;
+            Ok(())
+        })();
+        fin(comm, "MPI_Comm_split", r)
+    }
+    fn MPI_Comm_split_type / PMPI_Comm_split_type(comm: MPI_Comm, split_type: c_int, key: c_int, _info: MPI_Info, newcomm: *mut MPI_Comm) -> c_int {
+        let r = (|| -> R {
+            let st = state()?;
+            if newcomm.is_null() {
+                return err(MPI_ERR_ARG, "newcomm is NULL");
+            }
+            let (ci, c) = st.comm(comm)?;
+            let color = if split_type == MPI_UNDEFINED {
+                MPI_UNDEFINED
+            } else {
+                // Ranks reachable through shared memory (or myself) form one host/region: the colour is
+                // the lowest world rank among them.
+                let mem = members(c);
+                let e = st.fab.engine();
+                mem.iter().copied().filter(|&w| matches!(e.route(w), Route::Shm | Route::SelfLoop)).min().unwrap() as c_int
+            };
+            *newcomm = split(st, ci, color, key)?;
+            Ok(())
+        })();
+        fin(comm, "MPI_Comm_split_type", r)
+    }
+    fn MPI_Comm_create / PMPI_Comm_create(comm: MPI_Comm, group: MPI_Group, newcomm: *mut MPI_Comm) -> c_int {
+        let r = (|| -> R {
+            let st = state()?;
+            if newcomm.is_null() {
+                return err(MPI_ERR_ARG, "newcomm is NULL");
+            }
+            let (ci, _) = st.comm(comm)?;
+            let g = crate::comm::group(st, group)?;
+            let mem = members(st.comms[ci].as_ref().unwrap());
+            if g.iter().any(|w| !mem.contains(w)) {
+                return err(MPI_ERR_GROUP, "group is not a subset of the communicator");
+            }
+            let ctx = new_ctx(st, ci)?;
+            let me = my_world(st);
+            *newcomm = match g.iter().position(|&w| w == me) {
+                None => MPI_COMM_NULL,
+                Some(r) => {
+                    let eh = st.comms[ci].as_ref().unwrap().eh;
+                    let n = Comm::new(ctx, r as i32, Some(g.clone()), g.len() as i32, eh);
+                    add_comm(st, n)
+                }
+            };
+            Ok(())
+        })();
+        fin(comm, "MPI_Comm_create", r)
+    }
+    fn MPI_Comm_create_group / PMPI_Comm_create_group(comm: MPI_Comm, group: MPI_Group, tag: c_int, newcomm: *mut MPI_Comm) -> c_int {
+        let r = (|| -> R {
+            let st = state()?;
+            if newcomm.is_null() {
+                return err(MPI_ERR_ARG, "newcomm is NULL");
+            }
+            let (ci, c) = st.comm(comm)?;
+            let (pctx, eh) = (c.coll, c.eh);
+            let g = crate::comm::group(st, group)?;
+            let me = my_world(st);
+            let Some(r) = g.iter().position(|&w| w == me) else {
+                *newcomm = MPI_COMM_NULL;
+                return Ok(());
+            };
+            let _ = ci;
+            let mut v = [st.next_ctx as i32];
+            coll::allreduce_max_group(st, pctx, 0x4000_0000 | (tag & 0x3fff_ffff), &g, r, &mut v)?;
+            st.next_ctx = v[0] as u32 + 2;
+            let n = Comm::new(v[0] as u32, r as i32, Some(g.clone()), g.len() as i32, eh);
+            *newcomm = add_comm(st, n);
+            Ok(())
+        })();
+        fin(comm, "MPI_Comm_create_group", r)
+    }
+    fn MPI_Comm_free / PMPI_Comm_free(comm: *mut MPI_Comm) -> c_int {
+        let h = if comm.is_null() { MPI_COMM_WORLD } else { *comm };
+        let r = (|| -> R { free_comm(state()?, comm) })();
+        fin(h, "MPI_Comm_free", r)
+    }
+    fn MPI_Comm_disconnect / PMPI_Comm_disconnect(comm: *mut MPI_Comm) -> c_int {
+        let h = if comm.is_null() { MPI_COMM_WORLD } else { *comm };
+        let r = (|| -> R { free_comm(state()?, comm) })();
+        fin(h, "MPI_Comm_disconnect", r)
+    }
+    fn MPI_Comm_compare / PMPI_Comm_compare(comm1: MPI_Comm, comm2: MPI_Comm, result: *mut c_int) -> c_int {
+        let r = (|| -> R {
+            let st = state()?;
+            if result.is_null() {
+                return err(MPI_ERR_ARG, "result is NULL");
+            }
+            let (i1, c1) = st.comm(comm1)?;
+            let m1 = members(c1);
+            let (i2, c2) = st.comm(comm2)?;
+            let m2 = members(c2);
+            *result = if i1 == i2 {
+                MPI_IDENT
+            } else {
+                match compare_lists(&m1, &m2) {
+                    MPI_IDENT => MPI_CONGRUENT,
+                    x => x,
+                }
+            };
+            Ok(())
+        })();
+        fin(comm1, "MPI_Comm_compare", r)
+    }
+    fn MPI_Comm_group / PMPI_Comm_group(comm: MPI_Comm, group: *mut MPI_Group) -> c_int {
+        let r = (|| -> R {
+            let st = state()?;
+            if group.is_null() {
+                return err(MPI_ERR_ARG, "group is NULL");
+            }
+            let m = members(st.comm(comm)?.1);
+            *group = group_handle(st, m);
+            Ok(())
+        })();
+        fin(comm, "MPI_Comm_group", r)
+    }
+    fn MPI_Comm_set_name / PMPI_Comm_set_name(comm: MPI_Comm, comm_name: *const c_char) -> c_int {
+        let r = (|| -> R {
+            let st = state()?;
+            let n = cstr(comm_name);
+            st.comm(comm)?.1.name = n;
+            Ok(())
+        })();
+        fin(comm, "MPI_Comm_set_name", r)
+    }
+    fn MPI_Comm_get_name / PMPI_Comm_get_name(comm: MPI_Comm, comm_name: *mut c_char, resultlen: *mut c_int) -> c_int {
+        let r = (|| -> R {
+            let st = state()?;
+            let n = st.comm(comm)?.1.name.clone();
+            put_str(&n, comm_name, resultlen, 128);
+            Ok(())
+        })();
+        fin(comm, "MPI_Comm_get_name", r)
+    }
+    fn MPI_Comm_test_inter / PMPI_Comm_test_inter(comm: MPI_Comm, flag: *mut c_int) -> c_int {
+        let r = (|| -> R {
+            let st = state()?;
+            st.comm(comm)?;
+            if flag.is_null() {
+                return err(MPI_ERR_ARG, "flag is NULL");
+            }
+            *flag = 0;
+            Ok(())
+        })();
+        fin(comm, "MPI_Comm_test_inter", r)
+    }
+    fn MPI_Comm_remote_size / PMPI_Comm_remote_size(comm: MPI_Comm, _size: *mut c_int) -> c_int {
+        let r = (|| -> R {
+            state()?.comm(comm)?;
+            err(MPI_ERR_COMM, "not an intercommunicator (intercommunicators are not implemented yet)")
+        })();
+        fin(comm, "MPI_Comm_remote_size", r)
+    }
+
+    fn MPI_Group_size / PMPI_Group_size(group: MPI_Group, size: *mut c_int) -> c_int {
+        let r = (|| -> R {
+            let g = crate::comm::group(state()?, group)?;
+            if size.is_null() { return err(MPI_ERR_ARG, "size is NULL"); }
+            *size = g.len() as c_int;
+            Ok(())
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Group_size", r)
+    }
+    fn MPI_Group_rank / PMPI_Group_rank(group: MPI_Group, rank: *mut c_int) -> c_int {
+        let r = (|| -> R {
+            let st = state()?;
+            let g = crate::comm::group(st, group)?;
+            if rank.is_null() { return err(MPI_ERR_ARG, "rank is NULL"); }
+            let me = my_world(st);
+            *rank = g.iter().position(|&w| w == me).map_or(MPI_UNDEFINED, |p| p as c_int);
+            Ok(())
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Group_rank", r)
+    }
+    fn MPI_Group_incl / PMPI_Group_incl(group: MPI_Group, n: c_int, ranks: *const c_int, newgroup: *mut MPI_Group) -> c_int {
+        let r = (|| -> R {
+            let st = state()?;
+            let g = crate::comm::group(st, group)?;
+            let rs = ints(ranks, n)?;
+            let mut out = Vec::with_capacity(rs.len());
+            for &x in &rs {
+                if x < 0 || x as usize >= g.len() { return err(MPI_ERR_RANK, format!("rank {x} not in group")); }
+                if out.contains(&g[x as usize]) { return err(MPI_ERR_RANK, format!("rank {x} twice")); }
+                out.push(g[x as usize]);
+            }
+            if newgroup.is_null() { return err(MPI_ERR_ARG, "newgroup is NULL"); }
+            *newgroup = group_handle(st, out);
+            Ok(())
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Group_incl", r)
+    }
+    fn MPI_Group_excl / PMPI_Group_excl(group: MPI_Group, n: c_int, ranks: *const c_int, newgroup: *mut MPI_Group) -> c_int {
+        let r = (|| -> R {
+            let st = state()?;
+            let g = crate::comm::group(st, group)?;
+            let rs = ints(ranks, n)?;
+            for &x in &rs {
+                if x < 0 || x as usize >= g.len() { return err(MPI_ERR_RANK, format!("rank {x} not in group")); }
+            }
+            let out: Vec<usize> = g.iter().enumerate().filter(|(i, _)| !rs.contains(&(*i as c_int))).map(|(_, &w)| w).collect();
+            if newgroup.is_null() { return err(MPI_ERR_ARG, "newgroup is NULL"); }
+            *newgroup = group_handle(st, out);
+            Ok(())
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Group_excl", r)
+    }
+    fn MPI_Group_range_incl / PMPI_Group_range_incl(group: MPI_Group, n: c_int, ranges: *mut [c_int; 3], newgroup: *mut MPI_Group) -> c_int {
+        let r = (|| -> R {
+            let st = state()?;
+            let g = crate::comm::group(st, group)?;
+            let idx = range_list(&g, n, ranges)?;
+            if newgroup.is_null() { return err(MPI_ERR_ARG, "newgroup is NULL"); }
+            *newgroup = group_handle(st, idx.iter().map(|&i| g[i]).collect());
+            Ok(())
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Group_range_incl", r)
+    }
+    fn MPI_Group_range_excl / PMPI_Group_range_excl(group: MPI_Group, n: c_int, ranges: *mut [c_int; 3], newgroup: *mut MPI_Group) -> c_int {
+        let r = (|| -> R {
+            let st = state()?;
+            let g = crate::comm::group(st, group)?;
+            let idx = range_list(&g, n, ranges)?;
+            if newgroup.is_null() { return err(MPI_ERR_ARG, "newgroup is NULL"); }
+            *newgroup = group_handle(st, (0..g.len()).filter(|i| !idx.contains(i)).map(|i| g[i]).collect());
+            Ok(())
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Group_range_excl", r)
+    }
+    fn MPI_Group_union / PMPI_Group_union(group1: MPI_Group, group2: MPI_Group, newgroup: *mut MPI_Group) -> c_int {
+        let r = (|| -> R {
+            let st = state()?;
+            let (a, b) = (crate::comm::group(st, group1)?, crate::comm::group(st, group2)?);
+            let mut out = a.clone();
+            out.extend(b.iter().filter(|w| !a.contains(w)));
+            if newgroup.is_null() { return err(MPI_ERR_ARG, "newgroup is NULL"); }
+            *newgroup = group_handle(st, out);
+            Ok(())
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Group_union", r)
+    }
+    fn MPI_Group_intersection / PMPI_Group_intersection(group1: MPI_Group, group2: MPI_Group, newgroup: *mut MPI_Group) -> c_int {
+        let r = (|| -> R {
+            let st = state()?;
+            let (a, b) = (crate::comm::group(st, group1)?, crate::comm::group(st, group2)?);
+            if newgroup.is_null() { return err(MPI_ERR_ARG, "newgroup is NULL"); }
+            *newgroup = group_handle(st, a.into_iter().filter(|w| b.contains(w)).collect());
+            Ok(())
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Group_intersection", r)
+    }
+    fn MPI_Group_difference / PMPI_Group_difference(group1: MPI_Group, group2: MPI_Group, newgroup: *mut MPI_Group) -> c_int {
+        let r = (|| -> R {
+            let st = state()?;
+            let (a, b) = (crate::comm::group(st, group1)?, crate::comm::group(st, group2)?);
+            if newgroup.is_null() { return err(MPI_ERR_ARG, "newgroup is NULL"); }
+            *newgroup = group_handle(st, a.into_iter().filter(|w| !b.contains(w)).collect());
+            Ok(())
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Group_difference", r)
+    }
+    fn MPI_Group_translate_ranks / PMPI_Group_translate_ranks(group1: MPI_Group, n: c_int, ranks1: *const c_int, group2: MPI_Group, ranks2: *mut c_int) -> c_int {
+        let r = (|| -> R {
+            let st = state()?;
+            let (a, b) = (crate::comm::group(st, group1)?, crate::comm::group(st, group2)?);
+            let rs = ints(ranks1, n)?;
+            for (k, &x) in rs.iter().enumerate() {
+                *ranks2.add(k) = if x == MPI_PROC_NULL {
+                    MPI_PROC_NULL
+                } else if x < 0 || x as usize >= a.len() {
+                    return err(MPI_ERR_RANK, format!("rank {x} not in group1"));
+                } else {
+                    b.iter().position(|&w| w == a[x as usize]).map_or(MPI_UNDEFINED, |p| p as c_int)
+                };
+            }
+            Ok(())
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Group_translate_ranks", r)
+    }
+    fn MPI_Group_compare / PMPI_Group_compare(group1: MPI_Group, group2: MPI_Group, result: *mut c_int) -> c_int {
+        let r = (|| -> R {
+            let st = state()?;
+            let (a, b) = (crate::comm::group(st, group1)?, crate::comm::group(st, group2)?);
+            if result.is_null() { return err(MPI_ERR_ARG, "result is NULL"); }
+            *result = compare_lists(&a, &b);
+            Ok(())
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Group_compare", r)
+    }
+    fn MPI_Group_free / PMPI_Group_free(group: *mut MPI_Group) -> c_int {
+        let r = (|| -> R {
+            let st = state()?;
+            if group.is_null() { return err(MPI_ERR_ARG, "group is NULL"); }
+            let g = *group;
+            crate::comm::group(st, g)?;
+            if g != MPI_GROUP_EMPTY {
+                st.groups[(g as u32 & 0x03ff_ffff) as usize] = None;
+            }
+            *group = MPI_GROUP_NULL;
+            Ok(())
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Group_free", r)
+    }
+
+    fn MPI_Comm_create_keyval / PMPI_Comm_create_keyval(comm_copy_attr_fn: Option<CopyFn>, comm_delete_attr_fn: Option<DeleteFn>, comm_keyval: *mut c_int, extra_state: *mut c_void) -> c_int {
+        fin(MPI_COMM_WORLD, "MPI_Comm_create_keyval", keyval_create(comm_copy_attr_fn, comm_delete_attr_fn, comm_keyval, extra_state))
+    }
+    fn MPI_Keyval_create / PMPI_Keyval_create(copy_fn: Option<CopyFn>, delete_fn: Option<DeleteFn>, keyval: *mut c_int, extra_state: *mut c_void) -> c_int {
+        fin(MPI_COMM_WORLD, "MPI_Keyval_create", keyval_create(copy_fn, delete_fn, keyval, extra_state))
+    }
+    fn MPI_Comm_free_keyval / PMPI_Comm_free_keyval(comm_keyval: *mut c_int) -> c_int {
+        let r = (|| -> R {
+            let st = state()?;
+            if comm_keyval.is_null() { return err(MPI_ERR_ARG, "keyval is NULL"); }
+            user_key(st, *comm_keyval)?;
+            // The key stays usable by communicators that still carry it (callbacks run on their free).
+            *comm_keyval = MPI_KEYVAL_INVALID;
+            Ok(())
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Comm_free_keyval", r)
+    }
+    fn MPI_Keyval_free / PMPI_Keyval_free(keyval: *mut c_int) -> c_int {
+        PMPI_Comm_free_keyval(keyval)
+    }
+    fn MPI_Comm_set_attr / PMPI_Comm_set_attr(comm: MPI_Comm, comm_keyval: c_int, attribute_val: *mut c_void) -> c_int {
+        fin(comm, "MPI_Comm_set_attr", set_attr(comm, comm_keyval, attribute_val))
+    }
+    fn MPI_Attr_put / PMPI_Attr_put(comm: MPI_Comm, keyval: c_int, attribute_val: *mut c_void) -> c_int {
+        fin(comm, "MPI_Attr_put", set_attr(comm, keyval, attribute_val))
+    }
+    fn MPI_Comm_delete_attr / PMPI_Comm_delete_attr(comm: MPI_Comm, comm_keyval: c_int) -> c_int {
+        fin(comm, "MPI_Comm_delete_attr", del_attr(comm, comm_keyval))
+    }
+    fn MPI_Attr_delete / PMPI_Attr_delete(comm: MPI_Comm, keyval: c_int) -> c_int {
+        fin(comm, "MPI_Attr_delete", del_attr(comm, keyval))
+    }
+    fn MPI_Attr_get / PMPI_Attr_get(comm: MPI_Comm, keyval: c_int, attribute_val: *mut c_void, flag: *mut c_int) -> c_int {
+        crate::env::PMPI_Comm_get_attr(comm, keyval, attribute_val, flag)
+    }
+
+    fn MPI_Topo_test / PMPI_Topo_test(comm: MPI_Comm, status: *mut c_int) -> c_int {
+        let r = (|| -> R {
+            let st = state()?;
+            let c = st.comm(comm)?.1;
+            if status.is_null() { return err(MPI_ERR_ARG, "status is NULL"); }
+            *status = match c.topo { Some(Topo::Cart { .. }) => MPI_CART, Some(Topo::DistGraph { .. }) => MPI_DIST_GRAPH, None => MPI_UNDEFINED };
+            Ok(())
+        })();
+        fin(comm, "MPI_Topo_test", r)
+    }
+    fn MPI_Dims_create / PMPI_Dims_create(nnodes: c_int, ndims: c_int, dims: *mut c_int) -> c_int {
+        let r = (|| -> R {
+            if ndims < 0 || (ndims > 0 && dims.is_null()) { return err(MPI_ERR_ARG, "invalid dims"); }
+            let d = std::slice::from_raw_parts_mut(dims, ndims as usize);
+            dims_create(nnodes, d)
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Dims_create", r)
+    }
+    fn MPI_Cart_create / PMPI_Cart_create(comm_old: MPI_Comm, ndims: c_int, dims: *const c_int, periods: *const c_int, _reorder: c_int, comm_cart: *mut MPI_Comm) -> c_int {
+        let r = (|| -> R {
+            let st = state()?;
+            if comm_cart.is_null() { return err(MPI_ERR_ARG, "comm_cart is NULL"); }
+            let (ci, c) = st.comm(comm_old)?;
+            let (rank, size) = (c.rank, c.size);
+            let d = ints(dims, ndims)?;
+            let p = ints(periods, ndims)?;
+            if d.iter().any(|&x| x <= 0) { return err(MPI_ERR_DIMS, "dimensions must be positive"); }
+            let prod: i64 = d.iter().map(|&x| x as i64).product();
+            if prod > size as i64 { return err(MPI_ERR_TOPOLOGY, format!("grid of {prod} does not fit in {size} ranks")); }
+            let h = split(st, ci, if (rank as i64) < prod { 0 } else { MPI_UNDEFINED }, rank)?;
+            if h != MPI_COMM_NULL {
+                st.comm(h)?.1.topo = Some(Topo::Cart { dims: d, periods: p });
+            }
+            *comm_cart = h;
+            Ok(())
+        })();
+        fin(comm_old, "MPI_Cart_create", r)
+    }
+    fn MPI_Cart_coords / PMPI_Cart_coords(comm: MPI_Comm, rank: c_int, maxdims: c_int, coords: *mut c_int) -> c_int {
+        let r = (|| -> R {
+            let st = state()?;
+            let size = st.comm(comm)?.1.size;
+            let (d, _, _) = cart(st, comm)?;
+            if rank < 0 || rank >= size { return err(MPI_ERR_RANK, format!("rank {rank}")); }
+            if (maxdims as usize) < d.len() { return err(MPI_ERR_ARG, "maxdims too small"); }
+            for (i, x) in cart_coords(d, rank).into_iter().enumerate() { *coords.add(i) = x; }
+            Ok(())
+        })();
+        fin(comm, "MPI_Cart_coords", r)
+    }
+    fn MPI_Cart_rank / PMPI_Cart_rank(comm: MPI_Comm, coords: *const c_int, rank: *mut c_int) -> c_int {
+        let r = (|| -> R {
+            let st = state()?;
+            let (d, p, _) = cart(st, comm)?;
+            let co = ints(coords, d.len() as c_int)?;
+            *rank = cart_rank(d, p, &co)?;
+            Ok(())
+        })();
+        fin(comm, "MPI_Cart_rank", r)
+    }
+    fn MPI_Cart_shift / PMPI_Cart_shift(comm: MPI_Comm, direction: c_int, disp: c_int, rank_source: *mut c_int, rank_dest: *mut c_int) -> c_int {
+        let r = (|| -> R {
+            let st = state()?;
+            let (d, p, me) = cart(st, comm)?;
+            if direction < 0 || direction as usize >= d.len() { return err(MPI_ERR_ARG, format!("direction {direction}")); }
+            let (s, t) = shift(d, p, me, direction as usize, disp);
+            *rank_source = s;
+            *rank_dest = t;
+            Ok(())
+        })();
+        fin(comm, "MPI_Cart_shift", r)
+    }
+    fn MPI_Cart_get / PMPI_Cart_get(comm: MPI_Comm, maxdims: c_int, dims: *mut c_int, periods: *mut c_int, coords: *mut c_int) -> c_int {
+        let r = (|| -> R {
+            let st = state()?;
+            let (d, p, me) = cart(st, comm)?;
+            if (maxdims as usize) < d.len() { return err(MPI_ERR_ARG, "maxdims too small"); }
+            let co = cart_coords(d, me);
+            for i in 0..d.len() {
+                *dims.add(i) = d[i];
+                *periods.add(i) = p[i];
+                *coords.add(i) = co[i];
+            }
+            Ok(())
+        })();
+        fin(comm, "MPI_Cart_get", r)
+    }
+    fn MPI_Cartdim_get / PMPI_Cartdim_get(comm: MPI_Comm, ndims: *mut c_int) -> c_int {
+        let r = (|| -> R {
+            let st = state()?;
+            let (d, _, _) = cart(st, comm)?;
+            *ndims = d.len() as c_int;
+            Ok(())
+        })();
+        fin(comm, "MPI_Cartdim_get", r)
+    }
+    fn MPI_Cart_sub / PMPI_Cart_sub(comm: MPI_Comm, remain_dims: *const c_int, newcomm: *mut MPI_Comm) -> c_int {
+        let r = (|| -> R {
+            let st = state()?;
+            let (d, p, me) = cart(st, comm)?;
+            let (d, p) = (d.clone(), p.clone());
+            let keep = ints(remain_dims, d.len() as c_int)?;
+            let co = cart_coords(&d, me);
+            let (mut color, mut key) = (0, 0);
+            let (mut nd, mut np) = (vec![], vec![]);
+            for i in 0..d.len() {
+                if keep[i] != 0 {
+                    key = key * d[i] + co[i];
+                    nd.push(d[i]);
+                    np.push(p[i]);
+                } else {
+                    color = color * d[i] + co[i];
+                }
+            }
+            let ci = st.comm(comm)?.0;
+            let h = split(st, ci, color, key)?;
+            if nd.is_empty() {
+                nd.push(1);
+                np.push(0);
+            }
+            st.comm(h)?.1.topo = Some(Topo::Cart { dims: nd, periods: np });
+            *newcomm = h;
+            Ok(())
+        })();
+        fin(comm, "MPI_Cart_sub", r)
+    }
+    fn MPI_Cart_map / PMPI_Cart_map(comm: MPI_Comm, ndims: c_int, dims: *const c_int, _periods: *const c_int, newrank: *mut c_int) -> c_int {
+        let r = (|| -> R {
+            let st = state()?;
+            let rank = st.comm(comm)?.1.rank;
+            let d = ints(dims, ndims)?;
+            let prod: i64 = d.iter().map(|&x| x as i64).product();
+            *newrank = if (rank as i64) < prod { rank } else { MPI_UNDEFINED };
+            Ok(())
+        })();
+        fin(comm, "MPI_Cart_map", r)
+    }
+    fn MPI_Dist_graph_create_adjacent / PMPI_Dist_graph_create_adjacent(comm_old: MPI_Comm, indegree: c_int, sources: *const c_int, sourceweights: *const c_int, outdegree: c_int, destinations: *const c_int, destweights: *const c_int, _info: MPI_Info, _reorder: c_int, comm_dist_graph: *mut MPI_Comm) -> c_int {
+        let r = (|| -> R {
+            let st = state()?;
+            if comm_dist_graph.is_null() { return err(MPI_ERR_ARG, "comm_dist_graph is NULL"); }
+            let size = st.comm(comm_old)?.1.size;
+            let src = ints(sources, indegree)?;
+            let dst = ints(destinations, outdegree)?;
+            if src.iter().chain(dst.iter()).any(|&x| x < 0 || x >= size) { return err(MPI_ERR_RANK, "neighbour rank out of range"); }
+            let sw = weights(sourceweights, indegree)?;
+            let dw = weights(destweights, outdegree)?;
+            let mut h = MPI_COMM_NULL;
+            dup(st, comm_old, &mut h)?;
+            let c = st.comm(h)?.1;
+            c.attrs.clear();
+            c.topo = Some(Topo::DistGraph { src, sw, dst, dw });
+            *comm_dist_graph = h;
+            Ok(())
+        })();
+        fin(comm_old, "MPI_Dist_graph_create_adjacent", r)
+    }
+    fn MPI_Dist_graph_create / PMPI_Dist_graph_create(comm_old: MPI_Comm, n: c_int, sources: *const c_int, degrees: *const c_int, destinations: *const c_int, weights_: *const c_int, _info: MPI_Info, _reorder: c_int, comm_dist_graph: *mut MPI_Comm) -> c_int {
+        let r = (|| -> R {
+            let st = state()?;
+            if comm_dist_graph.is_null() { return err(MPI_ERR_ARG, "comm_dist_graph is NULL"); }
+            let (ci, c) = st.comm(comm_old)?;
+            let (size, me) = (c.size as usize, c.rank);
+            let s = ints(sources, n)?;
+            let deg = ints(degrees, n)?;
+            let total: c_int = deg.iter().sum();
+            let d = ints(destinations, total)?;
+            let w = weights(weights_, total)?;
+            // Every edge (s -> d, w) is announced to everyone: allgather of per-rank edge lists.
+            let mut mine = Vec::new();
+            let mut k = 0;
+            for i in 0..s.len() {
+                for _ in 0..deg[i] {
+                    mine.push(s[i]);
+                    mine.push(d[k]);
+                    mine.push(w.as_ref().and_then(|w| w.get(k).copied()).unwrap_or(1));
+                    k += 1;
+                }
+            }
+            let counts = coll::allgather_ints(st, ci, &[mine.len() as i32])?;
+            let maxc = *counts.iter().max().unwrap() as usize;
+            let mut padded = mine.clone();
+            padded.resize(maxc, -1);
+            let all = if maxc > 0 { coll::allgather_ints(st, ci, &padded)? } else { vec![] };
+            let (mut src, mut sw, mut dst, mut dw) = (vec![], vec![], vec![], vec![]);
+            for r in 0..size {
+                let recs = &all[r * maxc..r * maxc + counts[r] as usize];
+                for e in recs.chunks(3) {
+                    if e[1] == me { src.push(e[0]); sw.push(e[2]); }
+                    if e[0] == me { dst.push(e[1]); dw.push(e[2]); }
+                }
+            }
+            let weighted = w.is_some();
+            let mut h = MPI_COMM_NULL;
+            dup(st, comm_old, &mut h)?;
+            let c = st.comm(h)?.1;
+            c.attrs.clear();
+            c.topo = Some(Topo::DistGraph { src, sw: weighted.then_some(sw), dst, dw: weighted.then_some(dw) });
+            *comm_dist_graph = h;
+            Ok(())
+        })();
+        fin(comm_old, "MPI_Dist_graph_create", r)
+    }
+    fn MPI_Dist_graph_neighbors_count / PMPI_Dist_graph_neighbors_count(comm: MPI_Comm, indegree: *mut c_int, outdegree: *mut c_int, weighted: *mut c_int) -> c_int {
+        let r = (|| -> R {
+            let st = state()?;
+            let c = st.comm(comm)?.1;
+            match &c.topo {
+                Some(Topo::DistGraph { src, sw, dst, .. }) => {
+                    *indegree = src.len() as c_int;
+                    *outdegree = dst.len() as c_int;
+                    *weighted = sw.is_some() as c_int;
+                    Ok(())
+                }
+                _ => err(MPI_ERR_TOPOLOGY, "communicator has no distributed graph topology"),
+            }
+        })();
+        fin(comm, "MPI_Dist_graph_neighbors_count", r)
+    }
+    fn MPI_Dist_graph_neighbors / PMPI_Dist_graph_neighbors(comm: MPI_Comm, maxindegree: c_int, sources: *mut c_int, sourceweights: *mut c_int, maxoutdegree: c_int, destinations: *mut c_int, destweights: *mut c_int) -> c_int {
+        let r = (|| -> R {
+            let st = state()?;
+            let c = st.comm(comm)?.1;
+            let uw = crate::env::MPI_UNWEIGHTED.0 as *mut c_int;
+            match &c.topo {
+                Some(Topo::DistGraph { src, sw, dst, dw }) => {
+                    for i in 0..src.len().min(maxindegree.max(0) as usize) {
+                        *sources.add(i) = src[i];
+                        if let Some(w) = sw { if !sourceweights.is_null() && sourceweights != uw { *sourceweights.add(i) = w[i]; } }
+                    }
+                    for i in 0..dst.len().min(maxoutdegree.max(0) as usize) {
+                        *destinations.add(i) = dst[i];
+                        if let Some(w) = dw { if !destweights.is_null() && destweights != uw { *destweights.add(i) = w[i]; } }
+                    }
+                    Ok(())
+                }
+                _ => err(MPI_ERR_TOPOLOGY, "communicator has no distributed graph topology"),
+            }
+        })();
+        fin(comm, "MPI_Dist_graph_neighbors", r)
+    }
+}
+
+unsafe fn range_list(g: &[usize], n: c_int, ranges: *mut [c_int; 3]) -> R<Vec<usize>> {
+    if n < 0 || (n > 0 && ranges.is_null()) {
+        return err(MPI_ERR_ARG, "invalid ranges");
+    }
+    let mut out = Vec::new();
+    for k in 0..n as usize {
+        let [first, last, stride] = *ranges.add(k);
+        if stride == 0 {
+            return err(MPI_ERR_ARG, "stride 0");
+        }
+        let mut x = first;
+        while (stride > 0 && x <= last) || (stride < 0 && x >= last) {
+            if x < 0 || x as usize >= g.len() {
+                return err(MPI_ERR_RANK, format!("rank {x} not in group"));
+            }
+            if out.contains(&(x as usize)) {
+                return err(MPI_ERR_RANK, format!("rank {x} twice"));
+            }
+            out.push(x as usize);
+            x += stride;
+        }
+    }
+    Ok(out)
+}

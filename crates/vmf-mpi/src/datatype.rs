@@ -1,0 +1,1170 @@
+//! Derived datatypes: constructors, commit/free/dup, extents and sizes, names, envelope/contents,
+//! Get_address, Pack/Unpack(_external), and the staging used by point-to-point and collectives.
+//!
+//! A derived type is kept *flattened*: the byte blocks `(offset, length)` of one element in typemap order
+//! (adjacent blocks merged), with its size, bounds and true bounds. Sending `count` elements packs the
+//! blocks of each element (`i * extent + offset`) into a staging buffer; receiving unpacks. A derived type
+//! whose one block is `[0, extent)` (e.g. a contiguous type of a basic type) is marked `contig` and moves
+//! straight from the user buffer like a predefined type: contiguous data never pays for the machinery.
+//! Predefined and pair types never touch the table (their size is in the handle).
+use crate::*;
+use std::ffi::{c_char, c_int, c_void, CStr};
+
+pub(crate) const DT_BASE: u32 = 0xcc00_0000;
+
+pub const MPI_COMBINER_NAMED: c_int = 1;
+pub const MPI_COMBINER_DUP: c_int = 2;
+pub const MPI_COMBINER_CONTIGUOUS: c_int = 3;
+pub const MPI_COMBINER_VECTOR: c_int = 4;
+pub const MPI_COMBINER_HVECTOR: c_int = 6;
+pub const MPI_COMBINER_INDEXED: c_int = 7;
+pub const MPI_COMBINER_HINDEXED: c_int = 9;
+pub const MPI_COMBINER_INDEXED_BLOCK: c_int = 10;
+pub const MPI_COMBINER_STRUCT: c_int = 12;
+pub const MPI_COMBINER_SUBARRAY: c_int = 13;
+pub const MPI_COMBINER_DARRAY: c_int = 14;
+pub const MPI_COMBINER_RESIZED: c_int = 18;
+pub const MPI_COMBINER_HINDEXED_BLOCK: c_int = 19;
+const MPI_ORDER_C: c_int = 56;
+const MPI_ORDER_FORTRAN: c_int = 57;
+const MPI_DISTRIBUTE_BLOCK: c_int = 121;
+const MPI_DISTRIBUTE_CYCLIC: c_int = 122;
+const MPI_DISTRIBUTE_NONE: c_int = 123;
+const MPI_DISTRIBUTE_DFLT_DARG: c_int = -49767;
+
+/// A datatype, flattened.
+#[derive(Clone, Debug)]
+pub(crate) struct Dtype {
+    /// Byte blocks of one element, in typemap order, relative to the element's start.
+    pub blocks: Vec<(isize, usize)>,
+    pub size: usize,
+    pub lb: isize,
+    pub ub: isize,
+    pub true_lb: isize,
+    pub true_ub: isize,
+    /// Alignment (for the padding of struct types, as MPICH does).
+    pub align: usize,
+    /// The one basic type all elements share (MPI_DATATYPE_NULL if mixed): reductions and Get_elements.
+    pub basic: MPI_Datatype,
+    /// Basic elements per element.
+    pub nbasic: usize,
+    /// One block `[0, extent)`: moves as `count * size` bytes from the buffer.
+    pub contig: bool,
+    pub committed: bool,
+    pub name: String,
+    pub combiner: c_int,
+    pub ints: Vec<c_int>,
+    pub aints: Vec<MPI_Aint>,
+    pub types: Vec<MPI_Datatype>,
+    /// User attributes (MPI_Type_set_attr): (keyval, value).
+    pub attrs: Vec<(c_int, *mut c_void)>,
+}
+
+impl Dtype {
+    #[inline]
+    pub fn extent(&self) -> isize {
+        self.ub - self.lb
+    }
+}
+
+#[inline]
+pub(crate) fn is_derived(dt: MPI_Datatype) -> bool {
+    (dt as u32) & 0xfc00_0000 == DT_BASE
+}
+
+/// Description of a predefined (or pair) type, built on the fly.
+fn predefined(dt: MPI_Datatype) -> R<Dtype> {
+    let size = type_extent(dt)?;
+    let basic_align = match dt as u32 & 0xff {
+        0x1e | 0x22 | 0x28 | 0x2a | 0x40 | 0x41 | 0x34 | 0x35 | 0x16 | 0x20 | 0x21 | 0x23 => size / 2,
+        _ => size,
+    };
+    let align = if is_pair(dt) { if size >= 16 { 8 } else { 4 } } else { basic_align.clamp(1, 16) };
+    let align = if dt == MPI_LONG_DOUBLE_INT { 16 } else { align };
+    Ok(Dtype {
+        blocks: if size > 0 { vec![(0, size)] } else { vec![] },
+        size,
+        lb: 0,
+        ub: size as isize,
+        true_lb: 0,
+        true_ub: size as isize,
+        align,
+        basic: dt,
+        nbasic: 1,
+        contig: true,
+        committed: true,
+        name: String::new(),
+        combiner: MPI_COMBINER_NAMED,
+        ints: vec![],
+        aints: vec![],
+        types: vec![],
+        attrs: vec![],
+    })
+}
+
+pub(crate) const MPI_LONG_DOUBLE_INT: MPI_Datatype = 0x8c00_0004u32 as c_int;
+
+pub(crate) fn is_pair(dt: MPI_Datatype) -> bool {
+    (dt as u32) & 0xffff_fff8 == 0x8c00_0000 || matches!(dt as u32 & 0xffff_00ff, 0x4c00_0016 | 0x4c00_0020 | 0x4c00_0021 | 0x4c00_0023)
+}
+
+/// The description of any datatype (cloned: only for constructors and slow paths).
+pub(crate) fn info(st: &State, dt: MPI_Datatype) -> R<Dtype> {
+    if is_derived(dt) {
+        get(st, dt).cloned()
+    } else {
+        predefined(dt)
+    }
+}
+
+pub(crate) fn get(st: &State, dt: MPI_Datatype) -> R<&Dtype> {
+    let i = (dt as u32 & 0x03ff_ffff) as usize;
+    match st.types.get(i) {
+        Some(Some(d)) if is_derived(dt) => Ok(d),
+        _ => err(MPI_ERR_TYPE, format!("invalid datatype handle {dt:#x}")),
+    }
+}
+
+fn add(st: &mut State, d: Dtype) -> MPI_Datatype {
+    let i = match st.types.iter().position(|t| t.is_none()) {
+        Some(i) => i,
+        None => {
+            st.types.push(None);
+            st.types.len() - 1
+        }
+    };
+    st.types[i] = Some(d);
+    (DT_BASE | i as u32) as c_int
+}
+
+/// Extent (bytes between consecutive elements) and size of any datatype.
+pub(crate) fn ext_size(dt: MPI_Datatype) -> R<(isize, usize)> {
+    if !is_derived(dt) {
+        let s = type_extent(dt)?;
+        return Ok((s as isize, s));
+    }
+    let st = state()?;
+    let d = get(st, dt)?;
+    Ok((d.extent(), d.size))
+}
+
+// ------------------------------------------------------------------------------------------------ building
+
+/// Builder of flattened typemaps.
+struct Build {
+    blocks: Vec<(isize, usize)>,
+    size: usize,
+    lb: isize,
+    ub: isize,
+    tlb: isize,
+    tub: isize,
+    any: bool,
+    align: usize,
+    basic: Option<MPI_Datatype>,
+    mixed: bool,
+    nbasic: usize,
+}
+
+impl Build {
+    fn new() -> Build {
+        Build { blocks: Vec::new(), size: 0, lb: 0, ub: 0, tlb: 0, tub: 0, any: false, align: 1, basic: None, mixed: false, nbasic: 0 }
+    }
+
+    /// Place `n` consecutive elements of `c` at byte displacement `d`.
+    fn place(&mut self, c: &Dtype, d: isize, n: usize) {
+        if n == 0 {
+            return;
+        }
+        let ext = c.extent();
+        let (lo, hi) = (d + c.lb, d + c.lb + ext * (n as isize - 1) + ext);
+        let (lo, hi) = if ext >= 0 { (lo, hi) } else { (d + c.lb + ext * (n as isize - 1), d + c.ub) };
+        let (tlo, thi) = if ext >= 0 {
+            (d + c.true_lb, d + ext * (n as isize - 1) + c.true_ub)
+        } else {
+            (d + ext * (n as isize - 1) + c.true_lb, d + c.true_ub)
+        };
+        if !self.any {
+            (self.lb, self.ub, self.tlb, self.tub) = (lo, hi, tlo, thi);
+            self.any = true;
+        } else {
+            self.lb = self.lb.min(lo);
+            self.ub = self.ub.max(hi);
+            self.tlb = self.tlb.min(tlo);
+            self.tub = self.tub.max(thi);
+        }
+        self.align = self.align.max(c.align);
+        if c.basic == MPI_DATATYPE_NULL {
+            self.mixed = true;
+        } else {
+            match self.basic {
+                None => self.basic = Some(c.basic),
+                Some(b) if b != c.basic => self.mixed = true,
+                _ => {}
+            }
+        }
+        self.nbasic += c.nbasic * n;
+        self.size += c.size * n;
+        if c.contig && c.size as isize == ext {
+            // n elements form one block.
+            self.push(d + c.lb, c.size * n);
+        } else {
+            for k in 0..n as isize {
+                for &(o, l) in &c.blocks {
+                    self.push(d + k * ext + o, l);
+                }
+            }
+        }
+    }
+
+    #[inline]
+    fn push(&mut self, o: isize, l: usize) {
+        if l == 0 {
+            return;
+        }
+        if let Some(last) = self.blocks.last_mut() {
+            if last.0 + last.1 as isize == o {
+                last.1 += l;
+                return;
+            }
+        }
+        self.blocks.push((o, l));
+    }
+
+    fn finish(self, combiner: c_int, ints: Vec<c_int>, aints: Vec<MPI_Aint>, types: Vec<MPI_Datatype>) -> Dtype {
+        let mut d = Dtype {
+            contig: false,
+            blocks: self.blocks,
+            size: self.size,
+            lb: self.lb,
+            ub: self.ub,
+            true_lb: self.tlb,
+            true_ub: self.tub,
+            align: self.align,
+            basic: if self.mixed { MPI_DATATYPE_NULL } else { self.basic.unwrap_or(MPI_DATATYPE_NULL) },
+            nbasic: self.nbasic,
+            committed: false,
+            name: String::new(),
+            combiner,
+            ints,
+            aints,
+            types,
+            attrs: vec![],
+        };
+        if combiner == MPI_COMBINER_STRUCT && d.any_extent_pad() {
+            let e = d.extent();
+            let a = d.align as isize;
+            if e % a != 0 {
+                d.ub += a - e.rem_euclid(a);
+            }
+        }
+        d.set_contig();
+        d
+    }
+}
+
+impl Dtype {
+    fn any_extent_pad(&self) -> bool {
+        self.align > 1
+    }
+    fn set_contig(&mut self) {
+        self.contig = self.lb == 0
+            && self.extent() == self.size as isize
+            && (self.size == 0 || (self.blocks.len() == 1 && self.blocks[0].0 == 0));
+    }
+}
+
+unsafe fn arr<T: Copy>(p: *const T, n: c_int) -> R<Vec<T>> {
+    if n < 0 {
+        return err(MPI_ERR_COUNT, format!("count {n} is negative"));
+    }
+    if n > 0 && p.is_null() {
+        return err(MPI_ERR_ARG, "array argument is NULL");
+    }
+    Ok((0..n as usize).map(|i| *p.add(i)).collect())
+}
+
+fn nonneg(n: c_int, what: &str) -> R<usize> {
+    if n < 0 {
+        err(MPI_ERR_COUNT, format!("{what} {n} is negative"))
+    } else {
+        Ok(n as usize)
+    }
+}
+
+/// hindexed: blocks of `lens[i]` elements of `old` at byte displacements `disps[i]`.
+fn hindexed(old: &Dtype, lens: &[usize], disps: &[isize]) -> Build {
+    let mut b = Build::new();
+    for (l, d) in lens.iter().zip(disps) {
+        b.place(old, *d, *l);
+    }
+    b
+}
+
+unsafe fn out_type(newtype: *mut MPI_Datatype) -> R<()> {
+    if newtype.is_null() {
+        return err(MPI_ERR_ARG, "newtype is NULL");
+    }
+    Ok(())
+}
+
+/// Offsets of the elements of a subarray, in memory order.
+fn subarray_offsets(sizes: &[usize], subs: &[usize], starts: &[usize], order: c_int, ext: isize) -> R<Vec<isize>> {
+    let n = sizes.len();
+    for i in 0..n {
+        if subs[i] == 0 || sizes[i] == 0 || starts[i] + subs[i] > sizes[i] {
+            return err(MPI_ERR_ARG, format!("subarray dimension {i}: size {} subsize {} start {}", sizes[i], subs[i], starts[i]));
+        }
+    }
+    let lists: Vec<Vec<usize>> = (0..n).map(|i| (starts[i]..starts[i] + subs[i]).collect()).collect();
+    Ok(grid_offsets(sizes, &lists, order, ext))
+}
+
+/// Offsets of the cartesian product of per-dimension index lists in an array of `sizes` (order C or Fortran).
+fn grid_offsets(sizes: &[usize], lists: &[Vec<usize>], order: c_int, ext: isize) -> Vec<isize> {
+    let n = sizes.len();
+    // Dimension order from slowest to fastest.
+    let dims: Vec<usize> = if order == MPI_ORDER_C { (0..n).collect() } else { (0..n).rev().collect() };
+    let mut stride = vec![0isize; n];
+    let mut s = ext;
+    for &d in dims.iter().rev() {
+        stride[d] = s;
+        s *= sizes[d] as isize;
+    }
+    let mut out = vec![0isize];
+    for &d in &dims {
+        let mut next = Vec::with_capacity(out.len() * lists[d].len());
+        for &o in &out {
+            for &i in &lists[d] {
+                next.push(o + i as isize * stride[d]);
+            }
+        }
+        out = next;
+    }
+    if lists.iter().any(|l| l.is_empty()) {
+        out.clear();
+    }
+    out
+}
+
+fn from_offsets(old: &Dtype, offs: &[isize], extent: isize, combiner: c_int, ints: Vec<c_int>, types: Vec<MPI_Datatype>) -> Dtype {
+    let mut b = Build::new();
+    for &o in offs {
+        b.place(old, o, 1);
+    }
+    let mut d = b.finish(combiner, ints, vec![], types);
+    d.lb = 0;
+    d.ub = extent;
+    d.set_contig();
+    d
+}
+
+// ------------------------------------------------------------------------------------------------ pack/unpack
+
+/// Copy `count` elements of `d` from `buf` into the packed stream `out` (count * size bytes).
+pub(crate) unsafe fn pack(d: &Dtype, buf: *const u8, count: usize, out: *mut u8) {
+    let ext = d.extent();
+    let mut o = 0usize;
+    for k in 0..count as isize {
+        let base = buf.offset(k * ext);
+        for &(off, len) in &d.blocks {
+            std::ptr::copy_nonoverlapping(base.offset(off), out.add(o), len);
+            o += len;
+        }
+    }
+}
+
+/// Copy up to `nbytes` of the packed stream `inp` into `count` elements of `d` at `buf`.
+pub(crate) unsafe fn unpack(d: &Dtype, inp: *const u8, nbytes: usize, buf: *mut u8, count: usize) {
+    let ext = d.extent();
+    let mut o = 0usize;
+    'outer: for k in 0..count as isize {
+        let base = buf.offset(k * ext);
+        for &(off, len) in &d.blocks {
+            if o >= nbytes {
+                break 'outer;
+            }
+            let l = len.min(nbytes - o);
+            std::ptr::copy_nonoverlapping(inp.add(o), base.offset(off), l);
+            o += l;
+        }
+    }
+}
+
+/// How a (buffer, count, datatype) moves.
+pub(crate) enum Lay {
+    /// Straight from/to the buffer: this many bytes.
+    Contig(usize),
+    /// Through a staging buffer of `bytes` (packed).
+    Packed { bytes: usize },
+}
+
+/// Layout of (buf, count, dt), with the argument checks of `msg_bytes`.
+#[inline]
+pub(crate) fn layout(buf: *const c_void, count: c_int, dt: MPI_Datatype) -> R<Lay> {
+    if !is_derived(dt) {
+        return msg_bytes(buf, count, dt).map(Lay::Contig);
+    }
+    if count < 0 {
+        return err(MPI_ERR_COUNT, format!("count {count} is negative"));
+    }
+    let st = state()?;
+    let d = get(st, dt)?;
+    if !d.committed {
+        return err(MPI_ERR_TYPE, "datatype is not committed");
+    }
+    let bytes = d.size * count as usize;
+    if d.contig {
+        Ok(Lay::Contig(bytes))
+    } else {
+        Ok(Lay::Packed { bytes })
+    }
+}
+
+/// Staging of a derived-datatype transfer kept with its request.
+pub(crate) struct Xfer {
+    pub tmp: Vec<u8>,
+    /// Receive: where to unpack (buffer, count, datatype).
+    pub unpack: Option<(*mut u8, usize, MPI_Datatype)>,
+}
+
+/// Pack `count` elements of `dt` at `buf` into a new vector.
+pub(crate) unsafe fn pack_vec(buf: *const u8, count: usize, dt: MPI_Datatype, bytes: usize) -> R<Vec<u8>> {
+    let st = state()?;
+    let d = get(st, dt)?;
+    let mut v = vec![0u8; bytes];
+    pack(d, buf, count, v.as_mut_ptr());
+    Ok(v)
+}
+
+/// Unpack the first `nbytes` of `tmp` into (buf, count, dt).
+pub(crate) unsafe fn unpack_from(tmp: &[u8], nbytes: usize, buf: *mut u8, count: usize, dt: MPI_Datatype) -> R {
+    let st = state()?;
+    let d = get(st, dt)?;
+    unpack(d, tmp.as_ptr(), nbytes.min(tmp.len()), buf, count);
+    Ok(())
+}
+
+/// Copy (sbuf, scount, stype) into (rbuf, rcount, rtype) locally (type signatures assumed to match).
+pub(crate) unsafe fn local_copy(sbuf: *const u8, scount: usize, stype: MPI_Datatype, rbuf: *mut u8, rcount: usize, rtype: MPI_Datatype) -> R {
+    let sl = layout(sbuf as *const c_void, scount as c_int, stype)?;
+    let rl = layout(rbuf as *const c_void, rcount as c_int, rtype)?;
+    match (sl, rl) {
+        (Lay::Contig(a), Lay::Contig(b)) => {
+            if a > b {
+                return err(MPI_ERR_TRUNCATE, format!("{a} bytes into a buffer of {b}"));
+            }
+            if a > 0 && sbuf != rbuf as *const u8 {
+                std::ptr::copy(sbuf, rbuf, a);
+            }
+        }
+        (Lay::Contig(a), Lay::Packed { bytes }) => {
+            if a > bytes {
+                return err(MPI_ERR_TRUNCATE, format!("{a} bytes into a buffer of {bytes}"));
+            }
+            let v = std::slice::from_raw_parts(sbuf, a).to_vec();
+            unpack_from(&v, a, rbuf, rcount, rtype)?;
+        }
+        (Lay::Packed { bytes }, rl) => {
+            let v = pack_vec(sbuf, scount, stype, bytes)?;
+            match rl {
+                Lay::Contig(b) => {
+                    if bytes > b {
+                        return err(MPI_ERR_TRUNCATE, format!("{bytes} bytes into a buffer of {b}"));
+                    }
+                    std::ptr::copy_nonoverlapping(v.as_ptr(), rbuf, bytes);
+                }
+                Lay::Packed { bytes: b } => {
+                    if bytes > b {
+                        return err(MPI_ERR_TRUNCATE, format!("{bytes} bytes into a buffer of {b}"));
+                    }
+                    unpack_from(&v, bytes, rbuf, rcount, rtype)?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+// ------------------------------------------------------------------------------------------------ darray
+
+fn darray_indices(gsize: usize, distrib: c_int, darg: c_int, psize: usize, coord: usize) -> R<Vec<usize>> {
+    Ok(match distrib {
+        MPI_DISTRIBUTE_NONE => (0..gsize).collect(),
+        MPI_DISTRIBUTE_BLOCK => {
+            let b = if darg == MPI_DISTRIBUTE_DFLT_DARG { gsize.div_ceil(psize) } else { darg as usize };
+            if b * psize < gsize {
+                return err(MPI_ERR_ARG, "darray block size too small");
+            }
+            let lo = (coord * b).min(gsize);
+            let hi = ((coord + 1) * b).min(gsize);
+            (lo..hi).collect()
+        }
+        MPI_DISTRIBUTE_CYCLIC => {
+            let b = if darg == MPI_DISTRIBUTE_DFLT_DARG { 1 } else { darg as usize };
+            (0..gsize).filter(|i| (i / b) % psize == coord).collect()
+        }
+        _ => return err(MPI_ERR_ARG, format!("invalid distribution {distrib}")),
+    })
+}
+
+// ------------------------------------------------------------------------------------------------ entry points
+
+fn create(newtype: *mut MPI_Datatype, d: Dtype) -> R {
+    let st = state()?;
+    let h = add(st, d);
+    // SAFETY: checked non-NULL by the caller (out_type).
+    unsafe { *newtype = h };
+    Ok(())
+}
+
+fn check_old(st: &State, t: MPI_Datatype) -> R<Dtype> {
+    info(st, t)
+}
+
+unsafe fn name_of(s: *const c_char) -> String {
+    if s.is_null() {
+        String::new()
+    } else {
+        CStr::from_ptr(s).to_string_lossy().into_owned()
+    }
+}
+
+/// Name of a predefined datatype (for Type_get_name).
+fn predefined_name(dt: MPI_Datatype) -> &'static str {
+    match dt as u32 {
+        0x4c000101 => "MPI_CHAR", 0x4c000118 => "MPI_SIGNED_CHAR", 0x4c000102 => "MPI_UNSIGNED_CHAR", 0x4c00010d => "MPI_BYTE",
+        0x4c00040e => "MPI_WCHAR", 0x4c000203 => "MPI_SHORT", 0x4c000204 => "MPI_UNSIGNED_SHORT", 0x4c000405 => "MPI_INT",
+        0x4c000406 => "MPI_UNSIGNED", 0x4c000807 => "MPI_LONG", 0x4c000808 => "MPI_UNSIGNED_LONG", 0x4c00040a => "MPI_FLOAT",
+        0x4c00080b => "MPI_DOUBLE", 0x4c00100c => "MPI_LONG_DOUBLE", 0x4c000809 => "MPI_LONG_LONG_INT",
+        0x4c000819 => "MPI_UNSIGNED_LONG_LONG", 0x4c00010f => "MPI_PACKED", 0x8c000000 => "MPI_FLOAT_INT",
+        0x8c000001 => "MPI_DOUBLE_INT", 0x8c000002 => "MPI_LONG_INT", 0x8c000003 => "MPI_SHORT_INT", 0x4c000816 => "MPI_2INT",
+        0x8c000004 => "MPI_LONG_DOUBLE_INT", 0x4c000137 => "MPI_INT8_T", 0x4c000238 => "MPI_INT16_T", 0x4c000439 => "MPI_INT32_T",
+        0x4c00083a => "MPI_INT64_T", 0x4c00013b => "MPI_UINT8_T", 0x4c00023c => "MPI_UINT16_T", 0x4c00043d => "MPI_UINT32_T",
+        0x4c00083e => "MPI_UINT64_T", 0x4c00013f => "MPI_C_BOOL", 0x4c000843 => "MPI_AINT", 0x4c000844 => "MPI_OFFSET",
+        0x4c000845 => "MPI_COUNT", 0x4c00041b => "MPI_INTEGER", 0x4c00041c => "MPI_REAL", 0x4c00081f => "MPI_DOUBLE_PRECISION",
+        0x4c00081e => "MPI_COMPLEX", 0x4c001022 => "MPI_DOUBLE_COMPLEX", 0x4c00041d => "MPI_LOGICAL", 0x4c00011a => "MPI_CHARACTER",
+        0x4c000840 => "MPI_C_FLOAT_COMPLEX", 0x4c001041 => "MPI_C_DOUBLE_COMPLEX",
+        _ => "",
+    }
+}
+
+mpi_api! {
+    fn MPI_Type_contiguous / PMPI_Type_contiguous(count: c_int, oldtype: MPI_Datatype, newtype: *mut MPI_Datatype) -> c_int {
+        let r = (|| -> R {
+            out_type(newtype)?;
+            let st = state()?;
+            let old = check_old(st, oldtype)?;
+            let n = nonneg(count, "count")?;
+            let mut b = Build::new();
+            b.place(&old, 0, n);
+            create(newtype, b.finish(MPI_COMBINER_CONTIGUOUS, vec![count], vec![], vec![oldtype]))
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Type_contiguous", r)
+    }
+    fn MPI_Type_vector / PMPI_Type_vector(count: c_int, blocklength: c_int, stride: c_int, oldtype: MPI_Datatype, newtype: *mut MPI_Datatype) -> c_int {
+        let r = (|| -> R {
+            out_type(newtype)?;
+            let st = state()?;
+            let old = check_old(st, oldtype)?;
+            let n = nonneg(count, "count")?;
+            let bl = nonneg(blocklength, "blocklength")?;
+            let ext = old.extent();
+            let lens = vec![bl; n];
+            let disps: Vec<isize> = (0..n as isize).map(|i| i * stride as isize * ext).collect();
+            let b = hindexed(&old, &lens, &disps);
+            create(newtype, b.finish(MPI_COMBINER_VECTOR, vec![count, blocklength, stride], vec![], vec![oldtype]))
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Type_vector", r)
+    }
+    fn MPI_Type_create_hvector / PMPI_Type_create_hvector(count: c_int, blocklength: c_int, stride: MPI_Aint, oldtype: MPI_Datatype, newtype: *mut MPI_Datatype) -> c_int {
+        let r = (|| -> R {
+            out_type(newtype)?;
+            let st = state()?;
+            let old = check_old(st, oldtype)?;
+            let n = nonneg(count, "count")?;
+            let bl = nonneg(blocklength, "blocklength")?;
+            let lens = vec![bl; n];
+            let disps: Vec<isize> = (0..n as isize).map(|i| i * stride).collect();
+            let b = hindexed(&old, &lens, &disps);
+            create(newtype, b.finish(MPI_COMBINER_HVECTOR, vec![count, blocklength], vec![stride], vec![oldtype]))
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Type_create_hvector", r)
+    }
+    fn MPI_Type_indexed / PMPI_Type_indexed(count: c_int, array_of_blocklengths: *const c_int, array_of_displacements: *const c_int, oldtype: MPI_Datatype, newtype: *mut MPI_Datatype) -> c_int {
+        let r = (|| -> R {
+            out_type(newtype)?;
+            let st = state()?;
+            let old = check_old(st, oldtype)?;
+            let bl = arr(array_of_blocklengths, count)?;
+            let ds = arr(array_of_displacements, count)?;
+            let lens: Vec<usize> = bl.iter().map(|&l| nonneg(l, "blocklength")).collect::<R<_>>()?;
+            let disps: Vec<isize> = ds.iter().map(|&d| d as isize * old.extent()).collect();
+            let b = hindexed(&old, &lens, &disps);
+            let mut ints = vec![count];
+            ints.extend(&bl);
+            ints.extend(&ds);
+            create(newtype, b.finish(MPI_COMBINER_INDEXED, ints, vec![], vec![oldtype]))
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Type_indexed", r)
+    }
+    fn MPI_Type_create_hindexed / PMPI_Type_create_hindexed(count: c_int, array_of_blocklengths: *const c_int, array_of_displacements: *const MPI_Aint, oldtype: MPI_Datatype, newtype: *mut MPI_Datatype) -> c_int {
+        let r = (|| -> R {
+            out_type(newtype)?;
+            let st = state()?;
+            let old = check_old(st, oldtype)?;
+            let bl = arr(array_of_blocklengths, count)?;
+            let ds = arr(array_of_displacements, count)?;
+            let lens: Vec<usize> = bl.iter().map(|&l| nonneg(l, "blocklength")).collect::<R<_>>()?;
+            let b = hindexed(&old, &lens, &ds);
+            let mut ints = vec![count];
+            ints.extend(&bl);
+            create(newtype, b.finish(MPI_COMBINER_HINDEXED, ints, ds, vec![oldtype]))
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Type_create_hindexed", r)
+    }
+    fn MPI_Type_create_indexed_block / PMPI_Type_create_indexed_block(count: c_int, blocklength: c_int, array_of_displacements: *const c_int, oldtype: MPI_Datatype, newtype: *mut MPI_Datatype) -> c_int {
+        let r = (|| -> R {
+            out_type(newtype)?;
+            let st = state()?;
+            let old = check_old(st, oldtype)?;
+            let ds = arr(array_of_displacements, count)?;
+            let bl = nonneg(blocklength, "blocklength")?;
+            let lens = vec![bl; ds.len()];
+            let disps: Vec<isize> = ds.iter().map(|&d| d as isize * old.extent()).collect();
+            let b = hindexed(&old, &lens, &disps);
+            let mut ints = vec![count, blocklength];
+            ints.extend(&ds);
+            create(newtype, b.finish(MPI_COMBINER_INDEXED_BLOCK, ints, vec![], vec![oldtype]))
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Type_create_indexed_block", r)
+    }
+    fn MPI_Type_create_hindexed_block / PMPI_Type_create_hindexed_block(count: c_int, blocklength: c_int, array_of_displacements: *const MPI_Aint, oldtype: MPI_Datatype, newtype: *mut MPI_Datatype) -> c_int {
+        let r = (|| -> R {
+            out_type(newtype)?;
+            let st = state()?;
+            let old = check_old(st, oldtype)?;
+            let ds = arr(array_of_displacements, count)?;
+            let bl = nonneg(blocklength, "blocklength")?;
+            let lens = vec![bl; ds.len()];
+            let b = hindexed(&old, &lens, &ds);
+            create(newtype, b.finish(MPI_COMBINER_HINDEXED_BLOCK, vec![count, blocklength], ds, vec![oldtype]))
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Type_create_hindexed_block", r)
+    }
+    fn MPI_Type_create_struct / PMPI_Type_create_struct(count: c_int, array_of_blocklengths: *const c_int, array_of_displacements: *const MPI_Aint, array_of_types: *const MPI_Datatype, newtype: *mut MPI_Datatype) -> c_int {
+        let r = (|| -> R {
+            out_type(newtype)?;
+            let st = state()?;
+            let bl = arr(array_of_blocklengths, count)?;
+            let ds = arr(array_of_displacements, count)?;
+            let ts = arr(array_of_types, count)?;
+            let mut b = Build::new();
+            for i in 0..ts.len() {
+                let t = check_old(st, ts[i])?;
+                b.place(&t, ds[i], nonneg(bl[i], "blocklength")?);
+            }
+            let mut ints = vec![count];
+            ints.extend(&bl);
+            create(newtype, b.finish(MPI_COMBINER_STRUCT, ints, ds, ts))
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Type_create_struct", r)
+    }
+    fn MPI_Type_create_resized / PMPI_Type_create_resized(oldtype: MPI_Datatype, lb: MPI_Aint, extent: MPI_Aint, newtype: *mut MPI_Datatype) -> c_int {
+        let r = (|| -> R {
+            out_type(newtype)?;
+            let st = state()?;
+            let mut d = check_old(st, oldtype)?;
+            d.attrs.clear();
+            d.lb = lb;
+            d.ub = lb + extent;
+            d.combiner = MPI_COMBINER_RESIZED;
+            d.ints = vec![];
+            d.aints = vec![lb, extent];
+            d.types = vec![oldtype];
+            d.committed = false;
+            d.name.clear();
+            d.set_contig();
+            create(newtype, d)
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Type_create_resized", r)
+    }
+    fn MPI_Type_create_subarray / PMPI_Type_create_subarray(ndims: c_int, array_of_sizes: *const c_int, array_of_subsizes: *const c_int, array_of_starts: *const c_int, order: c_int, oldtype: MPI_Datatype, newtype: *mut MPI_Datatype) -> c_int {
+        let r = (|| -> R {
+            out_type(newtype)?;
+            let st = state()?;
+            let old = check_old(st, oldtype)?;
+            if ndims <= 0 {
+                return err(MPI_ERR_ARG, "ndims must be positive");
+            }
+            if order != MPI_ORDER_C && order != MPI_ORDER_FORTRAN {
+                return err(MPI_ERR_ARG, format!("invalid order {order}"));
+            }
+            let sz = arr(array_of_sizes, ndims)?;
+            let sub = arr(array_of_subsizes, ndims)?;
+            let stt = arr(array_of_starts, ndims)?;
+            let u = |v: &[c_int]| v.iter().map(|&x| nonneg(x, "subarray argument")).collect::<R<Vec<usize>>>();
+            let (szu, subu, sttu) = (u(&sz)?, u(&sub)?, u(&stt)?);
+            let offs = subarray_offsets(&szu, &subu, &sttu, order, old.extent())?;
+            let extent = szu.iter().product::<usize>() as isize * old.extent();
+            let mut ints = vec![ndims];
+            ints.extend(&sz);
+            ints.extend(&sub);
+            ints.extend(&stt);
+            ints.push(order);
+            create(newtype, from_offsets(&old, &offs, extent, MPI_COMBINER_SUBARRAY, ints, vec![oldtype]))
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Type_create_subarray", r)
+    }
+    fn MPI_Type_create_darray / PMPI_Type_create_darray(size: c_int, rank: c_int, ndims: c_int, array_of_gsizes: *const c_int, array_of_distribs: *const c_int, array_of_dargs: *const c_int, array_of_psizes: *const c_int, order: c_int, oldtype: MPI_Datatype, newtype: *mut MPI_Datatype) -> c_int {
+        let r = (|| -> R {
+            out_type(newtype)?;
+            let st = state()?;
+            let old = check_old(st, oldtype)?;
+            if ndims <= 0 || size <= 0 || rank < 0 || rank >= size {
+                return err(MPI_ERR_ARG, "invalid darray size/rank/ndims");
+            }
+            if order != MPI_ORDER_C && order != MPI_ORDER_FORTRAN {
+                return err(MPI_ERR_ARG, format!("invalid order {order}"));
+            }
+            let gs = arr(array_of_gsizes, ndims)?;
+            let dis = arr(array_of_distribs, ndims)?;
+            let da = arr(array_of_dargs, ndims)?;
+            let ps = arr(array_of_psizes, ndims)?;
+            if ps.iter().map(|&p| p.max(0) as i64).product::<i64>() != size as i64 {
+                return err(MPI_ERR_ARG, "product of psizes is not size");
+            }
+            // Process grid coordinates: row-major (C order) regardless of `order`.
+            let mut coords = vec![0usize; ndims as usize];
+            let mut rem = rank as usize;
+            for i in (0..ndims as usize).rev() {
+                coords[i] = rem % ps[i] as usize;
+                rem /= ps[i] as usize;
+            }
+            let mut lists = Vec::new();
+            for i in 0..ndims as usize {
+                lists.push(darray_indices(gs[i] as usize, dis[i], da[i], ps[i] as usize, coords[i])?);
+            }
+            let gsu: Vec<usize> = gs.iter().map(|&g| g.max(0) as usize).collect();
+            let offs = grid_offsets(&gsu, &lists, order, old.extent());
+            let extent = gsu.iter().product::<usize>() as isize * old.extent();
+            let mut ints = vec![size, rank, ndims];
+            ints.extend(&gs);
+            ints.extend(&dis);
+            ints.extend(&da);
+            ints.extend(&ps);
+            ints.push(order);
+            create(newtype, from_offsets(&old, &offs, extent, MPI_COMBINER_DARRAY, ints, vec![oldtype]))
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Type_create_darray", r)
+    }
+    fn MPI_Type_dup / PMPI_Type_dup(oldtype: MPI_Datatype, newtype: *mut MPI_Datatype) -> c_int {
+        let r = (|| -> R {
+            out_type(newtype)?;
+            let st = state()?;
+            let mut d = check_old(st, oldtype)?;
+            d.attrs = crate::comm::copy_obj_attrs(st, oldtype, &d.attrs)?;
+            d.combiner = MPI_COMBINER_DUP;
+            d.ints = vec![];
+            d.aints = vec![];
+            d.types = vec![oldtype];
+            d.committed = true;
+            d.name.clear();
+            create(newtype, d)
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Type_dup", r)
+    }
+    fn MPI_Type_commit / PMPI_Type_commit(datatype: *mut MPI_Datatype) -> c_int {
+        let r = (|| -> R {
+            if datatype.is_null() {
+                return err(MPI_ERR_ARG, "datatype is NULL");
+            }
+            let st = state()?;
+            if !is_derived(*datatype) {
+                type_extent(*datatype)?;
+                return Ok(());
+            }
+            get(st, *datatype)?;
+            let i = (*datatype as u32 & 0x03ff_ffff) as usize;
+            st.types[i].as_mut().unwrap().committed = true;
+            Ok(())
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Type_commit", r)
+    }
+    fn MPI_Type_free / PMPI_Type_free(datatype: *mut MPI_Datatype) -> c_int {
+        let r = (|| -> R {
+            if datatype.is_null() {
+                return err(MPI_ERR_ARG, "datatype is NULL");
+            }
+            let st = state()?;
+            if !is_derived(*datatype) {
+                return err(MPI_ERR_TYPE, "cannot free a predefined datatype");
+            }
+            let attrs = get(st, *datatype)?.attrs.clone();
+            for (k, v) in attrs.iter().rev() {
+                crate::comm::delete_obj_attr(st, *datatype, *k, *v)?;
+            }
+            // Types are flattened at construction: freeing never affects types built from this one, and
+            // pending operations keep their own staging.
+            st.types[(*datatype as u32 & 0x03ff_ffff) as usize] = None;
+            *datatype = MPI_DATATYPE_NULL;
+            Ok(())
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Type_free", r)
+    }
+    fn MPI_Type_get_extent / PMPI_Type_get_extent(datatype: MPI_Datatype, lb: *mut MPI_Aint, extent: *mut MPI_Aint) -> c_int {
+        let r = (|| -> R {
+            let st = state()?;
+            let d = info(st, datatype)?;
+            if lb.is_null() || extent.is_null() {
+                return err(MPI_ERR_ARG, "NULL argument");
+            }
+            *lb = d.lb;
+            *extent = d.extent();
+            Ok(())
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Type_get_extent", r)
+    }
+    fn MPI_Type_get_extent_x / PMPI_Type_get_extent_x(datatype: MPI_Datatype, lb: *mut MPI_Count, extent: *mut MPI_Count) -> c_int {
+        let r = (|| -> R {
+            let st = state()?;
+            let d = info(st, datatype)?;
+            if lb.is_null() || extent.is_null() {
+                return err(MPI_ERR_ARG, "NULL argument");
+            }
+            *lb = d.lb as MPI_Count;
+            *extent = d.extent() as MPI_Count;
+            Ok(())
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Type_get_extent_x", r)
+    }
+    fn MPI_Type_get_true_extent / PMPI_Type_get_true_extent(datatype: MPI_Datatype, true_lb: *mut MPI_Aint, true_extent: *mut MPI_Aint) -> c_int {
+        let r = (|| -> R {
+            let st = state()?;
+            let d = info(st, datatype)?;
+            if true_lb.is_null() || true_extent.is_null() {
+                return err(MPI_ERR_ARG, "NULL argument");
+            }
+            *true_lb = d.true_lb;
+            *true_extent = d.true_ub - d.true_lb;
+            Ok(())
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Type_get_true_extent", r)
+    }
+    fn MPI_Type_get_true_extent_x / PMPI_Type_get_true_extent_x(datatype: MPI_Datatype, true_lb: *mut MPI_Count, true_extent: *mut MPI_Count) -> c_int {
+        let r = (|| -> R {
+            let st = state()?;
+            let d = info(st, datatype)?;
+            if true_lb.is_null() || true_extent.is_null() {
+                return err(MPI_ERR_ARG, "NULL argument");
+            }
+            *true_lb = d.true_lb as MPI_Count;
+            *true_extent = (d.true_ub - d.true_lb) as MPI_Count;
+            Ok(())
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Type_get_true_extent_x", r)
+    }
+    fn MPI_Type_size / PMPI_Type_size(datatype: MPI_Datatype, size: *mut c_int) -> c_int {
+        let r = (|| -> R {
+            let (_, s) = ext_size(datatype)?;
+            if size.is_null() {
+                return err(MPI_ERR_ARG, "size is NULL");
+            }
+            *size = s.try_into().unwrap_or(MPI_UNDEFINED);
+            Ok(())
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Type_size", r)
+    }
+    fn MPI_Type_size_x / PMPI_Type_size_x(datatype: MPI_Datatype, size: *mut MPI_Count) -> c_int {
+        let r = (|| -> R {
+            let (_, s) = ext_size(datatype)?;
+            if size.is_null() {
+                return err(MPI_ERR_ARG, "size is NULL");
+            }
+            *size = s as MPI_Count;
+            Ok(())
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Type_size_x", r)
+    }
+    fn MPI_Type_set_name / PMPI_Type_set_name(datatype: MPI_Datatype, type_name: *const c_char) -> c_int {
+        let r = (|| -> R {
+            let st = state()?;
+            if !is_derived(datatype) {
+                type_extent(datatype)?;
+                return Ok(());
+            }
+            get(st, datatype)?;
+            let n = name_of(type_name);
+            st.types[(datatype as u32 & 0x03ff_ffff) as usize].as_mut().unwrap().name = n;
+            Ok(())
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Type_set_name", r)
+    }
+    fn MPI_Type_get_name / PMPI_Type_get_name(datatype: MPI_Datatype, type_name: *mut c_char, resultlen: *mut c_int) -> c_int {
+        let r = (|| -> R {
+            let st = state()?;
+            let n = if is_derived(datatype) { get(st, datatype)?.name.clone() } else { type_extent(datatype).map(|_| predefined_name(datatype).to_string())? };
+            put_str(&n, type_name, resultlen, 128);
+            Ok(())
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Type_get_name", r)
+    }
+    fn MPI_Type_get_envelope / PMPI_Type_get_envelope(datatype: MPI_Datatype, num_integers: *mut c_int, num_addresses: *mut c_int, num_datatypes: *mut c_int, combiner: *mut c_int) -> c_int {
+        let r = (|| -> R {
+            let st = state()?;
+            let d = info(st, datatype)?;
+            if num_integers.is_null() || num_addresses.is_null() || num_datatypes.is_null() || combiner.is_null() {
+                return err(MPI_ERR_ARG, "NULL argument");
+            }
+            *num_integers = d.ints.len() as c_int;
+            *num_addresses = d.aints.len() as c_int;
+            *num_datatypes = d.types.len() as c_int;
+            *combiner = d.combiner;
+            Ok(())
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Type_get_envelope", r)
+    }
+    fn MPI_Type_get_contents / PMPI_Type_get_contents(datatype: MPI_Datatype, max_integers: c_int, max_addresses: c_int, max_datatypes: c_int, array_of_integers: *mut c_int, array_of_addresses: *mut MPI_Aint, array_of_datatypes: *mut MPI_Datatype) -> c_int {
+        let r = (|| -> R {
+            let st = state()?;
+            let d = info(st, datatype)?;
+            if d.combiner == MPI_COMBINER_NAMED {
+                return err(MPI_ERR_TYPE, "MPI_Type_get_contents of a predefined datatype");
+            }
+            if (max_integers as usize) < d.ints.len() || (max_addresses as usize) < d.aints.len() || (max_datatypes as usize) < d.types.len() {
+                return err(MPI_ERR_ARG, "arrays too small");
+            }
+            for (i, v) in d.ints.iter().enumerate() {
+                *array_of_integers.add(i) = *v;
+            }
+            for (i, v) in d.aints.iter().enumerate() {
+                *array_of_addresses.add(i) = *v;
+            }
+            for (i, v) in d.types.iter().enumerate() {
+                *array_of_datatypes.add(i) = *v;
+            }
+            Ok(())
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Type_get_contents", r)
+    }
+    fn MPI_Get_address / PMPI_Get_address(location: *const c_void, address: *mut MPI_Aint) -> c_int {
+        if address.is_null() {
+            return raise(MPI_COMM_WORLD, "MPI_Get_address", MpiErr { code: MPI_ERR_ARG, msg: "address is NULL".into() });
+        }
+        *address = location as MPI_Aint;
+        MPI_SUCCESS
+    }
+    fn MPI_Aint_add / PMPI_Aint_add(base: MPI_Aint, disp: MPI_Aint) -> MPI_Aint {
+        base.wrapping_add(disp)
+    }
+    fn MPI_Aint_diff / PMPI_Aint_diff(addr1: MPI_Aint, addr2: MPI_Aint) -> MPI_Aint {
+        addr1.wrapping_sub(addr2)
+    }
+    fn MPI_Pack_size / PMPI_Pack_size(incount: c_int, datatype: MPI_Datatype, _comm: MPI_Comm, size: *mut c_int) -> c_int {
+        let r = (|| -> R {
+            let (_, s) = ext_size(datatype)?;
+            if size.is_null() {
+                return err(MPI_ERR_ARG, "size is NULL");
+            }
+            *size = (s * nonneg(incount, "incount")?) as c_int;
+            Ok(())
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Pack_size", r)
+    }
+    fn MPI_Pack / PMPI_Pack(inbuf: *const c_void, incount: c_int, datatype: MPI_Datatype, outbuf: *mut c_void, outsize: c_int, position: *mut c_int, comm: MPI_Comm) -> c_int {
+        let r = (|| -> R {
+            if position.is_null() {
+                return err(MPI_ERR_ARG, "position is NULL");
+            }
+            let st = state()?;
+            let d = info(st, datatype)?;
+            let n = nonneg(incount, "incount")?;
+            let bytes = d.size * n;
+            let pos = *position as usize;
+            if pos + bytes > outsize.max(0) as usize {
+                return err(MPI_ERR_TRUNCATE, format!("{bytes} bytes do not fit at position {pos} of {outsize}"));
+            }
+            pack(&d, inbuf as *const u8, n, (outbuf as *mut u8).add(pos));
+            *position = (pos + bytes) as c_int;
+            Ok(())
+        })();
+        fin(comm, "MPI_Pack", r)
+    }
+    fn MPI_Unpack / PMPI_Unpack(inbuf: *const c_void, insize: c_int, position: *mut c_int, outbuf: *mut c_void, outcount: c_int, datatype: MPI_Datatype, comm: MPI_Comm) -> c_int {
+        let r = (|| -> R {
+            if position.is_null() {
+                return err(MPI_ERR_ARG, "position is NULL");
+            }
+            let st = state()?;
+            let d = info(st, datatype)?;
+            let n = nonneg(outcount, "outcount")?;
+            let bytes = d.size * n;
+            let pos = *position as usize;
+            if pos + bytes > insize.max(0) as usize {
+                return err(MPI_ERR_TRUNCATE, format!("{bytes} bytes wanted at position {pos} of {insize}"));
+            }
+            unpack(&d, (inbuf as *const u8).add(pos), bytes, outbuf as *mut u8, n);
+            *position = (pos + bytes) as c_int;
+            Ok(())
+        })();
+        fin(comm, "MPI_Unpack", r)
+    }
+    fn MPI_Pack_external_size / PMPI_Pack_external_size(_datarep: *const c_char, incount: c_int, datatype: MPI_Datatype, size: *mut MPI_Aint) -> c_int {
+        let r = (|| -> R {
+            let (_, s) = ext_size(datatype)?;
+            if size.is_null() {
+                return err(MPI_ERR_ARG, "size is NULL");
+            }
+            *size = (s * nonneg(incount, "incount")?) as MPI_Aint;
+            Ok(())
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Pack_external_size", r)
+    }
+    fn MPI_Pack_external / PMPI_Pack_external(_datarep: *const c_char, inbuf: *const c_void, incount: c_int, datatype: MPI_Datatype, outbuf: *mut c_void, outsize: MPI_Aint, position: *mut MPI_Aint) -> c_int {
+        let r = (|| -> R {
+            if position.is_null() {
+                return err(MPI_ERR_ARG, "position is NULL");
+            }
+            let st = state()?;
+            let d = info(st, datatype)?;
+            let n = nonneg(incount, "incount")?;
+            let bytes = d.size * n;
+            let pos = *position as usize;
+            if pos + bytes > outsize.max(0) as usize {
+                return err(MPI_ERR_TRUNCATE, "output buffer too small");
+            }
+            let out = (outbuf as *mut u8).add(pos);
+            pack(&d, inbuf as *const u8, n, out);
+            swap_external(&d, out, bytes)?;
+            *position = (pos + bytes) as MPI_Aint;
+            Ok(())
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Pack_external", r)
+    }
+    fn MPI_Unpack_external / PMPI_Unpack_external(_datarep: *const c_char, inbuf: *const c_void, insize: MPI_Aint, position: *mut MPI_Aint, outbuf: *mut c_void, outcount: c_int, datatype: MPI_Datatype) -> c_int {
+        let r = (|| -> R {
+            if position.is_null() {
+                return err(MPI_ERR_ARG, "position is NULL");
+            }
+            let st = state()?;
+            let d = info(st, datatype)?;
+            let n = nonneg(outcount, "outcount")?;
+            let bytes = d.size * n;
+            let pos = *position as usize;
+            if pos + bytes > insize.max(0) as usize {
+                return err(MPI_ERR_TRUNCATE, "input buffer too small");
+            }
+            let mut v = std::slice::from_raw_parts((inbuf as *const u8).add(pos), bytes).to_vec();
+            swap_external(&d, v.as_mut_ptr(), bytes)?;
+            unpack(&d, v.as_ptr(), bytes, outbuf as *mut u8, n);
+            *position = (pos + bytes) as MPI_Aint;
+            Ok(())
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Unpack_external", r)
+    }
+}
+
+/// external32 is big-endian: swap each basic element (types made of one basic type; native sizes).
+unsafe fn swap_external(d: &Dtype, p: *mut u8, bytes: usize) -> R {
+    if d.basic == MPI_DATATYPE_NULL {
+        return err(MPI_ERR_TYPE, "MPI_Pack_external supports datatypes built from one basic type");
+    }
+    let sz = type_extent(d.basic)?;
+    let unit = if is_pair(d.basic) || matches!(d.basic as u32 & 0xff, 0x1e | 0x22 | 0x28 | 0x2a | 0x40 | 0x41 | 0x34 | 0x35) { sz / 2 } else { sz };
+    if unit > 1 && !is_pair(d.basic) || d.basic == MPI_2INT {
+        for k in 0..bytes / unit {
+            std::slice::from_raw_parts_mut(p.add(k * unit), unit).reverse();
+        }
+    } else if unit > 1 {
+        return err(MPI_ERR_TYPE, "MPI_Pack_external of mixed pair types is not supported");
+    }
+    Ok(())
+}
+
+/// Basic elements in `bytes` of packed data of `dt` (MPI_Get_elements), or None if not a whole number.
+pub(crate) fn elements_of(dt: MPI_Datatype, bytes: i64) -> R<Option<i64>> {
+    let st = state()?;
+    let d = info(st, dt)?;
+    if d.size == 0 {
+        return Ok(Some(0));
+    }
+    let whole = bytes / d.size as i64;
+    let rest = bytes % d.size as i64;
+    let per = if is_derived(dt) { d.nbasic as i64 } else { type_elements(dt) as i64 };
+    if rest == 0 {
+        return Ok(Some(whole * per));
+    }
+    if d.basic != MPI_DATATYPE_NULL && !is_pair(d.basic) {
+        let bs = type_extent(d.basic)? as i64;
+        if rest % bs == 0 {
+            return Ok(Some(whole * per + rest / bs));
+        }
+    }
+    Ok(None)
+}
+
+unsafe fn type_attr_slot(st: &mut State, dt: MPI_Datatype) -> R<&mut Vec<(c_int, *mut c_void)>> {
+    if !is_derived(dt) {
+        type_extent(dt)?;
+        return err(MPI_ERR_TYPE, "attributes on predefined datatypes are not supported");
+    }
+    get(st, dt)?;
+    Ok(&mut st.types[(dt as u32 & 0x03ff_ffff) as usize].as_mut().unwrap().attrs)
+}
+
+mpi_api! {
+    fn MPI_Type_create_keyval / PMPI_Type_create_keyval(type_copy_attr_fn: Option<crate::comm::CopyFn>, type_delete_attr_fn: Option<crate::comm::DeleteFn>, type_keyval: *mut c_int, extra_state: *mut c_void) -> c_int {
+        fin(MPI_COMM_WORLD, "MPI_Type_create_keyval", crate::comm::keyval_create(type_copy_attr_fn, type_delete_attr_fn, type_keyval, extra_state))
+    }
+    fn MPI_Type_free_keyval / PMPI_Type_free_keyval(type_keyval: *mut c_int) -> c_int {
+        crate::comm::PMPI_Comm_free_keyval(type_keyval)
+    }
+    fn MPI_Type_set_attr / PMPI_Type_set_attr(datatype: MPI_Datatype, type_keyval: c_int, attribute_val: *mut c_void) -> c_int {
+        let r = (|| -> R {
+            let st = state()?;
+            crate::comm::user_key(st, type_keyval)?;
+            let old = type_attr_slot(st, datatype)?.iter().find(|a| a.0 == type_keyval).map(|a| a.1);
+            if let Some(v) = old {
+                crate::comm::delete_obj_attr(st, datatype, type_keyval, v)?;
+            }
+            let a = type_attr_slot(st, datatype)?;
+            match a.iter_mut().find(|x| x.0 == type_keyval) {
+                Some(x) => x.1 = attribute_val,
+                None => a.push((type_keyval, attribute_val)),
+            }
+            Ok(())
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Type_set_attr", r)
+    }
+    fn MPI_Type_get_attr / PMPI_Type_get_attr(datatype: MPI_Datatype, type_keyval: c_int, attribute_val: *mut c_void, flag: *mut c_int) -> c_int {
+        let r = (|| -> R {
+            let st = state()?;
+            crate::comm::user_key(st, type_keyval)?;
+            if attribute_val.is_null() || flag.is_null() {
+                return err(MPI_ERR_ARG, "NULL argument");
+            }
+            match type_attr_slot(st, datatype)?.iter().find(|a| a.0 == type_keyval) {
+                Some(a) => {
+                    *(attribute_val as *mut *mut c_void) = a.1;
+                    *flag = 1;
+                }
+                None => *flag = 0,
+            }
+            Ok(())
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Type_get_attr", r)
+    }
+    fn MPI_Type_delete_attr / PMPI_Type_delete_attr(datatype: MPI_Datatype, type_keyval: c_int) -> c_int {
+        let r = (|| -> R {
+            let st = state()?;
+            crate::comm::user_key(st, type_keyval)?;
+            let Some(pos) = type_attr_slot(st, datatype)?.iter().position(|a| a.0 == type_keyval) else {
+                return err(MPI_ERR_KEYVAL, "attribute not set on this datatype");
+            };
+            let v = type_attr_slot(st, datatype)?[pos].1;
+            crate::comm::delete_obj_attr(st, datatype, type_keyval, v)?;
+            type_attr_slot(st, datatype)?.remove(pos);
+            Ok(())
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Type_delete_attr", r)
+    }
+}

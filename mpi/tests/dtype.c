@@ -1,0 +1,366 @@
+/* Derived datatypes: constructors, extents, names, envelope/contents, pack/unpack, and use through
+ * point-to-point (eager and rendezvous sizes, blocking/nonblocking/persistent/sendrecv) and collectives. */
+#include "check.h"
+#include <stddef.h>
+
+static int R, N;
+static int tcopies, tdeletes;
+static int tcopy(MPI_Datatype t, int k, void *x, void *in, void *out, int *flag)
+{
+    (void)t; (void)k; (void)x;
+    tcopies++;
+    *(void **)out = in;
+    *flag = 1;
+    return MPI_SUCCESS;
+}
+static int tdel(MPI_Datatype t, int k, void *v, void *x)
+{
+    (void)t; (void)k; (void)v; (void)x;
+    tdeletes++;
+    return MPI_SUCCESS;
+}
+
+static void check_extent(MPI_Datatype t, MPI_Aint lb, MPI_Aint ext, int size)
+{
+    MPI_Aint l, e;
+    int s;
+    MPI_Type_get_extent(t, &l, &e);
+    MPI_Type_size(t, &s);
+    if (l != lb || e != ext || s != size) {
+        fprintf(stderr, "extent: lb %ld ext %ld size %d, want %ld %ld %d\n", (long)l, (long)e, s, (long)lb, (long)ext, size);
+        CHECK(0);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &R);
+    MPI_Comm_size(MPI_COMM_WORLD, &N);
+    check_rank = R;
+    int next = (R + 1) % N, prev = (R + N - 1) % N;
+
+    /* constructors and extents */
+    MPI_Datatype c3, vec, hvec, idx, hidx, iblk, hblk, st, rs, dup, sub, dar;
+    MPI_Type_contiguous(3, MPI_INT, &c3);
+    check_extent(c3, 0, 12, 12);
+    MPI_Type_vector(4, 2, 5, MPI_DOUBLE, &vec); /* 4 blocks of 2 doubles, stride 5 */
+    check_extent(vec, 0, (3 * 5 + 2) * 8, 64);
+    MPI_Type_create_hvector(3, 1, 20, MPI_INT, &hvec);
+    check_extent(hvec, 0, 44, 12);
+    int bl[3] = {2, 1, 3}, dp[3] = {5, 0, 9};
+    MPI_Type_indexed(3, bl, dp, MPI_INT, &idx);
+    check_extent(idx, 0, 48, 24);
+    MPI_Aint hdp[3] = {40, 0, 100};
+    MPI_Type_create_hindexed(3, bl, hdp, MPI_SHORT, &hidx);
+    check_extent(hidx, 0, 106, 12);
+    int ibd[3] = {6, 0, 2};
+    MPI_Type_create_indexed_block(3, 2, ibd, MPI_INT, &iblk);
+    check_extent(iblk, 0, 32, 24);
+    MPI_Aint hbd[2] = {16, 0};
+    MPI_Type_create_hindexed_block(2, 3, hbd, MPI_CHAR, &hblk);
+    check_extent(hblk, 0, 19, 6);
+    struct S { char c; double d; int i; };
+    int sbl[3] = {1, 1, 1};
+    MPI_Aint sdp[3] = {offsetof(struct S, c), offsetof(struct S, d), offsetof(struct S, i)};
+    MPI_Datatype sty[3] = {MPI_CHAR, MPI_DOUBLE, MPI_INT};
+    MPI_Type_create_struct(3, sbl, sdp, sty, &st);
+    check_extent(st, 0, sizeof(struct S), 13);
+    MPI_Aint tlb, text;
+    MPI_Type_get_true_extent(st, &tlb, &text);
+    CHECK(tlb == 0 && text == 20);
+    MPI_Type_create_resized(c3, -4, 20, &rs);
+    check_extent(rs, -4, 20, 12);
+    MPI_Type_get_true_extent(rs, &tlb, &text);
+    CHECK(tlb == 0 && text == 12);
+    MPI_Type_dup(vec, &dup);
+    check_extent(dup, 0, 17 * 8, 64);
+    int sizes[2] = {6, 8}, subs[2] = {3, 4}, starts[2] = {1, 2};
+    MPI_Type_create_subarray(2, sizes, subs, starts, MPI_ORDER_C, MPI_INT, &sub);
+    check_extent(sub, 0, 6 * 8 * 4, 48);
+    int gs[2] = {8, 6}, dist[2] = {MPI_DISTRIBUTE_BLOCK, MPI_DISTRIBUTE_CYCLIC}, darg[2] = {MPI_DISTRIBUTE_DFLT_DARG, 2}, ps[2] = {1, 1};
+    MPI_Type_create_darray(1, 0, 2, gs, dist, darg, ps, MPI_ORDER_C, MPI_INT, &dar);
+    check_extent(dar, 0, 8 * 6 * 4, 8 * 6 * 4);
+    MPI_Datatype all[] = {c3, vec, hvec, idx, hidx, iblk, hblk, st, rs, dup, sub, dar};
+    for (unsigned k = 0; k < sizeof all / sizeof *all; k++) MPI_Type_commit(&all[k]);
+
+    /* names and envelope/contents */
+    char nm[MPI_MAX_OBJECT_NAME];
+    int len;
+    MPI_Type_get_name(MPI_INT, nm, &len);
+    CHECK(strcmp(nm, "MPI_INT") == 0);
+    MPI_Type_set_name(vec, "myvec");
+    MPI_Type_get_name(vec, nm, &len);
+    CHECK(strcmp(nm, "myvec") == 0 && len == 5);
+    int ni, na, nd, comb;
+    MPI_Type_get_envelope(vec, &ni, &na, &nd, &comb);
+    CHECK(comb == MPI_COMBINER_VECTOR && ni == 3 && na == 0 && nd == 1);
+    int iv[3];
+    MPI_Aint av[1];
+    MPI_Datatype dv[1];
+    MPI_Type_get_contents(vec, 3, 0, 1, iv, av, dv);
+    CHECK(iv[0] == 4 && iv[1] == 2 && iv[2] == 5 && dv[0] == MPI_DOUBLE);
+    MPI_Type_get_envelope(st, &ni, &na, &nd, &comb);
+    CHECK(comb == MPI_COMBINER_STRUCT && ni == 4 && na == 3 && nd == 3);
+    MPI_Type_get_envelope(MPI_INT, &ni, &na, &nd, &comb);
+    CHECK(comb == MPI_COMBINER_NAMED);
+    MPI_Type_get_envelope(sub, &ni, &na, &nd, &comb);
+    CHECK(comb == MPI_COMBINER_SUBARRAY && ni == 8);
+    MPI_Type_get_envelope(rs, &ni, &na, &nd, &comb);
+    CHECK(comb == MPI_COMBINER_RESIZED && na == 2);
+
+    /* pack / unpack */
+    double a[20], b[20];
+    for (int i = 0; i < 20; i++) a[i] = i;
+    char pk[1000];
+    int pos = 0, psz;
+    MPI_Pack_size(1, vec, MPI_COMM_WORLD, &psz);
+    CHECK(psz >= 64);
+    MPI_Pack(a, 1, vec, pk, sizeof pk, &pos, MPI_COMM_WORLD);
+    CHECK(pos == 64);
+    int x = 77;
+    MPI_Pack(&x, 1, MPI_INT, pk, sizeof pk, &pos, MPI_COMM_WORLD);
+    CHECK(((double *)pk)[2] == 5 && ((double *)pk)[7] == 16);
+    for (int i = 0; i < 20; i++) b[i] = -1;
+    pos = 0;
+    int y = 0;
+    MPI_Unpack(pk, sizeof pk, &pos, b, 1, vec, MPI_COMM_WORLD);
+    MPI_Unpack(pk, sizeof pk, &pos, &y, 1, MPI_INT, MPI_COMM_WORLD);
+    CHECK(y == 77);
+    for (int i = 0; i < 20; i++) CHECK(b[i] == ((i % 5 < 2 && i < 17) ? i : -1));
+    /* external32 is big-endian */
+    int e32 = 0x01020304;
+    unsigned char ext[4];
+    MPI_Aint ep = 0;
+    MPI_Pack_external("external32", &e32, 1, MPI_INT, ext, 4, &ep);
+    CHECK(ep == 4 && ext[0] == 1 && ext[3] == 4);
+    int back = 0;
+    ep = 0;
+    MPI_Unpack_external("external32", ext, 4, &ep, &back, 1, MPI_INT);
+    CHECK(back == e32);
+    /* subarray contents via pack */
+    {
+        int arr[6][8], out[12];
+        for (int i = 0; i < 6; i++) for (int j = 0; j < 8; j++) arr[i][j] = i * 100 + j;
+        pos = 0;
+        MPI_Pack(arr, 1, sub, out, sizeof out, &pos, MPI_COMM_WORLD);
+        for (int i = 0; i < 3; i++) for (int j = 0; j < 4; j++) CHECK(out[i * 4 + j] == (i + 1) * 100 + j + 2);
+    }
+    /* darray with 2x... process grid over world when it fits: block rows x cyclic(2) cols */
+    if (N == 2 || N == 4) {
+        MPI_Datatype dd;
+        int p2[2] = {N / 2, 2};
+        MPI_Type_create_darray(N, R, 2, gs, dist, darg, p2, MPI_ORDER_C, MPI_INT, &dd);
+        MPI_Type_commit(&dd);
+        int sz;
+        MPI_Type_size(dd, &sz);
+        int tot;
+        MPI_Allreduce(&sz, &tot, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+        CHECK(tot == 8 * 6 * 4);
+        int garr[8][6], *loc = malloc(sz);
+        for (int i = 0; i < 8; i++) for (int j = 0; j < 6; j++) garr[i][j] = i * 10 + j;
+        pos = 0;
+        MPI_Pack(garr, 1, dd, loc, sz, &pos, MPI_COMM_WORLD);
+        int pr = R / 2, pc = R % 2, k = 0, rows = 8 / (N / 2);
+        for (int i = pr * rows; i < (pr + 1) * rows; i++)
+            for (int j = 0; j < 6; j++)
+                if ((j / 2) % 2 == pc) CHECK(loc[k++] == i * 10 + j);
+        CHECK(k * 4 == sz);
+        free(loc);
+        MPI_Type_free(&dd);
+    }
+
+    /* point-to-point with derived types: vector of doubles, small and large (rendezvous) */
+    int counts[] = {1, 3, 1000, 70000};
+    for (int c = 0; c < 4; c++) {
+        int n = counts[c];
+        MPI_Datatype v2;
+        MPI_Type_vector(n, 1, 3, MPI_DOUBLE, &v2); /* every third double */
+        MPI_Type_commit(&v2);
+        double *s = malloc(sizeof(double) * 3 * n), *r = malloc(sizeof(double) * 3 * n), *d = malloc(sizeof(double) * n);
+        for (int i = 0; i < 3 * n; i++) { s[i] = R * 1e6 + i; r[i] = -1; }
+        /* typed send -> contiguous receive */
+        MPI_Sendrecv(s, 1, v2, next, 1, d, n, MPI_DOUBLE, prev, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        for (int i = 0; i < n; i++) CHECK(d[i] == prev * 1e6 + 3 * i);
+        /* contiguous send -> typed receive, nonblocking */
+        MPI_Request rq[2];
+        MPI_Irecv(r, 1, v2, prev, 2, MPI_COMM_WORLD, &rq[0]);
+        MPI_Isend(d, n, MPI_DOUBLE, next, 2, MPI_COMM_WORLD, &rq[1]);
+        MPI_Status sts[2];
+        MPI_Waitall(2, rq, sts);
+        int cnt;
+        MPI_Get_count(&sts[0], v2, &cnt);
+        CHECK(cnt == 1);
+        MPI_Get_elements(&sts[0], v2, &cnt);
+        CHECK(cnt == n);
+        for (int i = 0; i < 3 * n; i++) CHECK(r[i] == (i % 3 == 0 ? ((prev + N - 1) % N) * 1e6 + i : -1));
+        /* typed both sides, blocking Send/Recv ordered by rank parity, and persistent */
+        for (int i = 0; i < 3 * n; i++) r[i] = -1;
+        if (N > 1) {
+            if (R % 2 == 0) {
+                MPI_Send(s, 1, v2, next, 3, MPI_COMM_WORLD);
+                MPI_Recv(r, 1, v2, prev, 3, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+            } else {
+                MPI_Recv(r, 1, v2, prev, 3, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+                MPI_Send(s, 1, v2, next, 3, MPI_COMM_WORLD);
+            }
+            for (int i = 0; i < 3 * n; i++) CHECK(r[i] == (i % 3 == 0 ? prev * 1e6 + i : -1));
+        }
+        MPI_Request pr[2];
+        MPI_Recv_init(r, 1, v2, prev, 4, MPI_COMM_WORLD, &pr[0]);
+        MPI_Send_init(s, 1, v2, next, 4, MPI_COMM_WORLD, &pr[1]);
+        for (int it = 0; it < 2; it++) {
+            for (int i = 0; i < 3 * n; i++) r[i] = -1;
+            s[0] = it;
+            MPI_Startall(2, pr);
+            MPI_Waitall(2, pr, MPI_STATUSES_IGNORE);
+            for (int i = 3; i < 3 * n; i++) CHECK(r[i] == (i % 3 == 0 ? prev * 1e6 + i : -1));
+            CHECK(r[0] == it);
+        }
+        MPI_Request_free(&pr[0]);
+        MPI_Request_free(&pr[1]);
+        s[0] = R * 1e6;
+        /* collectives with the vector type: bcast, allgather into resized vector */
+        for (int i = 0; i < 3 * n; i++) r[i] = (R == 0) ? s[i] : -1;
+        MPI_Bcast(r, 1, v2, 0, MPI_COMM_WORLD);
+        for (int i = 0; i < 3 * n; i++) CHECK(r[i] == (i % 3 == 0 || R == 0 ? (double)i : -1));
+        free(s); free(r); free(d);
+        MPI_Type_free(&v2);
+    }
+    /* gather of struct elements with a resized column type: column k of an N x 4 int matrix */
+    {
+        MPI_Datatype col, colr;
+        MPI_Type_vector(N, 1, 4, MPI_INT, &col);
+        MPI_Type_create_resized(col, 0, sizeof(int), &colr);
+        MPI_Type_commit(&colr);
+        int mine[4], m[64];
+        for (int j = 0; j < 4; j++) mine[j] = R * 10 + j;
+        /* each rank contributes 4 ints; root receives them as column R of a 4 x N (row-major, N cols)? use
+           alltoall-free check: gather rows into matrix rows */
+        MPI_Gather(mine, 4, MPI_INT, m, 4, MPI_INT, 0, MPI_COMM_WORLD);
+        /* now scatter columns: rank k gets column k%4 ... use colr with count 1 per rank from a N x 4 matrix */
+        int got[64];
+        if (N <= 4) {
+            MPI_Scatter(m, 1, colr, got, N, MPI_INT, 0, MPI_COMM_WORLD);
+            for (int i = 0; i < N; i++) CHECK(got[i] == i * 10 + R);
+            /* and gather columns back with colr at the root */
+            int back2[64];
+            for (int i = 0; i < 64; i++) back2[i] = -1;
+            MPI_Gather(got, N, MPI_INT, back2, 1, colr, 0, MPI_COMM_WORLD);
+            if (R == 0)
+                for (int i = 0; i < N; i++)
+                    for (int j = 0; j < N; j++) CHECK(back2[i * 4 + j] == i * 10 + j);
+        }
+        MPI_Type_free(&col);
+        MPI_Type_free(&colr);
+    }
+    /* struct type through allreduce with a user op and through alltoallw */
+    {
+        struct S in[2], out[8];
+        for (int k = 0; k < 2; k++) { in[k].c = (char)('a' + R); in[k].d = R + k; in[k].i = R * k; }
+        MPI_Datatype sty2;
+        MPI_Type_dup(st, &sty2);
+        MPI_Allgather(in, 1, st, out, 1, st, MPI_COMM_WORLD);
+        for (int k = 0; k < N; k++) CHECK(out[k].c == 'a' + k && out[k].d == k && out[k].i == 0);
+        MPI_Type_free(&sty2);
+        int *sc = calloc(N, sizeof(int)), *rc = calloc(N, sizeof(int)), *sd = calloc(N, sizeof(int)), *rd = calloc(N, sizeof(int));
+        MPI_Datatype *sts = malloc(sizeof(MPI_Datatype) * N), *rts = malloc(sizeof(MPI_Datatype) * N);
+        double *sbuf = malloc(sizeof(double) * 3 * N * 4), *rbuf = malloc(sizeof(double) * 3 * N * 4);
+        MPI_Datatype v4;
+        MPI_Type_vector(4, 1, 3, MPI_DOUBLE, &v4);
+        MPI_Type_commit(&v4);
+        for (int k = 0; k < N; k++) {
+            sc[k] = 1; sts[k] = v4; sd[k] = k * 12 * sizeof(double);   /* typed send */
+            rc[k] = 4; rts[k] = MPI_DOUBLE; rd[k] = k * 4 * sizeof(double); /* contiguous receive */
+        }
+        for (int i = 0; i < 12 * N; i++) sbuf[i] = R * 1000 + i;
+        MPI_Alltoallw(sbuf, sc, sd, sts, rbuf, rc, rd, rts, MPI_COMM_WORLD);
+        for (int k = 0; k < N; k++)
+            for (int j = 0; j < 4; j++) CHECK(rbuf[k * 4 + j] == k * 1000 + R * 12 + 3 * j);
+        MPI_Type_free(&v4);
+        free(sc); free(rc); free(sd); free(rd); free(sts); free(rts); free(sbuf); free(rbuf);
+    }
+    /* Get_address */
+    {
+        struct S s;
+        MPI_Aint a0, a1;
+        MPI_Get_address(&s, &a0);
+        MPI_Get_address(&s.d, &a1);
+        CHECK(a1 - a0 == offsetof(struct S, d));
+        CHECK(MPI_Aint_diff(a1, a0) == offsetof(struct S, d));
+    }
+    /* reductions on a non-contiguous derived type (every other int) with predefined ops: an extension
+       (MPICH refuses predefined ops on derived types; vmfabric reduces them packed, as basic elements) */
+    {
+        MPI_Datatype ev;
+        int m = 5000;
+        MPI_Type_vector(m, 1, 2, MPI_INT, &ev);
+        MPI_Type_commit(&ev);
+        int *in = malloc(sizeof(int) * 2 * m * N), *out = malloc(sizeof(int) * 2 * m * N);
+        for (int i = 0; i < 2 * m * N; i++) { in[i] = R + i; out[i] = -1; }
+        MPI_Allreduce(in, out, 1, ev, MPI_SUM, MPI_COMM_WORLD);
+        for (int i = 0; i < 2 * m; i++) CHECK(out[i] == (i % 2 ? -1 : N * (N - 1) / 2 + N * i));
+        for (int i = 0; i < 2 * m; i++) out[i] = -1;
+        MPI_Reduce(in, out, 1, ev, MPI_MAX, N - 1, MPI_COMM_WORLD);
+        if (R == N - 1) for (int i = 0; i < 2 * m; i++) CHECK(out[i] == (i % 2 ? -1 : N - 1 + i));
+        for (int i = 0; i < 2 * m; i++) out[i] = -1;
+        MPI_Scan(in, out, 1, ev, MPI_SUM, MPI_COMM_WORLD);
+        for (int i = 0; i < 2 * m; i++) CHECK(out[i] == (i % 2 ? -1 : R * (R + 1) / 2 + (R + 1) * i));
+        for (int i = 0; i < 2 * m; i++) out[i] = -1;
+        /* reduce_scatter_block: N elements of ev (one each), laid out with extent (2m-1) ints */
+        MPI_Datatype evr;
+        MPI_Type_create_resized(ev, 0, sizeof(int) * 2 * m, &evr);
+        MPI_Type_commit(&evr);
+        MPI_Reduce_scatter_block(in, out, 1, evr, MPI_SUM, MPI_COMM_WORLD);
+        for (int i = 0; i < 2 * m; i++) CHECK(out[i] == (i % 2 ? -1 : N * (N - 1) / 2 + N * (R * 2 * m + i)));
+        MPI_Type_free(&evr);
+        MPI_Type_free(&ev);
+        free(in); free(out);
+    }
+    /* datatype attributes: copied on dup, deleted on free */
+    {
+        int key, flag;
+        void *v;
+        static int val;
+        MPI_Type_create_keyval(tcopy, tdel, &key, NULL);
+        MPI_Datatype t1, t2;
+        MPI_Type_contiguous(2, MPI_INT, &t1);
+        MPI_Type_set_attr(t1, key, &val);
+        MPI_Type_get_attr(t1, key, &v, &flag);
+        CHECK(flag && v == &val);
+        MPI_Type_dup(t1, &t2);
+        CHECK(tcopies == 1);
+        MPI_Type_get_attr(t2, key, &v, &flag);
+        CHECK(flag && v == &val);
+        MPI_Type_delete_attr(t2, key);
+        CHECK(tdeletes == 1);
+        MPI_Type_get_attr(t2, key, &v, &flag);
+        CHECK(!flag);
+        MPI_Type_free(&t1);
+        CHECK(tdeletes == 2);
+        MPI_Type_free(&t2);
+        MPI_Type_free_keyval(&key);
+    }
+    /* large-count entry points */
+    {
+        MPI_Count cs, clb, cext;
+        MPI_Type_size_c(vec, &cs);
+        MPI_Type_get_extent_c(vec, &clb, &cext);
+        CHECK(cs == 64 && clb == 0 && cext == 17 * 8);
+        long lv = R + 1, lo = 0;
+        MPI_Allreduce_c(&lv, &lo, (MPI_Count)1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
+        CHECK(lo == (long)N * (N + 1) / 2);
+        long bv = R == 0 ? 99 : 0;
+        MPI_Bcast_c(&bv, (MPI_Count)1, MPI_LONG, 0, MPI_COMM_WORLD);
+        CHECK(bv == 99);
+        MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+        CHECK_RC(MPI_Bcast_c(&bv, (MPI_Count)1 << 40, MPI_LONG, 0, MPI_COMM_WORLD), MPI_ERR_COUNT);
+        MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_ARE_FATAL);
+    }
+    for (unsigned k = 0; k < sizeof all / sizeof *all; k++) MPI_Type_free(&all[k]);
+    CHECK(all[0] == MPI_DATATYPE_NULL);
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (R == 0) printf("PASS dtype\n");
+    MPI_Finalize();
+    return 0;
+}
