@@ -28,3 +28,4 @@ cp -f "$root/mpi/bin/mpicc" "$rel/mpicc"
 cp -f "$root/mpi/bin/mpiexec" "$rel/mpiexec"
 ln -sfn mpiexec "$rel/mpirun"
 chmod +x "$rel/mpicc" "$rel/mpiexec"
+bash "$root/mpi/fortran/build.sh" "$rel"   # Fortran: lib/libmpichfort.so.12, include/mpif.h + mpi.mod, mpif90, mpifort
