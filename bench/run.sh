@@ -115,6 +115,16 @@ if [ "${BENCH_SKIP_OPENMPI:-0}" != 1 ] && [ "$HAVE_OPENMPI" = 1 ]; then
     mpicc.openmpi "${CFLAGS[@]}" -o "$BUILD/mpi_pingpong.openmpi" bench/c/mpi_pingpong.c \
         || { warn "mpi_pingpong.openmpi build failed"; HAVE_OPENMPI=0; }
 fi
+# Collective latency (one source, built with both wrappers; the MPICH build also runs over vmfabric).
+if [ "${BENCH_SKIP_MPICH:-0}" != 1 ] && [ "$HAVE_MPICH" = 1 ]; then
+    mpicc.mpich "${CFLAGS[@]}" -o "$BUILD/mpi_coll.mpich" bench/c/mpi_coll.c || warn "mpi_coll.mpich build failed"
+fi
+if [ "${BENCH_SKIP_OPENMPI:-0}" != 1 ] && [ "$HAVE_OPENMPI" = 1 ]; then
+    mpicc.openmpi "${CFLAGS[@]}" -o "$BUILD/mpi_coll.openmpi" bench/c/mpi_coll.c || warn "mpi_coll.openmpi build failed"
+fi
+read -r -a COLLS <<<"${BENCH_COLLS:-barrier bcast allreduce alltoall}"
+COLL_SIZES="${BENCH_COLL_SIZES:-8,64,512,4096,32768,262144,1048576}"
+COLL_ROUNDS="${BENCH_COLL_ROUNDS:-2}"
 
 HAVE_VMF=1
 if [ "${BENCH_SKIP_VMFABRIC:-0}" != 1 ] && [ ! -x "$VMF" ]; then
@@ -154,6 +164,7 @@ for impl in vmfabric mpich openmpi; do
         rm -f "$RESULTS/$impl-$mode.json" "$RESULTS/$impl-$mode.json.tmp"
     done
 done
+rm -f "$RESULTS"/*-coll-*.json
 rm -f "$RESULTS/cacheline.json" "$RESULTS/summary.md" "$RESULTS/summary.json" \
       "$RESULTS"/*.png "$STATUS"
 rm -rf "$ROUNDS_DIR"
@@ -253,6 +264,29 @@ for round in $(seq 1 "$ROUNDS"); do
             "${COMMON[@]}" --json "$ROUNDS_DIR/openmpi-$mode.r$round.json" --label openmpi
         fi
     done
+    # Collectives at 2 and 4 ranks (4 on 2 cores is oversubscribed: MPICH busy-polls, so fewer iterations
+    # and only the first BENCH_COLL_ROUNDS rounds).
+    if [ "$round" -le "$COLL_ROUNDS" ]; then
+    for np in 2 4; do
+        it="${BENCH_COLL_ITERS:-2000}"; [ "$np" = 4 ] && it="${BENCH_COLL_ITERS4:-200}"
+        for coll in "${COLLS[@]}"; do
+            b="coll-$coll-$np"; CA=(--coll "$coll" --sizes "$COLL_SIZES" --iters "$it")
+            if [ -z "$(skip_reason vmfabric)" ] && [ -f "$ROOT/target/release/lib/libmpich.so.12" ] && [ -x "$BUILD/mpi_coll.mpich" ]; then
+                run_one vmfabric-mpi "$b" "$round" env LD_LIBRARY_PATH="$ROOT/target/release/lib" \
+                    "$VMF" run -n "$np" "${X_VMF[@]}" "$BUILD/mpi_coll.mpich" "${CA[@]}" \
+                    --json "$ROUNDS_DIR/vmfabric-mpi-$b.r$round.json" --label vmfabric
+            fi
+            if [ -z "$(skip_reason mpich)" ] && [ -x "$BUILD/mpi_coll.mpich" ]; then
+                run_one mpich "$b" "$round" mpiexec.mpich -n "$np" "${X_MPICH[@]}" "$BUILD/mpi_coll.mpich" "${CA[@]}" \
+                    --json "$ROUNDS_DIR/mpich-$b.r$round.json" --label mpich
+            fi
+            if [ -z "$(skip_reason openmpi)" ] && [ -x "$BUILD/mpi_coll.openmpi" ]; then
+                run_one openmpi "$b" "$round" mpirun.openmpi "${OMPI_ARGS[@]}" -n "$np" "${X_OMPI[@]}" \
+                    "$BUILD/mpi_coll.openmpi" "${CA[@]}" --json "$ROUNDS_DIR/openmpi-$b.r$round.json" --label openmpi
+            fi
+        done
+    done
+    fi
 done
 log "runs finished in $((SECONDS - T0)) s"
 
@@ -277,6 +311,17 @@ for mode in "${MODES[@]}"; do
         fi
     done
 done
+
+for np in 2 4; do for coll in "${COLLS[@]}"; do for impl in vmfabric-mpi mpich openmpi; do
+    why="$(skip_reason "${impl%-mpi}")"
+    [ "$impl" = vmfabric-mpi ] && [ ! -x "$BUILD/mpi_coll.mpich" ] && why="${why:-mpi_coll.mpich not built}"
+    if [ -z "$why" ]; then
+        merge "$impl" "coll-$coll-$np" "$RESULTS/$impl-coll-$coll-$np.json"
+        # Name the benchmark with its rank count, so each (collective, ranks) gets its own table.
+        [ -f "$RESULTS/$impl-coll-$coll-$np.json" ] && "$PY" -c 'import json,sys; p=sys.argv[1]; d=json.load(open(p)); d["benchmark"]=sys.argv[2]; json.dump(d, open(p,"w"), indent=1)' \
+            "$RESULTS/$impl-coll-$coll-$np.json" "coll-$coll-$np"
+    else record "$impl" "coll-$coll-$np" "skipped: $why"; fi
+done; done; done
 
 # ---------------------------------------------------------------- overcommit
 # K = 2, 4, 8 ranks on this host: vmfabric's wait policies vs MPICH / Open MPI
