@@ -13,8 +13,9 @@
 //! The consumer never reads the producer index: it polls the stamp word at its own position, so a small
 //! message costs one cache-line transfer (the idea of MPICH's and Open MPI's "fastboxes", generalised to a
 //! ring). Because a position's stamp is unique forever, stale records from earlier laps are never mistaken
-//! for new ones; the consumer zeroes the first word of every line it consumes, so payload bytes left from an
-//! earlier lap can never look like a valid stamp either.
+//! for new ones; the consumer zeroes the first word of every continuation line it consumes, so payload bytes
+//! left from an earlier lap can never look like a valid stamp either (a record's first line needs no
+//! zeroing: its first word is a stamp, smaller than any stamp looked for later).
 //!
 //! Everything read from the shared control block or a record header is validated: a corrupted or hostile
 //! peer yields a [`RingError`], never an out-of-bounds access.
@@ -368,8 +369,12 @@ impl Consumer {
 
     #[inline(always)]
     fn consume(&mut self, off: u64, rec: u64) {
-        // Zero the first word of every line of the record so no leftover bytes can pose as a future stamp.
-        let mut o = off;
+        // Zero the first word of every continuation line of the record, so payload bytes left there can
+        // never pose as a future stamp. The first line needs nothing: its first word is a stamp, and stamps
+        // left from earlier laps are always smaller than any stamp the consumer will look for. Not writing
+        // the first line keeps a one-line (small) message's line shared instead of taking it over, so the
+        // producer's next write to it costs an invalidation, not a transfer back.
+        let mut o = off + REC_ALIGN;
         while o < off + rec {
             // SAFETY: [off, off+rec) was validated to lie inside the data area.
             unsafe { (*(self.data.add(o as usize) as *const AtomicU64)).store(0, Ordering::Relaxed) };

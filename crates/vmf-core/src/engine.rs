@@ -638,6 +638,33 @@ impl Engine {
         Ok(false)
     }
 
+    /// Blocking-send fast path: an eager message to a peer whose queue is idle goes straight into the
+    /// transport, with no request at all. `Ok(false)`: not taken (use [`Engine::isend`]).
+    ///
+    /// # Safety
+    /// `buf..buf+len` must be readable (it is copied before returning).
+    #[inline]
+    pub unsafe fn try_send_now(&mut self, buf: *const u8, len: usize, dest: i64, tag: i32, ctx: u32) -> Result<bool> {
+        if dest < 0 || dest as usize >= self.n || tag < 0 || self.fatal.is_some() {
+            return Ok(false); // the slow path reports the error
+        }
+        let dest = dest as usize;
+        let p = &self.peers[dest];
+        if p.holding || !p.pending.is_empty() {
+            return Ok(false);
+        }
+        let limit = match p.route {
+            Route::Shm => self.eager_limit,
+            Route::Tcp => self.tcp_eager,
+            _ => return Ok(false),
+        };
+        if len > limit {
+            return Ok(false);
+        }
+        let mut hdr = PktHeader::new(Kind::Eager, self.me as u32, tag, ctx, 0, len as u64);
+        self.try_packet(dest, &mut hdr, &[], slice(buf, len))
+    }
+
     /// Start a send of `len` bytes at `buf` to `dest` with `tag` in context `ctx`.
     ///
     /// # Safety

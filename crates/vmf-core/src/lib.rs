@@ -358,8 +358,16 @@ impl Fabric {
 
     /// Blocking standard-mode send.
     pub fn send(&self, buf: &[u8], dest: usize, tag: i32) -> Result<()> {
-        let r = self.isend(buf, dest, tag)?;
-        self.wait(r).map(|_| ())
+        let mut e = self.eng.borrow_mut();
+        // SAFETY: `buf` is a live slice; the fast path copies it before returning and the slow path waits.
+        unsafe {
+            if e.try_send_now(buf.as_ptr(), buf.len(), dest as i64, tag, CTX_USER)? {
+                return Ok(());
+            }
+            let id = e.isend(buf.as_ptr(), buf.len(), dest as i64, tag, CTX_USER, SendMode::Standard)?;
+            e.wait_until(Op::Wait, |e| e.is_done(id))?;
+            e.take(id).map(|_| ())
+        }
     }
 
     /// Blocking synchronous-mode send: returns once the receiver has matched the message.
@@ -397,8 +405,18 @@ impl Fabric {
 
     /// Blocking receive. A message longer than `buf` yields [`Error::Truncated`].
     pub fn recv(&self, buf: &mut [u8], src: Source, tag: TagSel) -> Result<Status> {
-        let r = self.irecv(buf, src, tag)?;
-        self.wait(r)
+        let mut e = self.eng.borrow_mut();
+        // SAFETY: `buf` stays borrowed until the request completes below.
+        let id = unsafe { e.irecv(buf.as_mut_ptr(), buf.len(), src.raw(), tag.raw(), CTX_USER)? };
+        if let Err(err) = e.wait_until(Op::Wait, |e| e.is_done(id)) {
+            if !e.cancel_recv(id) {
+                // The receive matched but the wait failed (fatal transport error): the buffer may still be
+                // written by nothing else, so release the request.
+            }
+            let _ = e.take(id);
+            return Err(err);
+        }
+        e.take(id)
     }
 
     /// Nonblocking receive.
