@@ -257,6 +257,7 @@ pub struct Waiter {
     min_spin: Duration,
     max_spin: Duration,
     yield_for: Duration,
+    min_yield: Duration,
     /// Waits that ended in a sleep.
     pub sleeps: u64,
 }
@@ -290,6 +291,7 @@ impl Waiter {
             min_spin,
             max_spin,
             yield_for,
+            min_yield: Duration::from_micros(cfg.wait_yield_us),
             sleeps: 0,
         }
     }
@@ -303,6 +305,15 @@ impl Waiter {
     /// have burnt CPU). Exponential moving average, weight 1/4.
     fn record(&mut self, waited: Duration, _slept: bool) {
         if self.policy != WaitPolicy::Adaptive {
+            return;
+        }
+        if self.oversubscribed {
+            // Ranks outnumber cores: the spin stays short and it is the yield phase that is learnt, so that
+            // waits of the usual length (a token going round 8 ranks on 2 cores) end while the rank is still
+            // runnable instead of costing a wake-up (~45 us here).
+            let (lo, hi) = (self.min_yield, Duration::from_millis(2));
+            let target = if waited <= hi { (waited * 2).max(lo) } else { lo };
+            self.yield_for = ((self.yield_for * 3 + target) / 4).clamp(lo, hi);
             return;
         }
         let target = if waited <= self.max_spin {
