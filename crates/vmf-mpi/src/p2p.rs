@@ -315,6 +315,13 @@ unsafe fn send_blocking(buf: *const c_void, count: c_int, dt: MPI_Datatype, dest
     let Some(w) = w else { return Ok(()) };
     let pk = stage(buf, count, dt, bytes, true)?;
     let p = pk.as_ref().map_or(buf as *const u8, |v| v.as_ptr());
+    // Fast path: an eager message to an idle queue goes straight into the transport, no request.
+    if matches!(mode, Mode::Standard | Mode::Ready) {
+        let pt = st.comms[ci].as_ref().unwrap().pt;
+        if st.fab.engine().try_send_now(p, bytes, w, tag, pt).map_err(from_core)? {
+            return Ok(());
+        }
+    }
     let Some(id) = start_send(st, ci, p, bytes, w, tag, mode)? else { return Ok(()) };
     let mut e = st.fab.engine();
     if !e.is_done(id) {

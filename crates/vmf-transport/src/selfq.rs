@@ -11,6 +11,12 @@ pub struct SelfTransport {
 }
 
 impl SelfTransport {
+    /// True if nothing is queued (cheap; lets the progress engine skip the poll).
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+
     /// The self transport of rank `me`.
     pub fn new(me: usize) -> Self {
         SelfTransport {
