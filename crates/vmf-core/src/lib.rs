@@ -595,7 +595,14 @@ impl Fabric {
         }
         // The region this rank maps now (it may have moved since init).
         if let Some(shm) = self.eng.borrow().shm() {
-            shm.region().detach(shm.local_index());
+            let reg = shm.region();
+            reg.detach(shm.local_index());
+            // Under a launcher of our own, it removes the region. Under another (Hydra, Slurm) the last rank
+            // to leave removes the file, so nothing stays in the region directory (all ranks are past the
+            // fence above, so nobody attaches any more).
+            if launcher_from_env().is_none() && reg.is_file && reg.attached_count() == 0 {
+                let _ = std::fs::remove_file(reg.path());
+            }
         }
         let _ = &self.region;
         if let Some(p) = self.pmi.borrow_mut().as_mut() {
@@ -606,6 +613,14 @@ impl Fabric {
 
     /// Ask the launcher to end the whole job with `code`.
     pub fn abort(&self, code: i32, msg: &str) -> ! {
+        // The whole job ends: under a foreign launcher nobody else removes the region.
+        if launcher_from_env().is_none() {
+            if let Some(shm) = self.eng.borrow().shm() {
+                if shm.region().is_file {
+                    let _ = std::fs::remove_file(shm.region().path());
+                }
+            }
+        }
         if let Some(p) = self.pmi.borrow_mut().as_mut() {
             let _ = p.abort(code, msg);
             std::thread::sleep(Duration::from_secs(2));

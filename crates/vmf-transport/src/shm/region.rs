@@ -486,6 +486,13 @@ impl Region {
         ))
     }
 
+    /// Number of slots whose owner is still attached.
+    pub fn attached_count(&self) -> u32 {
+        (0..self.max_local)
+            .filter(|&i| self.slot(i).is_ok_and(|s| s.state.load(Ordering::Acquire) == 1))
+            .count() as u32
+    }
+
     /// Mark slot `idx` detached (on orderly shutdown).
     pub fn detach(&self, idx: u32) {
         if let Ok(s) = self.slot(idx) {
