@@ -124,8 +124,6 @@ pub struct Fabric {
     rank: usize,
     size: usize,
     job: String,
-    region_path: Option<std::path::PathBuf>,
-    region: Option<Arc<Region>>,
     finalized: Cell<bool>,
     coll_tag: Cell<i32>,
 }
@@ -156,8 +154,6 @@ impl Fabric {
         let mut tcp = None;
         let mut locs = Vec::new();
         let mut mig_ctx = None;
-        let mut region = None;
-        let mut region_path = None;
         if size > 1 {
             let src = if cfg.region_path.is_empty() {
                 RegionSource::Dir(cfg.region_dir.clone().into())
@@ -290,8 +286,6 @@ impl Fabric {
                 }
                 mig_ctx = Some(ctx);
             }
-            region_path = Some(reg.path().to_owned());
-            region = Some(reg);
             shm = Some(t);
         }
         let verbose = cfg.verbose;
@@ -314,8 +308,6 @@ impl Fabric {
             rank,
             size,
             job,
-            region_path,
-            region,
             finalized: Cell::new(false),
             coll_tag: Cell::new(0),
         })
@@ -337,8 +329,8 @@ impl Fabric {
     }
 
     /// The shared region this rank mapped, if any.
-    pub fn region_path(&self) -> Option<&std::path::Path> {
-        self.region_path.as_deref()
+    pub fn region_path(&self) -> Option<std::path::PathBuf> {
+        self.eng.borrow().shm().map(|s| s.region().path().to_owned())
     }
 
     /// The channel used to reach `peer` ("self", "shm" or "none").
@@ -409,10 +401,8 @@ impl Fabric {
         // SAFETY: `buf` stays borrowed until the request completes below.
         let id = unsafe { e.irecv(buf.as_mut_ptr(), buf.len(), src.raw(), tag.raw(), CTX_USER)? };
         if let Err(err) = e.wait_until(Op::Wait, |e| e.is_done(id)) {
-            if !e.cancel_recv(id) {
-                // The receive matched but the wait failed (fatal transport error): the buffer may still be
-                // written by nothing else, so release the request.
-            }
+            // Fatal error: withdraw the receive if it never matched, and release the request either way.
+            e.cancel_recv(id);
             let _ = e.take(id);
             return Err(err);
         }
@@ -604,7 +594,6 @@ impl Fabric {
                 let _ = std::fs::remove_file(reg.path());
             }
         }
-        let _ = &self.region;
         if let Some(p) = self.pmi.borrow_mut().as_mut() {
             p.finalize().map_err(fin)?;
         }

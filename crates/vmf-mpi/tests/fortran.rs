@@ -10,6 +10,8 @@
 //!
 //! Needs the release build (`make test` builds it; by hand `cargo build --release --workspace`). Skips, with a
 //! note, everything when gfortran is not installed, and the MPICH-built variants when MPICH is not.
+mod common;
+
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -149,30 +151,14 @@ fn setup() -> &'static Setup {
     })
 }
 
+/// Run a job; returns the output. `launcher` is "vmfabric" or "hydra".
 fn job(launcher: &str, n: usize, prog: &Path) -> Output {
     let s = setup();
-    let mut cmd = Command::new("timeout");
-    cmd.arg("180");
-    if launcher == "hydra" {
-        cmd.arg("mpiexec.mpich");
-    } else {
-        cmd.arg(s.rel.join("vmfabric")).arg("run");
-    }
-    cmd.arg("-n").arg(n.to_string()).arg(prog);
-    let ld = match std::env::var("LD_LIBRARY_PATH") {
-        Ok(v) if !v.is_empty() => format!("{}:{v}", s.libdir.display()),
-        _ => s.libdir.display().to_string(),
-    };
-    cmd.env("LD_LIBRARY_PATH", ld);
-    cmd.output().unwrap()
+    common::run_job(&s.rel, &s.libdir, launcher, n, prog)
 }
 
 fn builds() -> Vec<&'static str> {
-    if setup().mpich {
-        vec!["ours", "mpich"]
-    } else {
-        vec!["ours"]
-    }
+    common::builds(setup().mpich)
 }
 
 /// False (after a note) when the program cannot be tested here.

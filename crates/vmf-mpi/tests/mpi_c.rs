@@ -6,6 +6,8 @@
 //! `make test` builds it first; by hand run `cargo build --release --workspace` before
 //! `cargo test --release -p vmf-mpi`. The test installs the library with `mpi/install.sh` itself.
 //! Parts that need MPICH (mpicc.mpich, mpiexec.mpich, its header) print a note and skip when it is absent.
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
@@ -91,28 +93,11 @@ fn setup() -> &'static Setup {
 /// Run a job; returns the output. `launcher` is "vmfabric" or "hydra".
 fn job(launcher: &str, n: usize, prog: &Path) -> Output {
     let s = setup();
-    let mut cmd = Command::new("timeout");
-    cmd.arg("180");
-    if launcher == "hydra" {
-        cmd.arg("mpiexec.mpich");
-    } else {
-        cmd.arg(s.rel.join("vmfabric")).arg("run");
-    }
-    cmd.arg("-n").arg(n.to_string()).arg(prog);
-    let ld = match std::env::var("LD_LIBRARY_PATH") {
-        Ok(v) if !v.is_empty() => format!("{}:{v}", s.libdir.display()),
-        _ => s.libdir.display().to_string(),
-    };
-    cmd.env("LD_LIBRARY_PATH", ld);
-    cmd.output().unwrap()
+    common::run_job(&s.rel, &s.libdir, launcher, n, prog)
 }
 
 fn builds() -> Vec<&'static str> {
-    if setup().mpich {
-        vec!["ours", "mpich"]
-    } else {
-        vec!["ours"]
-    }
+    common::builds(setup().mpich)
 }
 
 fn run_ok(launcher: &str, kind: &str, prog: &str, n: usize) {

@@ -49,19 +49,18 @@ fn wait_timeout(mut c: Child, limit: Duration) -> Output {
 }
 
 fn job(dir: &Dir, np: usize, args: &[&str], env: &[(&str, &str)]) -> Output {
+    job_with(dir, &[], np, args, env, Duration::from_secs(120))
+}
+
+/// `vmfabric run [run_args] -n NP --region-dir DIR vmfabric ARGS` with `env`, waited for at most `limit`.
+fn job_with(dir: &Dir, run_args: &[&str], np: usize, args: &[&str], env: &[(&str, &str)], limit: Duration) -> Output {
     let mut c = Command::new(bin());
-    c.arg("run")
-        .arg("-n")
-        .arg(np.to_string())
-        .arg("--region-dir")
-        .arg(&dir.0)
-        .arg(bin())
-        .args(args);
+    c.arg("run").args(run_args).arg("-n").arg(np.to_string()).arg("--region-dir").arg(&dir.0).arg(bin()).args(args);
     for (k, v) in env {
         c.env(k, v);
     }
     c.stdout(Stdio::piped()).stderr(Stdio::piped());
-    wait_timeout(c.spawn().unwrap(), Duration::from_secs(120))
+    wait_timeout(c.spawn().unwrap(), limit)
 }
 
 fn text(o: &Output) -> (String, String) {
@@ -494,23 +493,7 @@ fn overcommit_bench_writes_json() {
 // ---------------------------------------------------------------- hosts, TCP, migration (issue 3)
 
 fn hosts_job(dir: &Dir, hosts: usize, np: usize, args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut c = Command::new(bin());
-    c.args([
-        "run",
-        "--hosts",
-        &hosts.to_string(),
-        "-n",
-        &np.to_string(),
-        "--region-dir",
-    ])
-    .arg(&dir.0)
-    .arg(bin())
-    .args(args);
-    for (k, v) in env {
-        c.env(k, v);
-    }
-    c.stdout(Stdio::piped()).stderr(Stdio::piped());
-    wait_timeout(c.spawn().unwrap(), Duration::from_secs(180))
+    job_with(dir, &["--hosts", &hosts.to_string()], np, args, env, Duration::from_secs(180))
 }
 
 fn no_leftovers(d: &Dir) {

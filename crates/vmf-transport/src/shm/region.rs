@@ -598,6 +598,10 @@ mod tests {
         std::fs::create_dir_all(&d).unwrap();
         d
     }
+    /// A region of job `job` in test directory `d`, with the tests' sizing and no launcher.
+    fn open_in(d: &Path, job: &str) -> Result<Region, TransportError> {
+        Region::open(&RegionSource::Dir(d.to_path_buf()), job, SZ, None, Duration::from_secs(2))
+    }
     const SZ: RegionSizing = RegionSizing {
         max_local: 4,
         heap: 1 << 20,
@@ -606,21 +610,9 @@ mod tests {
     #[test]
     fn two_openers_share_uuid_works() {
         let d = dir("share");
-        let a = Region::open(
-            &RegionSource::Dir(d.clone()),
-            "j1",
-            SZ,
-            None,
-            Duration::from_secs(2),
-        )
+        let a = open_in(&d, "j1")
         .unwrap();
-        let b = Region::open(
-            &RegionSource::Dir(d.clone()),
-            "j1",
-            SZ,
-            None,
-            Duration::from_secs(2),
-        )
+        let b = open_in(&d, "j1")
         .unwrap();
         assert_eq!(a.uuid, b.uuid);
         assert_eq!(a.attach(0).unwrap(), 0);
@@ -693,22 +685,10 @@ mod tests {
     #[test]
     fn corrupt_header_fails() {
         let d = dir("corrupt");
-        let a = Region::open(
-            &RegionSource::Dir(d.clone()),
-            "j",
-            SZ,
-            None,
-            Duration::from_secs(2),
-        )
+        let a = open_in(&d, "j")
         .unwrap();
         a.header().heap_end.store(u64::MAX, Ordering::Relaxed);
-        assert!(Region::open(
-            &RegionSource::Dir(d.clone()),
-            "j",
-            SZ,
-            None,
-            Duration::from_secs(2)
-        )
+        assert!(open_in(&d, "j")
         .is_err());
         std::fs::remove_dir_all(&d).unwrap();
     }
@@ -716,13 +696,7 @@ mod tests {
     #[test]
     fn heap_exhaustion_and_bad_ring_offsets_fail() {
         let d = dir("heap");
-        let a = Region::open(
-            &RegionSource::Dir(d.clone()),
-            "j",
-            SZ,
-            None,
-            Duration::from_secs(2),
-        )
+        let a = open_in(&d, "j")
         .unwrap();
         assert!(a.alloc(1 << 19).is_ok());
         assert!(a.alloc(1 << 20).is_err());
