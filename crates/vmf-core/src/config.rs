@@ -29,6 +29,8 @@ pub const PARAMS: &[Param] = &[
     Param { name: "TCP_ADDR", default: "auto", doc: "address this rank listens on and publishes; auto: the first non-loopback IPv4 address of this host, else 127.0.0.1" },
     Param { name: "TCP_EAGER_LIMIT", default: "64K", doc: "largest message (bytes) sent eagerly over TCP; larger ones use rendezvous and are read straight into the receive buffer" },
     Param { name: "TCP_CHUNK", default: "256K", doc: "bytes per data frame of a TCP rendezvous (written straight from the send buffer)" },
+    Param { name: "SHM_POOL", default: "16M", doc: "shared pool (bytes) per co-resident rank, for MPI_Alloc_mem (large sends from it are copied by the receiver straight out of the region) and shared-memory collectives; 0: none" },
+    Param { name: "SHM_COLL", default: "1", doc: "1: small blocking MPI collectives among ranks of one region go through per-communicator areas of the shared pool; 0: always point-to-point schedules" },
     Param { name: "SHM_MAX_LOCAL", default: "256", doc: "most ranks that may share one region" },
     Param { name: "WAIT", default: "adaptive", doc: "how a rank waits: spin (poll), yield (poll, then sched_yield), block (poll briefly, then sleep until a message arrives), adaptive (spin budget learnt from observed waits and cores per rank, then yield if oversubscribed, then sleep)" },
     Param { name: "WAIT_SPIN_MAX_US", default: "1000", doc: "adaptive: longest spin (microseconds) when every rank of the host has a core (the learnt budget stays between 200 us and this)" },
@@ -99,6 +101,10 @@ pub struct Config {
     pub shm_chunk: usize,
     /// SHM_MAX_LOCAL.
     pub shm_max_local: u32,
+    /// SHM_POOL.
+    pub shm_pool: u64,
+    /// SHM_COLL.
+    pub shm_coll: bool,
     /// SHM.
     pub shm: bool,
     /// TCP.
@@ -195,6 +201,8 @@ impl Config {
             shm_ring_size: ring,
             shm_budget: size("SHM_BUDGET", 1 << 20, 1 << 40)?,
             shm_cma: flag("SHM_CMA")?,
+            shm_pool: size("SHM_POOL", 0, 1 << 40)?,
+            shm_coll: flag("SHM_COLL")?,
             shm_cma_min: if get("SHM_CMA_MIN") == "auto" {
                 None
             } else {
@@ -278,6 +286,7 @@ impl Config {
         vmf_transport::shm::region::RegionSizing {
             max_local: n as u32,
             heap,
+            pool_per_slot: self.shm_pool,
         }
     }
 }
@@ -319,7 +328,9 @@ mod tests {
     fn region_for_16_ranks_fits_64_mib() {
         let c = Config::from_lookup(|_| None).unwrap();
         let s = c.region_sizing(16);
-        assert!(s.total() <= 64 << 20, "{} bytes", s.total());
+        // Rings and tables; the pool is clamped to the free space when the region is created.
+        assert!(s.tables() + s.heap <= 64 << 20, "{} bytes", s.tables() + s.heap);
+        assert_eq!(s.pool_per_slot, 16 << 20);
         assert!(c.ring_size_for(2) == 1 << 20);
         assert!(c.ring_size_for(16) >= 64 << 10);
     }

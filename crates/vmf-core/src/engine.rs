@@ -241,6 +241,11 @@ pub struct Engine {
     locs: Vec<migrate::Loc>,
     /// How to move (hosts table, job key, region sizing), when started with emulated hosts.
     mig_ctx: Option<migrate::MigCtx>,
+    /// This rank's partition of the region's shared pool (created on first use; none on emulated hosts,
+    /// where a rank may move to another region).
+    shared: Option<crate::pool::Pool>,
+    /// Rendezvous messages copied straight out of a sender's pool partition.
+    pool_copies: u64,
     /// A migration of this rank in progress.
     mig: Option<migrate::Moving>,
 }
@@ -417,11 +422,17 @@ impl Engine {
             waiter: Waiter::new(&cfg, local),
             locs: vec![migrate::Loc::default(); n],
             mig_ctx: None,
+            shared: None,
+            pool_copies: 0,
             mig: None,
             cfg,
         }
     }
 
+    /// The configuration this engine was built with.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
     /// This rank.
     pub fn rank(&self) -> usize {
         self.me
@@ -454,6 +465,68 @@ impl Engine {
     pub fn tcp(&self) -> Option<&TcpTransport> {
         self.tcp.as_ref()
     }
+    /// Allocate `len` bytes (aligned to `align`, at most 4096) from this rank's partition of the region's
+    /// shared pool. `None` without a region, without a pool, on emulated hosts, or when it is full.
+    pub fn pool_alloc(&mut self, len: usize, align: usize) -> Option<*mut u8> {
+        if self.shared.is_none() {
+            if self.mig_ctx.is_some() {
+                return None;
+            }
+            let shm = self.shm.as_ref()?;
+            self.shared = crate::pool::Pool::new(shm.region().clone(), shm.local_index());
+        }
+        self.shared.as_mut()?.alloc(len, align).map(|(p, _)| p)
+    }
+
+    /// Free a block of [`Engine::pool_alloc`]; false if `p` is not one.
+    pub fn pool_free(&mut self, p: *mut u8) -> bool {
+        self.shared.as_mut().is_some_and(|s| s.free(p))
+    }
+
+    /// Drop this rank's reference to a pool block whose first word is a reader count (see
+    /// [`crate::pool::Pool::release_shared`]).
+    ///
+    /// # Safety
+    /// As for `release_shared`.
+    pub unsafe fn pool_release_shared(&mut self, p: *mut u8) {
+        if let Some(s) = self.shared.as_mut() {
+            // SAFETY: caller's contract.
+            unsafe { s.release_shared(p) };
+        }
+    }
+
+    /// The region offset of pool block `p` of this rank (to publish to co-resident peers).
+    pub fn pool_offset(&self, p: *const u8, len: usize) -> Option<u64> {
+        let s = self.shared.as_ref()?;
+        s.region().pool_offset(p, len).filter(|&(slot, _)| slot == s.slot()).map(|(_, o)| o)
+    }
+
+    /// A pointer to `len` bytes at region offset `off` inside co-resident `peer`'s pool partition
+    /// (validated: an offset a peer sent that points anywhere else is an error).
+    pub fn peer_pool_ptr(&self, peer: usize, off: u64, len: usize) -> Option<*mut u8> {
+        let shm = self.shm.as_ref()?;
+        let slot = if peer == self.me { shm.local_index() } else { shm.peer_local(peer)? };
+        shm.region().pool_ptr(slot, off, len as u64).ok()
+    }
+
+    /// Wake co-resident `peer` if it sleeps (after writing shared memory it may be waiting on).
+    #[inline]
+    pub fn wake_peer(&self, peer: usize) {
+        if let Some(shm) = &self.shm {
+            shm.wake_peer(peer);
+        }
+    }
+
+    /// Rendezvous messages received by copying straight out of the sender's pool partition.
+    pub fn pool_copies(&self) -> u64 {
+        self.pool_copies
+    }
+
+    /// True if this rank may move between regions (started on emulated hosts).
+    pub fn may_migrate(&self) -> bool {
+        self.mig_ctx.is_some()
+    }
+
     /// The shm transport, mutably (test hooks).
     pub fn shm_mut(&mut self) -> Option<&mut ShmTransport> {
         self.shm.as_mut()
@@ -744,10 +817,16 @@ impl Engine {
             } else {
                 0
             };
+            let pool = if route == Route::Shm {
+                self.pool_offset(buf, len).unwrap_or(0)
+            } else {
+                0
+            };
             let info = RtsInfo {
                 sreq: id.wire(),
                 addr: buf as u64,
                 pid,
+                pool,
             };
             self.reqs[id.idx as usize].phase = Phase::AwaitAck;
             self.send_packet(dest, hdr, info.as_bytes(), std::ptr::null(), 0, None)
@@ -878,6 +957,23 @@ impl Engine {
                     cap,
                 });
             }
+        }
+        if info.pool != 0 && want > 0 {
+            // The data is in the sender's pool partition (MPI_Alloc_mem): one copy, no system call. The
+            // offset is checked to lie in that partition; an offset that does not is a protocol error.
+            let Some(p) = self.peer_pool_ptr(src, info.pool, want) else {
+                let err = self.corrupt(
+                    src,
+                    format!("rendezvous offset {} ({want} bytes) is outside its pool partition", info.pool),
+                );
+                self.fail(id, err.clone());
+                return Err(err);
+            };
+            // SAFETY: p is validated for `want` bytes in the mapped region; buf has cap >= want (irecv).
+            unsafe { std::ptr::copy_nonoverlapping(p as *const u8, buf, want) };
+            self.pool_copies += 1;
+            self.complete(id);
+            return self.send_ctl(src, Kind::Fin, FinInfo { sreq: info.sreq }.as_bytes());
         }
         if info.pid != 0 && self.cma && want > 0 {
             // SAFETY: buf has cap >= want bytes (irecv contract).
@@ -1425,7 +1521,7 @@ impl Engine {
                         vmf_pal::yield_now();
                     } else {
                         slept = true;
-                        self.block_once(op, &mut backoff)?;
+                        self.block_once(op, &mut backoff, &mut done)?;
                     }
                     if self.last_liveness.elapsed() >= live_every {
                         self.check_liveness(op)?;
@@ -1436,7 +1532,12 @@ impl Engine {
     }
 
     /// Sleep until something may have arrived (or a timeout for liveness checks).
-    fn block_once(&mut self, op: Op, backoff: &mut Duration) -> Result<()> {
+    fn block_once(
+        &mut self,
+        op: Op,
+        backoff: &mut Duration,
+        done: &mut impl FnMut(&Engine) -> bool,
+    ) -> Result<()> {
         let live_every = Duration::from_millis(self.cfg.liveness_ms);
         // Queued sends wait for a peer to consume, and consumers do not ring doorbells: keep polling. While
         // this rank moves, answers arrive on the old region, whose doorbell it no longer sleeps on.
@@ -1444,8 +1545,8 @@ impl Engine {
             vmf_pal::yield_now();
             return Ok(());
         }
-        if let Some(tcp) = self.tcp.as_mut() {
-            if tcp.has_buffered() {
+        if self.tcp.is_some() {
+            if self.tcp.as_ref().is_some_and(|t| t.has_buffered()) {
                 return Ok(());
             }
             // Sleep in epoll on every socket plus the shared-memory doorbell socket, so a message from
@@ -1453,7 +1554,7 @@ impl Engine {
             let db = match &self.shm {
                 Some(shm) if shm.can_futex() => {
                     shm.prepare_sleep_socket();
-                    if shm.has_incoming() {
+                    if shm.has_incoming() || done(self) {
                         shm.cancel_sleep();
                         return Ok(());
                     }
@@ -1467,6 +1568,7 @@ impl Engine {
             } else {
                 live_every
             };
+            let tcp = self.tcp.as_mut().unwrap();
             tcp.wait(db, t);
             *backoff = (*backoff * 2).min(Duration::from_millis(1));
             if let Some(shm) = &self.shm {
@@ -1482,7 +1584,9 @@ impl Engine {
         match &self.shm {
             Some(shm) if shm.can_futex() => {
                 let d = shm.prepare_sleep();
-                if shm.has_incoming() {
+                // `done` may watch shared memory other ranks write (collective areas): they ring our
+                // doorbell after writing, and we look once more after announcing the sleep.
+                if shm.has_incoming() || done(self) {
                     shm.cancel_sleep();
                     return Ok(());
                 }
@@ -1620,6 +1724,7 @@ mod tests {
         let sz = RegionSizing {
             max_local: 2,
             heap: 4 << 20,
+            pool_per_slot: 1 << 20,
         };
         let r = Arc::new(
             Region::open(
@@ -1685,6 +1790,44 @@ mod tests {
     #[test]
     fn all_protocols_cma_work() {
         roundtrip_sizes(&[("VMF_SHM_CMA_MIN", "0")], "cma");
+    }
+
+    #[test]
+    fn rendezvous_from_pool_blocks_is_one_copy_out_of_the_region() {
+        let (mut a, mut b, d) = pair("pool", &[("VMF_SHM_CMA", "0")]);
+        for &(n, cap) in &[(100_000usize, 100_000usize), (700_000, 700_000), (300_000, 1000)] {
+            let p = a.pool_alloc(n, 4096).expect("pool block");
+            let s = pattern(n, 9);
+            // SAFETY: a fresh pool block of n bytes.
+            unsafe { std::ptr::copy_nonoverlapping(s.as_ptr(), p, n) };
+            let before = b.pool_copies();
+            let mut r = vec![0u8; cap];
+            let rid = unsafe { b.irecv(r.as_mut_ptr(), cap, 0, 5, 0).unwrap() };
+            let sid = unsafe { a.isend(p, n, 1, 5, 0, SendMode::Standard).unwrap() };
+            drive(&mut a, &mut b, &[(true, sid), (false, rid)]);
+            a.take(sid).unwrap();
+            let got = b.take(rid);
+            assert_eq!(b.pool_copies(), before + 1, "size {n}: not copied out of the pool");
+            assert_eq!(r[..cap.min(n)], s[..cap.min(n)], "payload mismatch at size {n}");
+            if cap < n {
+                assert!(matches!(got, Err(Error::Truncated { .. })), "{got:?}");
+            } else {
+                assert_eq!(got.unwrap().count, n);
+            }
+            assert!(a.pool_free(p));
+        }
+        // An ordinary buffer goes the usual way.
+        let s = pattern(200_000, 1);
+        let mut r = vec![0u8; 200_000];
+        let before = b.pool_copies();
+        let rid = unsafe { b.irecv(r.as_mut_ptr(), r.len(), 0, 5, 0).unwrap() };
+        let sid = unsafe { a.isend(s.as_ptr(), s.len(), 1, 5, 0, SendMode::Standard).unwrap() };
+        drive(&mut a, &mut b, &[(true, sid), (false, rid)]);
+        a.take(sid).unwrap();
+        b.take(rid).unwrap();
+        assert_eq!(b.pool_copies(), before);
+        assert!(r == s);
+        std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]

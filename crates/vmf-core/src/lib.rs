@@ -30,6 +30,7 @@
 pub mod config;
 pub mod engine;
 pub mod error;
+pub mod pool;
 
 pub use config::Config;
 pub use engine::{Route, SendMode, Status, ANY_SOURCE, ANY_TAG};
@@ -162,7 +163,16 @@ impl Fabric {
             };
             let launcher = launcher_from_env();
             let timeout = Duration::from_secs(cfg.init_timeout_s);
-            let reg = Region::open(&src, &job, cfg.region_sizing(size), launcher, timeout)
+            let mut sizing = cfg.region_sizing(size);
+            if let RegionSource::Dir(d) = &src {
+                // The pool is touched only as it is used, but a tmpfs smaller than the region would
+                // kill a rank with SIGBUS when it does: keep the pool within half the free space.
+                if let Some(avail) = vmf_pal::fs_available(d) {
+                    let room = avail.saturating_sub(sizing.tables() + sizing.heap) / 2;
+                    sizing.pool_per_slot = sizing.pool_per_slot.min(room / sizing.max_local.max(1) as u64);
+                }
+            }
+            let reg = Region::open(&src, &job, sizing, launcher, timeout)
                 .map_err(|e| setup(rank, e))?;
             let reg = Arc::new(reg);
             let idx = reg.attach(rank as u32).map_err(|e| setup(rank, e))?;

@@ -296,6 +296,7 @@ fn make_region(dir: &Path, job: &str, launcher: ProcessId, age: Duration) -> Pat
     let sizing = RegionSizing {
         max_local: 2,
         heap: 64 * 1024,
+        pool_per_slot: 0,
     };
     drop(
         Region::open(

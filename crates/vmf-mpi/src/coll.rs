@@ -679,7 +679,7 @@ unsafe fn arr_i(p: *const c_int, n: usize) -> R<Vec<c_int>> {
     Ok((0..n).map(|i| *p.add(i)).collect())
 }
 
-fn check_root(root: c_int, n: usize) -> R<usize> {
+pub(crate) fn check_root(root: c_int, n: usize) -> R<usize> {
     if root < 0 || root as usize >= n {
         err(MPI_ERR_ROOT, format!("root {root} is not in the communicator (size {n})"))
     } else {
@@ -735,7 +735,7 @@ fn red_bytes(red: &Red, cnt: usize) -> usize {
 
 /// A non-contiguous derived type made of one basic type under a predefined op: reduce it packed, as
 /// basic elements (the input is packed into a temporary, the result unpacked at the end).
-fn red_packed(st: &State, op: MPI_Op, dt: MPI_Datatype, count: c_int) -> R<Option<(Red, usize)>> {
+pub(crate) fn red_packed(st: &State, op: MPI_Op, dt: MPI_Datatype, count: c_int) -> R<Option<(Red, usize)>> {
     if !datatype::is_derived(dt) || !(op::MPI_MAX..=op::MPI_NO_OP).contains(&op) || count < 0 {
         return Ok(None);
     }
@@ -1042,6 +1042,9 @@ unsafe fn neighbor_w(sbuf: *const c_void, sc: Vec<c_int>, sd: Vec<isize>, stp: V
 
 /// Blocking barrier (used by MPI_Barrier).
 pub(crate) fn barrier(st: &mut State, comm: MPI_Comm) -> R {
+    if crate::shmcoll::barrier(st, comm)? {
+        return Ok(());
+    }
     let (ci, _) = st.comm(comm)?;
     let (mut s, c) = begin(st, ci);
     barrier_s(&mut s, &c);
@@ -1117,10 +1120,11 @@ unsafe fn nbr_args(st: &mut State, comm: MPI_Comm, count: c_int, dt: MPI_Datatyp
 }
 
 macro_rules! coll_pair {
-    ($( fn $name:ident / $pname:ident / $iname:ident / $piname:ident ( $($a:ident : $t:ty),* ) => $body:expr; )*) => {$(
+    ($( fn $name:ident / $pname:ident / $iname:ident / $piname:ident ( $($a:ident : $t:ty),* ) => $body:expr $(, shm $shm:expr)?; )*) => {$(
         mpi_api! {
             fn $name / $pname($($a: $t,)* comm: MPI_Comm) -> c_int {
                 let r = (|| -> R {
+                    $( if ($shm)(state()?, comm)? { return Ok(()); } )?
                     let mut b = $body;
                     go(comm, std::ptr::null_mut(), false, &mut b)
                 })();
@@ -1139,21 +1143,21 @@ macro_rules! coll_pair {
 
 coll_pair! {
     fn MPI_Bcast / PMPI_Bcast / MPI_Ibcast / PMPI_Ibcast(buffer: *mut c_void, count: c_int, datatype: MPI_Datatype, root: c_int)
-        => bcast(buffer, count, datatype, root);
+        => bcast(buffer, count, datatype, root), shm |st, comm| crate::shmcoll::bcast(st, comm, buffer, count, datatype, root);
     fn MPI_Reduce / PMPI_Reduce / MPI_Ireduce / PMPI_Ireduce(sendbuf: *const c_void, recvbuf: *mut c_void, count: c_int, datatype: MPI_Datatype, op: MPI_Op, root: c_int)
-        => reduce(sendbuf, recvbuf, count, datatype, op, root);
+        => reduce(sendbuf, recvbuf, count, datatype, op, root), shm |st, comm| crate::shmcoll::reduce(st, comm, sendbuf, recvbuf, count, datatype, op, Some(root));
     fn MPI_Allreduce / PMPI_Allreduce / MPI_Iallreduce / PMPI_Iallreduce(sendbuf: *const c_void, recvbuf: *mut c_void, count: c_int, datatype: MPI_Datatype, op: MPI_Op)
-        => allreduce(sendbuf, recvbuf, count, datatype, op);
+        => allreduce(sendbuf, recvbuf, count, datatype, op), shm |st, comm| crate::shmcoll::reduce(st, comm, sendbuf, recvbuf, count, datatype, op, None);
     fn MPI_Gather / PMPI_Gather / MPI_Igather / PMPI_Igather(sendbuf: *const c_void, sendcount: c_int, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcount: c_int, recvtype: MPI_Datatype, root: c_int)
-        => gatherv(sendbuf, sendcount, sendtype, recvbuf, None, recvcount, None, recvtype, root);
+        => gatherv(sendbuf, sendcount, sendtype, recvbuf, None, recvcount, None, recvtype, root), shm |st, comm| crate::shmcoll::gather(st, comm, sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, Some(root));
     fn MPI_Gatherv / PMPI_Gatherv / MPI_Igatherv / PMPI_Igatherv(sendbuf: *const c_void, sendcount: c_int, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcounts: *const c_int, displs: *const c_int, recvtype: MPI_Datatype, root: c_int)
         => gatherv(sendbuf, sendcount, sendtype, recvbuf, Some(recvcounts), 0, Some(displs), recvtype, root);
     fn MPI_Scatter / PMPI_Scatter / MPI_Iscatter / PMPI_Iscatter(sendbuf: *const c_void, sendcount: c_int, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcount: c_int, recvtype: MPI_Datatype, root: c_int)
-        => scatterv(sendbuf, None, sendcount, None, sendtype, recvbuf, recvcount, recvtype, root);
+        => scatterv(sendbuf, None, sendcount, None, sendtype, recvbuf, recvcount, recvtype, root), shm |st, comm| crate::shmcoll::scatter(st, comm, sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, Some(root));
     fn MPI_Scatterv / PMPI_Scatterv / MPI_Iscatterv / PMPI_Iscatterv(sendbuf: *const c_void, sendcounts: *const c_int, displs: *const c_int, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcount: c_int, recvtype: MPI_Datatype, root: c_int)
         => scatterv(sendbuf, Some(sendcounts), 0, Some(displs), sendtype, recvbuf, recvcount, recvtype, root);
     fn MPI_Allgather / PMPI_Allgather / MPI_Iallgather / PMPI_Iallgather(sendbuf: *const c_void, sendcount: c_int, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcount: c_int, recvtype: MPI_Datatype)
-        => allgatherv(sendbuf, sendcount, sendtype, recvbuf, None, recvcount, None, recvtype);
+        => allgatherv(sendbuf, sendcount, sendtype, recvbuf, None, recvcount, None, recvtype), shm |st, comm| crate::shmcoll::gather(st, comm, sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, None);
     fn MPI_Allgatherv / PMPI_Allgatherv / MPI_Iallgatherv / PMPI_Iallgatherv(sendbuf: *const c_void, sendcount: c_int, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcounts: *const c_int, displs: *const c_int, recvtype: MPI_Datatype)
         => allgatherv(sendbuf, sendcount, sendtype, recvbuf, Some(recvcounts), 0, Some(displs), recvtype);
     fn MPI_Reduce_scatter / PMPI_Reduce_scatter / MPI_Ireduce_scatter / PMPI_Ireduce_scatter(sendbuf: *const c_void, recvbuf: *mut c_void, recvcounts: *const c_int, datatype: MPI_Datatype, op: MPI_Op)
@@ -1165,7 +1169,7 @@ coll_pair! {
     fn MPI_Exscan / PMPI_Exscan / MPI_Iexscan / PMPI_Iexscan(sendbuf: *const c_void, recvbuf: *mut c_void, count: c_int, datatype: MPI_Datatype, op: MPI_Op)
         => scan(sendbuf, recvbuf, count, datatype, op, true);
     fn MPI_Alltoall / PMPI_Alltoall / MPI_Ialltoall / PMPI_Ialltoall(sendbuf: *const c_void, sendcount: c_int, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcount: c_int, recvtype: MPI_Datatype)
-        => alltoall(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype);
+        => alltoall(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype), shm |st, comm| crate::shmcoll::scatter(st, comm, sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, None);
 }
 
 mpi_api! {

@@ -428,6 +428,9 @@ unsafe fn free_comm(st: &mut State, comm: *mut MPI_Comm) -> R {
     for (k, v) in attrs.iter().rev() {
         delete_attr(st, h, *k, *v)?;
     }
+    // Shared-memory collectives are blocking, so none is in flight: let go of the areas now.
+    let shm = std::mem::replace(&mut st.comms[ci].as_mut().unwrap().shm, crate::shmcoll::Shm::Off);
+    crate::shmcoll::release(st, shm);
     // Pending requests on the communicator keep its index alive: free lazily only when none refers to it.
     if st.reqs.iter().any(|r| r.live && r.comm == ci) {
         // keep the entry (requests still use it); the handle becomes invalid for the program

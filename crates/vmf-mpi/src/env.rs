@@ -1,6 +1,7 @@
 //! Environment management: init/finalize, threads, time, names, versions, memory, error handlers, error
 //! classes and strings, communicator queries and attributes, and the exported data symbols.
 use crate::*;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::ffi::{c_char, c_double, c_int, c_void, CStr};
 
 // ------------------------------------------------------------------------------------------------ data
@@ -231,6 +232,10 @@ fn do_init(required: c_int, provided: *mut c_int) -> R {
     Ok(())
 }
 
+/// Address range ever handed out from the shared pool by MPI_Alloc_mem.
+static POOL_LO: AtomicUsize = AtomicUsize::new(usize::MAX);
+static POOL_HI: AtomicUsize = AtomicUsize::new(0);
+
 mpi_api! {
     fn MPI_Init / PMPI_Init(_argc: *mut c_int, _argv: *mut *mut *mut c_char) -> c_int {
         fin(MPI_COMM_WORLD, "MPI_Init", do_init(MPI_THREAD_SINGLE, std::ptr::null_mut()))
@@ -359,6 +364,16 @@ mpi_api! {
             if baseptr.is_null() {
                 return err(MPI_ERR_ARG, "baseptr is NULL");
             }
+            // From this rank's partition of the shared pool when there is room: a large send from such a
+            // buffer is then copied by a co-resident receiver straight out of the region.
+            if let Ok(st) = state() {
+                if let Some(p) = st.fab.engine().pool_alloc((size as usize).max(1), 4096) {
+                    POOL_LO.fetch_min(p as usize, Ordering::Relaxed);
+                    POOL_HI.fetch_max(p as usize + size as usize, Ordering::Relaxed);
+                    *(baseptr as *mut *mut c_void) = p as *mut c_void;
+                    return Ok(());
+                }
+            }
             let mut p: *mut c_void = std::ptr::null_mut();
             if libc::posix_memalign(&mut p, 4096, (size as usize).max(1)) != 0 {
                 return err(MPI_ERR_NO_MEM, format!("cannot allocate {size} bytes"));
@@ -370,6 +385,19 @@ mpi_api! {
     }
 
     fn MPI_Free_mem / PMPI_Free_mem(base: *mut c_void) -> c_int {
+        if base.is_null() {
+            return MPI_SUCCESS;
+        }
+        if let Ok(st) = state() {
+            if st.fab.engine().pool_free(base as *mut u8) {
+                return MPI_SUCCESS;
+            }
+        }
+        // A pool block freed after MPI_Finalize (erroneous) must not reach free(3): the region is gone.
+        let a = base as usize;
+        if a >= POOL_LO.load(Ordering::Relaxed) && a < POOL_HI.load(Ordering::Relaxed) {
+            return MPI_SUCCESS;
+        }
         libc::free(base);
         MPI_SUCCESS
     }

@@ -34,6 +34,7 @@ mod datatype;
 mod env;
 mod op;
 mod p2p;
+mod shmcoll;
 
 use consts::*;
 
@@ -109,12 +110,14 @@ pub(crate) struct Comm {
     pub attrs: Vec<(c_int, *mut c_void)>,
     /// Virtual topology.
     pub topo: Option<comm::Topo>,
+    /// Shared-memory collective area (ranks of one region).
+    pub shm: shmcoll::Shm,
 }
 
 impl Comm {
     /// A new communicator with contexts `ctx`/`ctx+1` over the world ranks `world` (`me` = my index).
     pub fn new(ctx: u32, me: i32, world: Option<Vec<usize>>, size: i32, eh: c_int) -> Comm {
-        Comm { pt: ctx, coll: ctx + 1, rank: me, size, world, eh, coll_seq: 0, name: String::new(), attrs: Vec::new(), topo: None }
+        Comm { pt: ctx, coll: ctx + 1, rank: me, size, world, eh, coll_seq: 0, name: String::new(), attrs: Vec::new(), topo: None, shm: Default::default() }
     }
 }
 

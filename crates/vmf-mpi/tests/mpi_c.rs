@@ -14,7 +14,7 @@ use std::sync::OnceLock;
 
 const PROGRAMS: &[&str] = &[
     "p2p_basic", "p2p_modes", "p2p_order", "p2p_persist", "p2p_probe", "errors", "abort", "fatal", "comm_group", "coll_all", "coll_ops",
-    "coll_nb", "dtype", "topo", "nas_is",
+    "coll_nb", "dtype", "topo", "nas_is", "shm_pool",
 ];
 const MPICH_INC: &str = "/usr/include/x86_64-linux-gnu/mpich";
 
@@ -96,6 +96,12 @@ fn job(launcher: &str, n: usize, prog: &Path) -> Output {
     common::run_job(&s.rel, &s.libdir, launcher, n, prog)
 }
 
+/// Run a job with extra environment variables.
+fn job_env(n: usize, prog: &Path, env: &[(&str, &str)]) -> Output {
+    let s = setup();
+    common::run_job_env(&s.rel, &s.libdir, "vmfabric", n, prog, env)
+}
+
 fn builds() -> Vec<&'static str> {
     common::builds(setup().mpich)
 }
@@ -163,16 +169,43 @@ fn comm_group_communicators_groups_attributes_work() {
     semantic("comm_group");
 }
 
+/// The point-to-point schedules (what serves jobs across hosts), with the shared-memory collectives off.
+fn semantic_p2p_colls(prog: &str) {
+    let bin = setup().build.join("ours").join(prog);
+    for n in 2..=4 {
+        let o = job_env(n, &bin, &[("VMF_SHM_COLL", "0")]);
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(o.status.success() && out.contains("PASS"), "{prog} with VMF_SHM_COLL=0 ({n} ranks):\n{out}\n{}", String::from_utf8_lossy(&o.stderr));
+    }
+}
+
 #[test]
 fn coll_all_every_collective_exact_on_world_dup_and_split() {
     semantic("coll_all");
     semantic_wide("coll_all");
+    semantic_p2p_colls("coll_all");
 }
 
 #[test]
 fn coll_ops_predefined_and_user_ops_work() {
     semantic("coll_ops");
     semantic_wide("coll_ops");
+    semantic_p2p_colls("coll_ops");
+}
+
+#[test]
+fn shm_pool_alloc_mem_and_shared_memory_collectives_work() {
+    semantic("shm_pool");
+    // A pool of 512 KiB per rank holds ~30 collective areas; the program frees 200+ communicators that
+    // each had one. Every communicator must still get an area (so Comm_free gives them back).
+    let bin = setup().build.join(*builds().last().unwrap()).join("shm_pool");
+    let o = job_env(4, &bin, &[("VMF_SHM_POOL", "512K"), ("VMF_VERBOSE", "1")]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success() && out.contains("PASS"), "shm_pool with a small pool:\n{out}\n{err}");
+    let on = err.lines().filter(|l| l.contains("shared-memory collectives on")).count();
+    let off = err.lines().filter(|l| l.contains("shared-memory collectives off")).count();
+    assert!(on >= 4 * 200 && off == 0, "{on} areas set up, {off} refused:\n{err}");
 }
 
 #[test]

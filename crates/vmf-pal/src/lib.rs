@@ -35,3 +35,17 @@ pub fn yield_now() {
 pub fn available_cpus() -> usize {
     std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
 }
+
+/// Bytes available to unprivileged users in the file system holding `path` (`statvfs`).
+pub fn fs_available(path: &std::path::Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    let mut v = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: c is a NUL-terminated path; v is written by the kernel on success.
+    if unsafe { libc::statvfs(c.as_ptr(), v.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    // SAFETY: statvfs succeeded.
+    let v = unsafe { v.assume_init() };
+    Some(v.f_bavail as u64 * v.f_frsize as u64)
+}

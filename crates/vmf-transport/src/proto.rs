@@ -137,7 +137,10 @@ wire_struct!(
         /// Address of the data in the sender (for single-copy reads).
         addr: u64,
         /// Sender's pid, or 0 if single copy is not offered.
-        pid: u64
+        pid: u64,
+        /// Region offset of the data when it lies in the sender's pool partition (the receiver copies it
+        /// straight out of the shared region); 0: not offered.
+        pool: u64
     }
 );
 wire_struct!(
@@ -206,11 +209,12 @@ mod tests {
 
     #[test]
     fn short_payload_parse_fails() {
-        assert!(RtsInfo::parse(&[0u8; 23]).is_none());
+        assert!(RtsInfo::parse(&[0u8; 31]).is_none());
         let r = RtsInfo {
             sreq: 1,
             addr: 2,
             pid: 3,
+            pool: 4,
         };
         assert_eq!(RtsInfo::parse(r.as_bytes()), Some(r));
     }

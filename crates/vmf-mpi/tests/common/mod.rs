@@ -5,6 +5,12 @@ use std::process::{Command, Output};
 /// Run `prog` with `n` ranks under `launcher` ("hydra": Debian's mpiexec.mpich; otherwise `vmfabric run`),
 /// with our library directory first on LD_LIBRARY_PATH.
 pub fn run_job(rel: &Path, libdir: &Path, launcher: &str, n: usize, prog: &Path) -> Output {
+    run_job_env(rel, libdir, launcher, n, prog, &[])
+}
+
+/// [`run_job`] with extra environment variables.
+#[allow(dead_code)]
+pub fn run_job_env(rel: &Path, libdir: &Path, launcher: &str, n: usize, prog: &Path, env: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new("timeout");
     cmd.arg("180");
     if launcher == "hydra" {
@@ -18,6 +24,7 @@ pub fn run_job(rel: &Path, libdir: &Path, launcher: &str, n: usize, prog: &Path)
         _ => libdir.display().to_string(),
     };
     cmd.env("LD_LIBRARY_PATH", ld);
+    cmd.envs(env.iter().copied());
     cmd.output().unwrap()
 }
 

@@ -333,6 +333,19 @@ impl ShmTransport {
         s.sleeping.store(0, Ordering::Relaxed);
     }
 
+    /// The slot of co-resident `peer`, if it is one.
+    pub fn peer_local(&self, peer: usize) -> Option<u32> {
+        self.peers.get(peer)?.as_ref().map(|p| p.local)
+    }
+
+    /// Wake `peer` if it is asleep (after writing shared memory other than a ring that it may wait on).
+    #[inline]
+    pub fn wake_peer(&self, peer: usize) {
+        if let Some(l) = self.peer_local(peer) {
+            self.ring_doorbell(peer, l);
+        }
+    }
+
     #[inline]
     fn ring_doorbell(&self, peer: usize, local: u32) {
         match self.wake {
@@ -506,6 +519,7 @@ mod tests {
         let sz = RegionSizing {
             max_local: 2,
             heap: 1 << 20,
+            pool_per_slot: 0,
         };
         let r = Arc::new(
             Region::open(

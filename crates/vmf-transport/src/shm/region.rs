@@ -26,7 +26,7 @@ use vmf_pal::process::ProcessId;
 /// "VMFREGN\0" little-endian.
 pub const REGION_MAGIC: u64 = u64::from_le_bytes(*b"VMFREGN\0");
 /// Layout version. 1 = initial layout; 2 = slots record their kernel id (to tell co-resident VMs apart).
-pub const LAYOUT_VERSION: u32 = 2;
+pub const LAYOUT_VERSION: u32 = 3;
 /// Bytes reserved for the header.
 pub const HEADER_SIZE: u64 = 4096;
 /// Bytes per slot.
@@ -75,6 +75,10 @@ pub struct RegionHeader {
     _r: AtomicU32,
     /// Its start time.
     pub creator_start: AtomicU64,
+    /// Offset of the shared pool (one partition per slot, after the ring heap).
+    pub pool_off: AtomicU64,
+    /// Bytes of each slot's pool partition (a multiple of 4096; 0: no pool).
+    pub pool_per_slot: AtomicU64,
 }
 // SAFETY: atomics only.
 unsafe impl ShmSafe for RegionHeader {}
@@ -119,6 +123,8 @@ pub struct RegionSizing {
     pub max_local: u32,
     /// Heap bytes for rings.
     pub heap: u64,
+    /// Bytes of shared pool per slot (`MPI_Alloc_mem`, shared-memory collectives); rounded to pages.
+    pub pool_per_slot: u64,
 }
 
 impl RegionSizing {
@@ -129,7 +135,7 @@ impl RegionSizing {
     }
     /// Total region bytes.
     pub fn total(&self) -> u64 {
-        self.tables() + self.heap
+        self.tables() + self.heap + self.max_local as u64 * align_up(self.pool_per_slot, 4096)
     }
 }
 
@@ -159,6 +165,8 @@ pub struct Region {
     pairs_off: u64,
     heap_off: u64,
     heap_end: u64,
+    pool_off: u64,
+    pool_per_slot: u64,
     /// True if this process created the backing file (it lives in a region directory).
     pub is_file: bool,
 }
@@ -230,8 +238,15 @@ impl Region {
         launcher: Option<ProcessId>,
     ) -> Result<(), TransportError> {
         let size = seg.len();
+        sizing.pool_per_slot = align_up(sizing.pool_per_slot, 4096);
         if sizing.total() > size {
-            // A device smaller than requested: shrink the heap to what is there.
+            // A device smaller than requested: shrink the pool first, then the heap, to what is there.
+            let n = sizing.max_local.max(1) as u64;
+            let room = size.saturating_sub(sizing.tables() + sizing.heap);
+            sizing.pool_per_slot = (room / n) / 4096 * 4096;
+        }
+        if sizing.total() > size {
+            sizing.pool_per_slot = 0;
             if sizing.tables() + 64 * 1024 > size {
                 return Err(err(format!(
                     "Unable to initialise the shared region since it has {size} bytes and {} ranks need at least {}",
@@ -274,6 +289,8 @@ impl Region {
         hdr.heap_off.store(tables, Ordering::Relaxed);
         hdr.heap_top.store(tables, Ordering::Relaxed);
         hdr.heap_end.store(tables + sizing.heap, Ordering::Relaxed);
+        hdr.pool_off.store(tables + sizing.heap, Ordering::Relaxed);
+        hdr.pool_per_slot.store(sizing.pool_per_slot, Ordering::Relaxed);
         hdr.nattached.store(0, Ordering::Relaxed);
         if let Some(l) = launcher {
             hdr.launcher_pid.store(l.pid as u32, Ordering::Relaxed);
@@ -309,7 +326,15 @@ impl Region {
         let pairs_off = hdr.pairs_off.load(Ordering::Relaxed);
         let heap_off = hdr.heap_off.load(Ordering::Relaxed);
         let heap_end = hdr.heap_end.load(Ordering::Relaxed);
+        let pool_off = hdr.pool_off.load(Ordering::Relaxed);
+        let pool_per_slot = hdr.pool_per_slot.load(Ordering::Relaxed);
         let ok = size <= seg.len()
+            && pool_off >= heap_end
+            && pool_per_slot % 4096 == 0
+            && pool_per_slot
+                .checked_mul(n)
+                .and_then(|b| b.checked_add(pool_off))
+                .is_some_and(|e| e <= size)
             && (1..=65536).contains(&n)
             && slots_off >= HEADER_SIZE
             && slots_off % SLOT_SIZE == 0
@@ -333,6 +358,8 @@ impl Region {
             pairs_off,
             heap_off,
             heap_end,
+            pool_off,
+            pool_per_slot,
             is_file,
         })
     }
@@ -486,6 +513,41 @@ impl Region {
         ))
     }
 
+    /// The pool partition of slot `idx`: (offset, bytes); `None` when the region has no pool.
+    pub fn pool_of(&self, idx: u32) -> Option<(u64, u64)> {
+        (idx < self.max_local && self.pool_per_slot > 0)
+            .then(|| (self.pool_off + idx as u64 * self.pool_per_slot, self.pool_per_slot))
+    }
+
+    /// A pointer to `len` bytes at `off`, validated to lie inside the partition of slot `idx` (offsets read
+    /// from peers are checked here before use).
+    pub fn pool_ptr(&self, idx: u32, off: u64, len: u64) -> Result<*mut u8, TransportError> {
+        let (base, bytes) = self
+            .pool_of(idx)
+            .ok_or_else(|| err(format!("slot {idx} has no shared pool")))?;
+        if off < base || off.checked_add(len).is_none_or(|e| e > base + bytes) {
+            return Err(err(format!(
+                "pool range {off}+{len} lies outside slot {idx}'s partition"
+            )));
+        }
+        self.seg.ptr(off, len).map_err(|e| err(e.to_string()))
+    }
+
+    /// The offset of `len` bytes at `p` if they lie inside the pool, and the slot whose partition holds them.
+    pub fn pool_offset(&self, p: *const u8, len: usize) -> Option<(u32, u64)> {
+        if self.pool_per_slot == 0 {
+            return None;
+        }
+        let base = self.seg.ptr(0, 0).ok()? as usize;
+        let off = (p as usize).checked_sub(base)? as u64;
+        if off < self.pool_off {
+            return None;
+        }
+        let idx = (off - self.pool_off) / self.pool_per_slot;
+        let (b, bytes) = self.pool_of(idx.try_into().ok()?)?;
+        (off.checked_add(len as u64)? <= b + bytes).then_some((idx as u32, off))
+    }
+
     /// Number of slots whose owner is still attached.
     pub fn attached_count(&self) -> u32 {
         (0..self.max_local)
@@ -605,6 +667,7 @@ mod tests {
     const SZ: RegionSizing = RegionSizing {
         max_local: 4,
         heap: 1 << 20,
+        pool_per_slot: 64 << 10,
     };
 
     #[test]

@@ -1,0 +1,500 @@
+//! Shared-memory collectives: small blocking collectives among the ranks of one region.
+//!
+//! On first use, every member of a communicator whose ranks all share this rank's region allocates an
+//! *area* from its own partition of the region's shared pool and the offsets are exchanged once (an
+//! allgather over point-to-point). An area is a control line — reader count and `done` sequence number
+//! — and two data buffers used alternately by successive collectives (sequence `k` uses buffer `k & 1`).
+//! Each buffer starts with its `arrive` stamp, followed at once by the data, so a small contribution and
+//! its stamp travel between caches as one line.
+//!
+//! Collective number `k` on the communicator (every member numbers them alike) works like this:
+//! - a rank that publishes data first makes sure every member's `done` is at least `k - 2` (nobody still
+//!   reads the buffer it is about to overwrite; usually known without a load, since seeing a member's
+//!   stamp `k - 1` implies its `done >= k - 2`), copies its contribution into its buffer `k & 1` and
+//!   stores the stamp `k` (release);
+//! - a rank that needs another's data waits until that rank's stamp in buffer `k & 1` is at least `k`
+//!   (acquire) and copies or reduces straight out of the other's buffer;
+//! - then it stores `done = k` and rings the doorbell of any member that sleeps.
+//!
+//! So a broadcast is one copy in by the root and one copy out per reader, with no message, no matching
+//! and no system call; an allreduce is one copy in per rank and a reduction of all contributions in rank
+//! order by every rank (bit-identical results everywhere, any op, commutative or not); a barrier is one
+//! store and `n - 1` loads. A rank that waits for others uses the engine's waiting policy (spin, yield,
+//! sleep on its doorbell) while still progressing point-to-point traffic, and dead peers are detected
+//! as in any other wait.
+//!
+//! Used for Barrier, Bcast, Reduce, Allreduce, Gather, Scatter, Allgather and Alltoall when the data a
+//! rank publishes fits one buffer ([`DATA`] bytes) — a decision every member makes alike from the
+//! arguments the standard requires to match. Not used on emulated hosts (a rank may move to another
+//! region), with `VMF_SHM_COLL=0`, or when the pool is exhausted (all members then agree to use the
+//! point-to-point schedules). Everything read from the area is a sequence number that is only compared,
+//! so a corrupt peer can stall a collective (until liveness checks end the job) but not misdirect a copy.
+use crate::coll::{check_root, red_packed};
+use crate::datatype::{self, Lay};
+use crate::op::{self, MPI_Op};
+use crate::*;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use vmf_core::engine::Engine;
+use vmf_core::Op as COp;
+
+/// Data bytes of each buffer of an area.
+pub(crate) const DATA: usize = 8192;
+const CTL: usize = 128;
+/// Offset of the data in a buffer (after the stamp; 16 keeps every basic type aligned).
+const HDR: usize = 16;
+const BUF: usize = (HDR + DATA).div_ceil(128) * 128;
+const AREA: usize = CTL + 2 * BUF;
+/// Largest communicator served (each wait reads one line per member).
+const MAX_RANKS: usize = 64;
+
+#[repr(C)]
+struct Ctl {
+    /// Members that still use this area (first word: see `Pool::release_shared`).
+    refs: AtomicU32,
+    _r: u32,
+    done: AtomicU64,
+}
+
+/// The shared-memory state of one communicator.
+#[derive(Default)]
+pub(crate) enum Shm {
+    /// Not decided yet (decided at the first small blocking collective).
+    #[default]
+    Unknown,
+    /// Point-to-point schedules only.
+    Off,
+    On(Box<Area>),
+}
+
+pub(crate) struct Area {
+    /// Sequence number of the last collective.
+    seq: u64,
+    me: usize,
+    /// Comm rank → world rank.
+    world: Vec<usize>,
+    /// Each member's area, validated at setup.
+    areas: Vec<*mut u8>,
+    /// Every member is known to have finished at least this collective (saves loading `done` lines).
+    known_done: u64,
+}
+
+#[inline]
+fn ctl<'a>(a: *mut u8) -> &'a Ctl {
+    // SAFETY: areas are validated, 128-aligned pool blocks of AREA bytes that stay mapped while the
+    // communicator lives; Ctl is atomics only.
+    unsafe { &*(a as *const Ctl) }
+}
+
+/// The data of buffer `k & 1` of area `a`.
+#[inline]
+fn buf(a: *mut u8, k: u64) -> *mut u8 {
+    a.wrapping_add(CTL + (k as usize & 1) * BUF + HDR)
+}
+
+/// The arrive stamp of buffer `k & 1` of area `a`.
+#[inline]
+fn stamp<'a>(a: *mut u8, k: u64) -> &'a AtomicU64 {
+    // SAFETY: as for `ctl`; the stamp is the first word of the buffer.
+    unsafe { &*(a.wrapping_add(CTL + (k as usize & 1) * BUF) as *const AtomicU64) }
+}
+
+impl Area {
+    fn next(&mut self) -> u64 {
+        self.seq += 1;
+        self.seq
+    }
+    fn mine(&self) -> *mut u8 {
+        self.areas[self.me]
+    }
+    /// Wait until every member is done with collective `k - 2` (whose buffer `k` reuses).
+    fn may_write(&mut self, e: &mut Engine, k: u64) -> R {
+        if k <= 2 || self.known_done >= k - 2 {
+            return Ok(());
+        }
+        let areas = &self.areas;
+        wait(e, || areas.iter().all(|&a| ctl(a).done.load(Ordering::Acquire) >= k - 2))?;
+        self.known_done = k - 2;
+        Ok(())
+    }
+    fn wait_arrived(&self, e: &mut Engine, r: usize, k: u64) -> R {
+        let a = self.areas[r];
+        wait(e, || stamp(a, k).load(Ordering::Acquire) >= k)
+    }
+    /// Wait for every member's stamp `k`. A member stamps `k` only after storing `done = k - 1`, so this
+    /// also tells that everyone finished collective `k - 1`.
+    fn wait_all_arrived(&mut self, e: &mut Engine, k: u64) -> R {
+        let areas = &self.areas;
+        wait(e, || areas.iter().all(|&a| stamp(a, k).load(Ordering::Acquire) >= k))?;
+        self.known_done = self.known_done.max(k - 1);
+        Ok(())
+    }
+    fn set(&self, e: &Engine, arrive: Option<u64>, done: Option<u64>) {
+        if let Some(k) = arrive {
+            stamp(self.mine(), k).store(k, Ordering::Release);
+        }
+        if let Some(k) = done {
+            ctl(self.mine()).done.store(k, Ordering::Release);
+        }
+        for (r, &w) in self.world.iter().enumerate() {
+            if r != self.me {
+                e.wake_peer(w);
+            }
+        }
+    }
+}
+
+fn wait(e: &mut Engine, f: impl Fn() -> bool) -> R {
+    if f() {
+        return Ok(());
+    }
+    e.wait_until(COp::Wait, |_| f()).map_err(from_core)
+}
+
+/// Run `f` on the area of communicator `ci` (set up on first use: collective over the communicator).
+/// Ok(false) when the communicator has none.
+fn run(st: &mut State, ci: usize, f: impl FnOnce(&State, &mut Engine, &mut Area) -> R) -> R<bool> {
+    if matches!(st.comms[ci].as_ref().unwrap().shm, Shm::Unknown) {
+        let on = setup(st, ci)?;
+        st.comms[ci].as_mut().unwrap().shm = on.map_or(Shm::Off, Shm::On);
+    }
+    let mut a = match std::mem::replace(&mut st.comms[ci].as_mut().unwrap().shm, Shm::Off) {
+        Shm::On(a) => a,
+        other => {
+            st.comms[ci].as_mut().unwrap().shm = other;
+            return Ok(false);
+        }
+    };
+    let r = f(st, &mut st.fab.engine(), &mut a);
+    st.comms[ci].as_mut().unwrap().shm = Shm::On(a);
+    r.map(|()| true)
+}
+
+fn setup(st: &mut State, ci: usize) -> R<Option<Box<Area>>> {
+    let r = setup_inner(st, ci);
+    let e = st.fab.engine();
+    if e.config().verbose {
+        let c = st.comms[ci].as_ref().unwrap();
+        let verdict = match &r {
+            Ok(Some(_)) => "on",
+            Ok(None) => "off",
+            Err(_) => "failed",
+        };
+        eprintln!("vmfabric: rank {}: communicator context {} ({} ranks): shared-memory collectives {verdict}", e.rank(), c.pt, c.size);
+    }
+    r
+}
+
+fn setup_inner(st: &mut State, ci: usize) -> R<Option<Box<Area>>> {
+    let (n, me, world) = {
+        let c = st.comms[ci].as_ref().unwrap();
+        let n = c.size as usize;
+        (n, c.rank as usize, (0..n).map(|r| c.to_world(r as i32)).collect::<Vec<_>>())
+    };
+    // Every member reaches the same verdict: the configuration is the job's, and "all members share my
+    // region" holds for one member exactly when it holds for all.
+    {
+        let e = st.fab.engine();
+        let me_w = e.rank();
+        if !e.config().shm_coll
+            || n < 2
+            || n > MAX_RANKS
+            || e.may_migrate()
+            || world.iter().any(|&w| w != me_w && e.route(w) != vmf_core::engine::Route::Shm)
+        {
+            return Ok(None);
+        }
+    }
+    let mine = st.fab.engine().pool_alloc(AREA, 128);
+    let off = match mine {
+        Some(p) => {
+            let c = ctl(p);
+            c.refs.store(n as u32, Ordering::Relaxed);
+            stamp(p, 0).store(0, Ordering::Relaxed);
+            stamp(p, 1).store(0, Ordering::Relaxed);
+            c.done.store(0, Ordering::Release);
+            st.fab.engine().pool_offset(p, AREA).unwrap_or(0)
+        }
+        None => 0,
+    };
+    let all = crate::coll::allgather_ints(st, ci, &[off as u32 as i32, (off >> 32) as u32 as i32])?;
+    let offs: Vec<u64> = all.chunks(2).map(|v| v[0] as u32 as u64 | (v[1] as u32 as u64) << 32).collect();
+    let mut e = st.fab.engine();
+    if offs.contains(&0) {
+        // Somebody's pool is full: everybody falls back; nobody will read this area.
+        if let Some(p) = mine {
+            e.pool_free(p);
+        }
+        return Ok(None);
+    }
+    let mut areas = Vec::with_capacity(n);
+    for (r, (&o, &w)) in offs.iter().zip(&world).enumerate() {
+        let p = if r == me { mine } else { e.peer_pool_ptr(w, o, AREA) };
+        match p {
+            Some(p) if p as usize % 128 == 0 => areas.push(p),
+            _ => {
+                return err(
+                    MPI_ERR_INTERN,
+                    format!("rank {w} published a collective area at offset {o:#x} outside its pool partition"),
+                )
+            }
+        }
+    }
+    Ok(Some(Box::new(Area { seq: 0, me, world, areas, known_done: 0 })))
+}
+
+/// Drop this rank's references to a communicator's areas (MPI_Comm_free): readers decrement each
+/// member's count; the owner frees its own once the count reaches zero.
+pub(crate) fn release(st: &mut State, shm: Shm) {
+    if let Shm::On(a) = shm {
+        let mut e = st.fab.engine();
+        for (r, &p) in a.areas.iter().enumerate() {
+            if r == a.me {
+                // SAFETY: our own live pool block, whose first word is the reader count.
+                unsafe { e.pool_release_shared(p) };
+            } else {
+                ctl(p).refs.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------------------------ data
+
+/// Copy `count` elements of `dt` at `src` (user layout) into `dst` (packed); returns the bytes.
+unsafe fn put(st: &State, dst: *mut u8, src: *const c_void, count: usize, dt: MPI_Datatype, bytes: usize) -> R {
+    match datatype::layout(src, count as c_int, dt)? {
+        Lay::Contig(_) => std::ptr::copy_nonoverlapping(src as *const u8, dst, bytes),
+        Lay::Packed { .. } => datatype::pack(datatype::get(st, dt)?, src as *const u8, count, dst),
+    }
+    Ok(())
+}
+
+/// Copy `bytes` packed bytes at `src` into `count` elements of `dt` at `dst` (user layout).
+unsafe fn take(st: &State, src: *const u8, bytes: usize, dst: *mut c_void, count: usize, dt: MPI_Datatype) -> R {
+    match datatype::layout(dst, count as c_int, dt)? {
+        Lay::Contig(_) => std::ptr::copy_nonoverlapping(src, dst as *mut u8, bytes),
+        Lay::Packed { .. } => datatype::unpack(datatype::get(st, dt)?, src, bytes, dst as *mut u8, count),
+    }
+    Ok(())
+}
+
+/// Bytes of `count` elements of `dt` (the type signature size), checking the arguments.
+fn sig(count: c_int, dt: MPI_Datatype) -> R<usize> {
+    if count < 0 {
+        return err(MPI_ERR_COUNT, format!("count {count} is negative"));
+    }
+    let (_, size) = datatype::ext_size(dt)?;
+    Ok(size * count as usize)
+}
+
+fn nonnull(p: *const c_void, bytes: usize) -> R {
+    if bytes > 0 && p.is_null() {
+        return err(MPI_ERR_BUFFER, "NULL buffer");
+    }
+    Ok(())
+}
+
+/// A communicator index when the shm path may serve a collective on `comm` whose largest published
+/// block is `bytes`.
+fn eligible(st: &mut State, comm: MPI_Comm, bytes: usize) -> R<Option<usize>> {
+    let (ci, c) = st.comm(comm)?;
+    if bytes > DATA || matches!(c.shm, Shm::Off) || c.size < 2 {
+        return Ok(None);
+    }
+    Ok(Some(ci))
+}
+
+// ------------------------------------------------------------------------------------------------ collectives
+// Each returns Ok(false) when the shm path does not apply (the caller then runs the schedule).
+
+pub(crate) fn barrier(st: &mut State, comm: MPI_Comm) -> R<bool> {
+    let Some(ci) = eligible(st, comm, 0)? else { return Ok(false) };
+    run(st, ci, |_, e, a| {
+        let k = a.next();
+        a.set(e, Some(k), Some(k));
+        a.wait_all_arrived(e, k)
+    })
+}
+
+pub(crate) unsafe fn bcast(st: &mut State, comm: MPI_Comm, p: *mut c_void, count: c_int, dt: MPI_Datatype, root: c_int) -> R<bool> {
+    let bytes = sig(count, dt)?;
+    let Some(ci) = eligible(st, comm, bytes)? else { return Ok(false) };
+    let root = check_root(root, st.comms[ci].as_ref().unwrap().size as usize)?;
+    nonnull(p, bytes)?;
+    run(st, ci, |st, e, a| {
+    let k = a.next();
+    if a.me == root {
+        a.may_write(e, k)?;
+        put(st, buf(a.mine(), k), p, count as usize, dt, bytes)?;
+        a.set(e, Some(k), Some(k));
+    } else {
+        a.wait_arrived(e, root, k)?;
+        take(st, buf(a.areas[root], k), bytes, p, count as usize, dt)?;
+        a.set(e, None, Some(k));
+    }
+    Ok(())
+    })
+}
+
+/// Reduce (root = Some) or allreduce (None).
+pub(crate) unsafe fn reduce(st: &mut State, comm: MPI_Comm, sbuf: *const c_void, rbuf: *mut c_void, count: c_int, dt: MPI_Datatype, op: MPI_Op, root: Option<c_int>) -> R<bool> {
+    if count < 0 {
+        return err(MPI_ERR_COUNT, format!("count {count} is negative"));
+    }
+    // Non-contiguous types under predefined ops are reduced packed by the schedules; keep them there.
+    if red_packed(st, op, dt, count)?.is_some() {
+        return Ok(false);
+    }
+    let (red, cnt) = op::resolve(st, op, dt, count as usize)?;
+    let bytes = red.elem * cnt;
+    let Some(ci) = eligible(st, comm, bytes)? else { return Ok(false) };
+    let n = st.comms[ci].as_ref().unwrap().size as usize;
+    let root = match root {
+        Some(r) => Some(check_root(r, n)?),
+        None => None,
+    };
+    let me = st.comms[ci].as_ref().unwrap().rank as usize;
+    let input = if sbuf == crate::coll::IN_PLACE { rbuf as *const c_void } else { sbuf };
+    nonnull(input, bytes)?;
+    if root.is_none_or(|r| r == me) {
+        nonnull(rbuf, bytes)?;
+    }
+    run(st, ci, |_, e, a| {
+    let k = a.next();
+    a.may_write(e, k)?;
+    std::ptr::copy_nonoverlapping(input as *const u8, buf(a.mine(), k), bytes);
+    if root.is_some_and(|r| r != me) {
+        a.set(e, Some(k), Some(k));
+        return Ok(());
+    }
+    a.set(e, Some(k), None);
+    a.wait_all_arrived(e, k)?;
+    // Rank order: acc = x[n-1]; acc = x[r] op acc for r = n-2 .. 0.
+    let out = rbuf as *mut u8;
+    std::ptr::copy_nonoverlapping(buf(a.areas[n - 1], k), out, bytes);
+    for r in (0..n - 1).rev() {
+        op::apply(&red, buf(a.areas[r], k), out, cnt);
+    }
+    a.set(e, None, Some(k));
+    Ok(())
+    })
+}
+
+/// Gather (root = Some) or allgather (None) of equal blocks.
+pub(crate) unsafe fn gather(st: &mut State, comm: MPI_Comm, sbuf: *const c_void, scount: c_int, stype: MPI_Datatype, rbuf: *mut c_void, rcount: c_int, rtype: MPI_Datatype, root: Option<c_int>) -> R<bool> {
+    let (ci, c) = st.comm(comm)?;
+    let (n, me) = (c.size as usize, c.rank as usize);
+    let root = match root {
+        Some(r) => Some(check_root(r, n)?),
+        None => None,
+    };
+    let receiver = root.is_none_or(|r| r == me);
+    let in_place = sbuf == crate::coll::IN_PLACE;
+    let rbytes = if receiver { sig(rcount, rtype)? } else { 0 };
+    let sbytes = if in_place { rbytes } else { sig(scount, stype)? };
+    if eligible(st, comm, sbytes)?.is_none() {
+        return Ok(false);
+    }
+    if !in_place {
+        nonnull(sbuf, sbytes)?;
+    }
+    if receiver {
+        nonnull(rbuf, rbytes)?;
+        if sbytes != rbytes {
+            return err(MPI_ERR_TRUNCATE, format!("send block is {sbytes} bytes, receive block {rbytes}"));
+        }
+    }
+    let rext = if receiver { datatype::ext_size(rtype)?.0 * rcount as isize } else { 0 };
+    run(st, ci, |st, e, a| {
+    let k = a.next();
+    a.may_write(e, k)?;
+    let mine = buf(a.mine(), k);
+    if in_place {
+        // My block already sits at its place in rbuf.
+        let at = (rbuf as *mut u8).wrapping_offset(rext * me as isize) as *const c_void;
+        put(st, mine, at, rcount as usize, rtype, sbytes)?;
+    } else {
+        put(st, mine, sbuf, scount as usize, stype, sbytes)?;
+    }
+    if !receiver {
+        a.set(e, Some(k), Some(k));
+        return Ok(());
+    }
+    a.set(e, Some(k), None);
+    a.wait_all_arrived(e, k)?;
+    for r in 0..n {
+        if r == me && in_place {
+            continue;
+        }
+        let at = (rbuf as *mut u8).wrapping_offset(rext * r as isize) as *mut c_void;
+        take(st, buf(a.areas[r], k), rbytes, at, rcount as usize, rtype)?;
+    }
+    a.set(e, None, Some(k));
+    Ok(())
+    })
+}
+
+/// Scatter (root = Some) or all-to-all (None) of equal blocks.
+pub(crate) unsafe fn scatter(st: &mut State, comm: MPI_Comm, sbuf: *const c_void, scount: c_int, stype: MPI_Datatype, rbuf: *mut c_void, rcount: c_int, rtype: MPI_Datatype, root: Option<c_int>) -> R<bool> {
+    let (ci, c) = st.comm(comm)?;
+    let (n, me) = (c.size as usize, c.rank as usize);
+    let root = match root {
+        Some(r) => Some(check_root(r, n)?),
+        None => None,
+    };
+    let sender = root.is_none_or(|r| r == me);
+    let in_place = sbuf == crate::coll::IN_PLACE;
+    // In-place: scatter's root keeps its block in sbuf (rbuf is IN_PLACE); alltoall reads rbuf.
+    let scatter_root_in_place = root.is_some() && sender && rbuf as *const c_void == crate::coll::IN_PLACE;
+    let rbytes = if scatter_root_in_place { sig(scount, stype)? } else { sig(rcount, rtype)? };
+    let (src, sc, st_) = if in_place { (rbuf as *const c_void, rcount, rtype) } else { (sbuf, scount, stype) };
+    let sbytes = if sender { sig(sc, st_)? } else { 0 };
+    if eligible(st, comm, rbytes * n)?.is_none() {
+        return Ok(false);
+    }
+    if sender {
+        nonnull(src, sbytes)?;
+        if sbytes != rbytes {
+            return err(MPI_ERR_TRUNCATE, format!("send block is {sbytes} bytes, receive block {rbytes}"));
+        }
+    }
+    if !scatter_root_in_place {
+        nonnull(rbuf, rbytes)?;
+    }
+    let sext = if sender { datatype::ext_size(st_)?.0 * sc as isize } else { 0 };
+    run(st, ci, |st, e, a| {
+    let k = a.next();
+    if sender {
+        a.may_write(e, k)?;
+        let mine = buf(a.mine(), k);
+        for r in 0..n {
+            let at = (src as *const u8).wrapping_offset(sext * r as isize) as *const c_void;
+            put(st, mine.add(r * rbytes), at, sc as usize, st_, rbytes)?;
+        }
+    }
+    match root {
+        Some(r) if r == me => {
+            if !scatter_root_in_place {
+                take(st, buf(a.mine(), k).add(me * rbytes), rbytes, rbuf, rcount as usize, rtype)?;
+            }
+            a.set(e, Some(k), Some(k));
+        }
+        Some(r) => {
+            a.wait_arrived(e, r, k)?;
+            take(st, buf(a.areas[r], k).add(me * rbytes), rbytes, rbuf, rcount as usize, rtype)?;
+            a.set(e, None, Some(k));
+        }
+        None => {
+            a.set(e, Some(k), None);
+            a.wait_all_arrived(e, k)?;
+            let rext = datatype::ext_size(rtype)?.0 * rcount as isize;
+            for r in 0..n {
+                let at = (rbuf as *mut u8).wrapping_offset(rext * r as isize) as *mut c_void;
+                take(st, buf(a.areas[r], k).add(me * rbytes), rbytes, at, rcount as usize, rtype)?;
+            }
+            a.set(e, None, Some(k));
+        }
+    }
+    Ok(())
+    })
+}
