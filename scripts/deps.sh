@@ -15,6 +15,8 @@ command -v objdump >/dev/null 2>&1 || need+=(binutils)
 # Fortran bindings (libmpichfort.so.12) and their tests; python3 generates the bindings.
 command -v gfortran >/dev/null 2>&1 || need+=(gfortran)
 command -v python3 >/dev/null 2>&1 || need+=(python3)
+# NetPIPE as Debian builds it against MPICH: a standard benchmark binary the tests run unmodified.
+command -v NPmpich2 >/dev/null 2>&1 || need+=(netpipe-mpich2)
 # Emulated hosts (vmfabric run --hosts) use ip(8).
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
 if [ ${#need[@]} -gt 0 ]; then
