@@ -32,6 +32,7 @@ mod coll;
 mod comm;
 mod datatype;
 mod env;
+mod ldouble;
 mod op;
 mod p2p;
 
