@@ -10,14 +10,14 @@ use vmf_core::{Op, SendMode};
 /// MPI_PROC_NULL.
 #[inline]
 fn peer(c: &Comm, r: c_int, allow_any: bool) -> R<Option<i64>> {
-    if r >= 0 && r < c.size {
-        Ok(Some(c.to_world(r) as i64))
+    if r >= 0 && r < c.peer_size() {
+        Ok(Some(c.peer_world(r) as i64))
     } else if r == MPI_PROC_NULL {
         Ok(None)
     } else if allow_any && r == MPI_ANY_SOURCE {
         Ok(Some(vmf_core::ANY_SOURCE as i64))
     } else {
-        err(MPI_ERR_RANK, format!("rank {r} is not in the communicator (size {})", c.size))
+        err(MPI_ERR_RANK, format!("rank {r} is not in the communicator (size {})", c.peer_size()))
     }
 }
 
@@ -40,7 +40,7 @@ pub(crate) fn comm_handle(ci: usize) -> MPI_Comm {
 
 #[inline]
 fn st_from(c: &Comm, s: vmf_core::Status) -> St {
-    St { src: c.rank_of_world(s.source), tag: s.tag, bytes: s.count, cancelled: s.cancelled }
+    St { src: c.peer_rank_of_world(s.source), tag: s.tag, bytes: s.count, cancelled: s.cancelled }
 }
 
 fn core_err(e: Option<vmf_core::Error>) -> R {

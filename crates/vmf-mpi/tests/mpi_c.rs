@@ -14,7 +14,7 @@ use std::sync::OnceLock;
 
 const PROGRAMS: &[&str] = &[
     "p2p_basic", "p2p_modes", "p2p_order", "p2p_persist", "p2p_probe", "errors", "abort", "fatal", "comm_group", "coll_all", "coll_ops",
-    "coll_nb", "dtype", "topo", "nas_is", "ldouble",
+    "coll_nb", "dtype", "topo", "nas_is", "ldouble", "graph",
 ];
 const MPICH_INC: &str = "/usr/include/x86_64-linux-gnu/mpich";
 
@@ -196,6 +196,12 @@ fn topo_cartesian_and_graph_topologies_and_neighbor_collectives_work() {
 fn ldouble_long_double_reductions_are_exact() {
     semantic("ldouble");
     semantic_wide("ldouble");
+}
+
+#[test]
+fn graph_topologies_and_their_neighbor_collectives_work() {
+    semantic("graph");
+    semantic_wide("graph");
 }
 
 #[test]
