@@ -278,6 +278,8 @@ pub(crate) struct State {
     pub spare: Option<Box<coll::Sched>>,
     /// Nonblocking collectives in flight (their requests are advanced by every MPI_Wait*/MPI_Test*).
     pub nbc_active: usize,
+    /// Persistent collectives (MPI_Bcast_init...), by request index (`coll/persistent.rs`).
+    pub pcolls: Vec<Option<Box<coll::persistent::PColl>>>,
 }
 
 /// Library lifecycle.
