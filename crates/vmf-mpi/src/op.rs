@@ -102,7 +102,7 @@ enum K {
     /// long double (x87 extended), its complex, and (long double, int) pairs: see `ldouble.rs`.
     F80,
     C80,
-    PLDI,
+    Pldi,
 }
 
 fn kind(dt: MPI_Datatype) -> Option<K> {
@@ -113,7 +113,7 @@ fn kind(dt: MPI_Datatype) -> Option<K> {
             1 => Some(K::PDI),
             2 => Some(K::PLI),
             3 => Some(K::PSI),
-            4 => Some(K::PLDI),
+            4 => Some(K::Pldi),
             _ => None,
         };
     }
@@ -147,7 +147,7 @@ fn allowed(op: MPI_Op, k: K) -> bool {
     let int = matches!(k, I8 | I16 | I32 | I64 | U8 | U16 | U32 | U64);
     let float = matches!(k, F32 | F64 | F80);
     let cplx = matches!(k, C32 | C64 | C80);
-    let pair = matches!(k, PFI | PDI | PLI | PSI | P2I | P2F | P2D | PLDI);
+    let pair = matches!(k, PFI | PDI | PLI | PSI | P2I | P2F | P2D | Pldi);
     match op {
         MPI_MAX | MPI_MIN => int || float,
         MPI_SUM | MPI_PROD => int || float || cplx,
@@ -277,7 +277,7 @@ pub(crate) unsafe fn apply(r: &Red, a: *const u8, b: *mut u8, n: usize) {
         K::P2I => loc::<i32, i32>(op, a, b, n, 8, 4),
         K::P2F => locf::<f32>(op, a, b, n),
         K::P2D => locf::<f64>(op, a, b, n),
-        K::F80 | K::C80 | K::PLDI => {
+        K::F80 | K::C80 | K::Pldi => {
             use crate::ldouble::{self as ld, LOp};
             let o = match op {
                 MPI_SUM => LOp::Sum,

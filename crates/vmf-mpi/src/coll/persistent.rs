@@ -12,13 +12,16 @@
 use super::*;
 use crate::p2p::new_req;
 
+/// A collective's schedule builder (what `go()` runs for the blocking and nonblocking forms).
+type Builder = Box<dyn FnMut(&mut State, &mut Sched, &Ctx) -> R>;
+
 /// The builder of one persistent collective.
 pub(crate) struct PColl {
-    build: Box<dyn FnMut(&mut State, &mut Sched, &Ctx) -> R>,
+    build: Builder,
 }
 
 /// Create the inactive request for a persistent collective on `comm`.
-unsafe fn init(comm: MPI_Comm, info: MPI_Info, request: *mut MPI_Request, build: Box<dyn FnMut(&mut State, &mut Sched, &Ctx) -> R>) -> R {
+unsafe fn init(comm: MPI_Comm, info: MPI_Info, request: *mut MPI_Request, build: Builder) -> R {
     let st = state()?;
     let (ci, _) = st.comm(comm)?;
     if request.is_null() {
@@ -68,14 +71,23 @@ pub(crate) fn forget(st: &mut State, i: usize) {
     }
 }
 
+/// Alltoallv_init (`types` None: one datatype, element displacements) and Alltoallw_init (per-peer
+/// datatypes, byte displacements): the count and displacement arrays are copied now.
+#[allow(clippy::too_many_arguments)]
+unsafe fn a2aw_init(sbuf: *const c_void, scounts: *const c_int, sdispls: *const c_int, stypes: Option<*const MPI_Datatype>, stype: MPI_Datatype, rbuf: *mut c_void, rcounts: *const c_int, rdispls: *const c_int, rtypes: Option<*const MPI_Datatype>, rtype: MPI_Datatype, comm: MPI_Comm, info: MPI_Info, request: *mut MPI_Request) -> R {
+    let st = state()?;
+    let w = stypes.is_some();
+    let r = v_args(st, comm, rcounts, rdispls, rtypes, rtype, w)?;
+    let s = if sbuf == IN_PLACE { r.clone() } else { v_args(st, comm, scounts, sdispls, stypes, stype, w)? };
+    let (sc, sd, stp, rc, rd, rt) = six(s, r);
+    init(comm, info, request, Box::new(alltoallw(sbuf, sc, sd, stp, rbuf, rc, rd, rt)))
+}
+
 macro_rules! pcoll_init {
     ($( fn $name:ident / $pname:ident ( $($a:ident : $t:ty),* ) => $body:expr; )*) => {$(
         mpi_api! {
             fn $name / $pname($($a: $t,)* comm: MPI_Comm, info: MPI_Info, request: *mut MPI_Request) -> c_int {
-                let r = (|| -> R {
-                    let b = $body;
-                    init(comm, info, request, Box::new(b))
-                })();
+                let r = init(comm, info, request, Box::new($body));
                 fin(comm, stringify!($name), r)
             }
         }
@@ -115,30 +127,16 @@ pcoll_init! {
 
 mpi_api! {
     fn MPI_Barrier_init / PMPI_Barrier_init(comm: MPI_Comm, info: MPI_Info, request: *mut MPI_Request) -> c_int {
-        let r = (|| -> R {
-            let b = |_st: &mut State, s: &mut Sched, c: &Ctx| -> R { barrier_s(s, c); Ok(()) };
-            init(comm, info, request, Box::new(b))
-        })();
+        let b = |_st: &mut State, s: &mut Sched, c: &Ctx| -> R { barrier_s(s, c); Ok(()) };
+        let r = init(comm, info, request, Box::new(b));
         fin(comm, "MPI_Barrier_init", r)
     }
     fn MPI_Alltoallv_init / PMPI_Alltoallv_init(sendbuf: *const c_void, sendcounts: *const c_int, sdispls: *const c_int, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcounts: *const c_int, rdispls: *const c_int, recvtype: MPI_Datatype, comm: MPI_Comm, info: MPI_Info, request: *mut MPI_Request) -> c_int {
-        let r = (|| -> R {
-            let st = state()?;
-            let r = v_args(st, comm, recvcounts, rdispls, None, recvtype, false)?;
-            let s = if sendbuf == IN_PLACE { r.clone() } else { v_args(st, comm, sendcounts, sdispls, None, sendtype, false)? };
-            let (sc, sd, stp, rc, rd, rt) = six(s, r);
-            init(comm, info, request, Box::new(alltoallw(sendbuf, sc, sd, stp, recvbuf, rc, rd, rt)))
-        })();
+        let r = a2aw_init(sendbuf, sendcounts, sdispls, None, sendtype, recvbuf, recvcounts, rdispls, None, recvtype, comm, info, request);
         fin(comm, "MPI_Alltoallv_init", r)
     }
     fn MPI_Alltoallw_init / PMPI_Alltoallw_init(sendbuf: *const c_void, sendcounts: *const c_int, sdispls: *const c_int, sendtypes: *const MPI_Datatype, recvbuf: *mut c_void, recvcounts: *const c_int, rdispls: *const c_int, recvtypes: *const MPI_Datatype, comm: MPI_Comm, info: MPI_Info, request: *mut MPI_Request) -> c_int {
-        let r = (|| -> R {
-            let st = state()?;
-            let r = v_args(st, comm, recvcounts, rdispls, Some(recvtypes), 0, true)?;
-            let s = if sendbuf == IN_PLACE { r.clone() } else { v_args(st, comm, sendcounts, sdispls, Some(sendtypes), 0, true)? };
-            let (sc, sd, stp, rc, rd, rt) = six(s, r);
-            init(comm, info, request, Box::new(alltoallw(sendbuf, sc, sd, stp, recvbuf, rc, rd, rt)))
-        })();
+        let r = a2aw_init(sendbuf, sendcounts, sdispls, Some(sendtypes), 0, recvbuf, recvcounts, rdispls, Some(recvtypes), 0, comm, info, request);
         fin(comm, "MPI_Alltoallw_init", r)
     }
 }
