@@ -190,10 +190,11 @@ def prototypes(text):
 def implemented():
     names = set()
     src = os.path.join(ROOT, "crates", "vmf-mpi", "src")
-    for f in os.listdir(src):
-        if f.endswith(".rs"):
+    files = [os.path.join(d, f) for d, _, fs in os.walk(src) for f in fs if f.endswith(".rs")]
+    for f in sorted(files):
+        if True:
             # `fn MPI_X / PMPI_X(` and the paired form `fn MPI_X / PMPI_X / MPI_IX / PMPI_IX(` (coll.rs)
-            for line in open(os.path.join(src, f)).read().splitlines():
+            for line in open(f).read().splitlines():
                 if re.match(r"\s*fn\s+MPI_", line):
                     names.update(re.findall(r"\b(MPI_\w+)\s*/\s*PMPI_", line))
     return sorted(names)

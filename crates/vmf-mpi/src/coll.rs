@@ -35,6 +35,9 @@ use crate::*;
 use std::ffi::{c_int, c_void};
 use vmf_core::{Op as COp, SendMode};
 
+mod inter;
+pub(crate) mod persistent;
+
 pub(crate) const IN_PLACE: *const c_void = -1isize as *const c_void;
 
 /// Small-message thresholds (bytes).
@@ -254,6 +257,8 @@ pub(crate) struct Ctx {
     pub n: usize,
     pub me: usize,
     world: Option<Vec<usize>>,
+    /// Intercommunicator: the remote group's world ranks (collectives follow `inter.rs`).
+    inter: Option<Vec<usize>>,
 }
 
 impl Ctx {
@@ -271,7 +276,7 @@ pub(crate) fn begin(st: &mut State, ci: usize) -> (Box<Sched>, Ctx) {
     let c = st.comms[ci].as_mut().unwrap();
     let tag = c.coll_seq;
     c.coll_seq = (c.coll_seq + 1) & 0x3fff_ffff;
-    let (ctx, cx) = (c.coll, Ctx { n: c.size as usize, me: c.rank as usize, world: c.world.clone() });
+    let (ctx, cx) = (c.coll, Ctx { n: c.size as usize, me: c.rank as usize, world: c.world.clone(), inter: c.remote.clone() });
     let s = match st.spare.take() {
         Some(mut s) => {
             s.reset(ctx, tag);
@@ -293,12 +298,15 @@ fn finish(st: &mut State, mut s: Box<Sched>) -> R {
 
 /// A schedule over an explicit member list (world ranks) with an explicit context and tag.
 pub(crate) fn begin_group(ctx: u32, tag: i32, members: &[usize], me: usize) -> (Sched, Ctx) {
-    (Sched::new(ctx, tag), Ctx { n: members.len(), me, world: Some(members.to_vec()) })
+    (Sched::new(ctx, tag), Ctx { n: members.len(), me, world: Some(members.to_vec()), inter: None })
 }
 
 // ------------------------------------------------------------------------------------------------ algorithms
 
 fn barrier_s(s: &mut Sched, c: &Ctx) {
+    if let Some(x) = c.inter.as_deref() {
+        return inter::barrier(s, c, x);
+    }
     let (n, me) = (c.n, c.me);
     if n <= DIRECT_MAX_RANKS {
         for k in 1..n {
@@ -719,6 +727,9 @@ unsafe fn go(comm: MPI_Comm, req: *mut MPI_Request, nonblocking: bool, b: Build)
 
 unsafe fn bcast(buf: *mut c_void, count: c_int, dt: MPI_Datatype, root: c_int) -> impl FnMut(&mut State, &mut Sched, &Ctx) -> R {
     move |_st, s, c| {
+        if let Some(x) = c.inter.as_deref() {
+            return inter::bcast(s, x, buf, count, dt, root);
+        }
         let root = check_root(root, c.n)?;
         let mut u = Unp(vec![]);
         let (p, len) = if c.me == root { let (p, l) = src(s, buf, count, dt)?; (p as *mut u8, l) } else { dst(s, &mut u, buf, count, dt)? };
@@ -757,6 +768,9 @@ fn unpack_out(s: &mut Sched, t: *mut u8, buf: *mut c_void, bytes: usize, count: 
 
 unsafe fn reduce(sbuf: *const c_void, rbuf: *mut c_void, count: c_int, dt: MPI_Datatype, op: MPI_Op, root: c_int) -> impl FnMut(&mut State, &mut Sched, &Ctx) -> R {
     move |st, s, c| {
+        if let Some(x) = c.inter.as_deref() {
+            return inter::reduce(st, s, x, sbuf, rbuf, count, dt, op, root);
+        }
         let root = check_root(root, c.n)?;
         let input = if sbuf == IN_PLACE && c.me == root { rbuf as *const u8 } else { sbuf as *const u8 };
         if let Some((red, cnt)) = red_packed(st, op, dt, count)? {
@@ -781,6 +795,9 @@ unsafe fn reduce(sbuf: *const c_void, rbuf: *mut c_void, count: c_int, dt: MPI_D
 
 unsafe fn allreduce(sbuf: *const c_void, rbuf: *mut c_void, count: c_int, dt: MPI_Datatype, op: MPI_Op) -> impl FnMut(&mut State, &mut Sched, &Ctx) -> R {
     move |st, s, c| {
+        if let Some(x) = c.inter.as_deref() {
+            return inter::allreduce(st, s, c, x, sbuf, rbuf, count, dt, op);
+        }
         if let Some((red, cnt)) = red_packed(st, op, dt, count)? {
             let bytes = red_bytes(&red, cnt);
             let input = if sbuf == IN_PLACE { rbuf as *const u8 } else { sbuf as *const u8 };
@@ -804,6 +821,9 @@ unsafe fn allreduce(sbuf: *const c_void, rbuf: *mut c_void, count: c_int, dt: MP
 /// Gather/gatherv: `rc`/`displs` None means fixed `rcount` blocks.
 unsafe fn gatherv(sbuf: *const c_void, scount: c_int, stype: MPI_Datatype, rbuf: *mut c_void, rcounts: Option<*const c_int>, rcount: c_int, displs: Option<*const c_int>, rtype: MPI_Datatype, root: c_int) -> impl FnMut(&mut State, &mut Sched, &Ctx) -> R {
     move |_st, s, c| {
+        if let Some(x) = c.inter.as_deref() {
+            return inter::gatherv(s, x, sbuf, scount, stype, rbuf, rcounts, rcount, displs, rtype, root);
+        }
         let root = check_root(root, c.n)?;
         if c.me != root {
             let (p, len) = src(s, sbuf, scount, stype)?;
@@ -834,6 +854,9 @@ unsafe fn gatherv(sbuf: *const c_void, scount: c_int, stype: MPI_Datatype, rbuf:
 
 unsafe fn scatterv(sbuf: *const c_void, scounts: Option<*const c_int>, scount: c_int, displs: Option<*const c_int>, stype: MPI_Datatype, rbuf: *mut c_void, rcount: c_int, rtype: MPI_Datatype, root: c_int) -> impl FnMut(&mut State, &mut Sched, &Ctx) -> R {
     move |_st, s, c| {
+        if let Some(x) = c.inter.as_deref() {
+            return inter::scatterv(s, x, sbuf, scounts, scount, displs, stype, rbuf, rcount, rtype, root);
+        }
         let root = check_root(root, c.n)?;
         if c.me != root {
             let mut u = Unp(vec![]);
@@ -864,6 +887,9 @@ unsafe fn scatterv(sbuf: *const c_void, scounts: Option<*const c_int>, scount: c
 
 unsafe fn allgatherv(sbuf: *const c_void, scount: c_int, stype: MPI_Datatype, rbuf: *mut c_void, rcounts: Option<*const c_int>, rcount: c_int, displs: Option<*const c_int>, rtype: MPI_Datatype) -> impl FnMut(&mut State, &mut Sched, &Ctx) -> R {
     move |_st, s, c| {
+        if let Some(x) = c.inter.as_deref() {
+            return inter::allgatherv(s, x, sbuf, scount, stype, rbuf, rcounts, rcount, displs, rtype);
+        }
         let (ext, _) = datatype::ext_size(rtype)?;
         let counts = match rcounts { Some(p) => arr_i(p, c.n)?, None => vec![rcount; c.n] };
         let disp = match displs { Some(p) => arr_i(p, c.n)?, None => (0..c.n as c_int).map(|i| i * rcount).collect() };
@@ -894,6 +920,9 @@ unsafe fn allgatherv(sbuf: *const c_void, scount: c_int, stype: MPI_Datatype, rb
 #[allow(clippy::type_complexity)]
 unsafe fn alltoallw(sbuf: *const c_void, sc: Vec<c_int>, sd: Vec<isize>, st_: Vec<MPI_Datatype>, rbuf: *mut c_void, rc: Vec<c_int>, rd: Vec<isize>, rt: Vec<MPI_Datatype>) -> impl FnMut(&mut State, &mut Sched, &Ctx) -> R {
     move |_st, s, c| {
+        if let Some(x) = c.inter.as_deref() {
+            return inter::alltoallw(s, x, sbuf, &sc, &sd, &st_, rbuf, &rc, &rd, &rt);
+        }
         let n = c.n;
         let mut u = Unp(vec![]);
         let mut rb = Vec::with_capacity(n);
@@ -930,8 +959,8 @@ unsafe fn alltoallw(sbuf: *const c_void, sc: Vec<c_int>, sd: Vec<isize>, st_: Ve
 /// MPI_Alltoall: predefined types go straight to the algorithm; anything else through the alltoallw path.
 unsafe fn alltoall(sbuf: *const c_void, scount: c_int, stype: MPI_Datatype, rbuf: *mut c_void, rcount: c_int, rtype: MPI_Datatype) -> impl FnMut(&mut State, &mut Sched, &Ctx) -> R {
     move |st, s, c| {
-        let n = c.n;
-        if sbuf != IN_PLACE && !datatype::is_derived(stype) && !datatype::is_derived(rtype) {
+        let n = c.inter.as_ref().map_or(c.n, |x| x.len());
+        if sbuf != IN_PLACE && c.inter.is_none() && !datatype::is_derived(stype) && !datatype::is_derived(rtype) {
             let sb = msg_bytes(sbuf, scount, stype)?;
             let rb = msg_bytes(rbuf, rcount, rtype)?;
             let sv: Vec<(*const u8, usize)> = (0..n).map(|i| ((sbuf as *const u8).wrapping_add(i * sb), sb)).collect();
@@ -952,6 +981,9 @@ unsafe fn alltoall(sbuf: *const c_void, scount: c_int, stype: MPI_Datatype, rbuf
 
 unsafe fn reduce_scatter(sbuf: *const c_void, rbuf: *mut c_void, rcounts: Option<*const c_int>, rcount: c_int, dt: MPI_Datatype, op: MPI_Op) -> impl FnMut(&mut State, &mut Sched, &Ctx) -> R {
     move |st, s, c| {
+        if c.inter.is_some() {
+            return err(MPI_ERR_COMM, "MPI_Reduce_scatter(_block) is not implemented on intercommunicators");
+        }
         let counts = match rcounts { Some(p) => arr_i(p, c.n)?, None => vec![rcount; c.n] };
         let total: c_int = counts.iter().sum();
         let packed = red_packed(st, op, dt, total)?;
@@ -980,6 +1012,9 @@ unsafe fn reduce_scatter(sbuf: *const c_void, rbuf: *mut c_void, rcounts: Option
 
 unsafe fn scan(sbuf: *const c_void, rbuf: *mut c_void, count: c_int, dt: MPI_Datatype, op: MPI_Op, exclusive: bool) -> impl FnMut(&mut State, &mut Sched, &Ctx) -> R {
     move |st, s, c| {
+        if c.inter.is_some() {
+            return err(MPI_ERR_COMM, "MPI_Scan and MPI_Exscan are not defined on intercommunicators");
+        }
         if let Some((red, cnt)) = red_packed(st, op, dt, count)? {
             let bytes = red_bytes(&red, cnt);
             let input = if sbuf == IN_PLACE { rbuf as *const u8 } else { sbuf as *const u8 };
@@ -1076,7 +1111,7 @@ pub(crate) fn allgather_ints(st: &mut State, ci: usize, mine: &[i32]) -> R<Vec<i
 // ------------------------------------------------------------------------------------------------ entry points
 
 unsafe fn v_args(st: &mut State, comm: MPI_Comm, counts: *const c_int, displs: *const c_int, types: Option<*const MPI_Datatype>, dt: MPI_Datatype, bytes_displs: bool) -> R<(Vec<c_int>, Vec<isize>, Vec<MPI_Datatype>)> {
-    let n = st.comm(comm)?.1.size as usize;
+    let n = st.comm(comm)?.1.peer_size() as usize;
     let c = arr_i(counts, n)?;
     let d = arr_i(displs, n)?;
     let t: Vec<MPI_Datatype> = match types {

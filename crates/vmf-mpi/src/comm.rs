@@ -7,7 +7,8 @@
 //! free id past the agreed one. Disjoint communicators from one split may share a pair: they have no
 //! member in common, so their traffic can never meet.
 //!
-//! Intercommunicators are not implemented yet (MPI_Comm_test_inter always says false).
+//! Intercommunicators live in `intercomm.rs`; splitting and the other constructors here refuse them
+//! (MPI_ERR_COMM), Dup copies them (agreeing over both groups).
 use crate::coll;
 use crate::p2p::comm_handle;
 use crate::*;
@@ -24,6 +25,7 @@ pub const MPI_IDENT: c_int = 0;
 pub const MPI_CONGRUENT: c_int = 1;
 pub const MPI_SIMILAR: c_int = 2;
 pub const MPI_UNEQUAL: c_int = 3;
+pub const MPI_GRAPH: c_int = 1;
 pub const MPI_CART: c_int = 2;
 pub const MPI_DIST_GRAPH: c_int = 3;
 
@@ -43,6 +45,8 @@ pub(crate) struct Keyval {
 pub(crate) enum Topo {
     Cart { dims: Vec<c_int>, periods: Vec<c_int> },
     DistGraph { src: Vec<c_int>, sw: Option<Vec<c_int>>, dst: Vec<c_int>, dw: Option<Vec<c_int>> },
+    /// MPI_Graph_create: `index`/`edges` as the program gave them (see `graph.rs`).
+    Graph { index: Vec<c_int>, edges: Vec<c_int> },
 }
 
 fn members(c: &Comm) -> Vec<usize> {
@@ -51,7 +55,7 @@ fn members(c: &Comm) -> Vec<usize> {
 
 // ------------------------------------------------------------------------------------------------ groups
 
-fn group_handle(st: &mut State, g: Vec<usize>) -> MPI_Group {
+pub(crate) fn group_handle(st: &mut State, g: Vec<usize>) -> MPI_Group {
     if g.is_empty() {
         return MPI_GROUP_EMPTY;
     }
@@ -101,7 +105,7 @@ fn compare_lists(a: &[usize], b: &[usize]) -> c_int {
 // ------------------------------------------------------------------------------------------------ creation
 
 /// Add a communicator to the table; returns its handle.
-fn add_comm(st: &mut State, c: Comm) -> MPI_Comm {
+pub(crate) fn add_comm(st: &mut State, c: Comm) -> MPI_Comm {
     let i = match st.comms.iter().skip(2).position(|x| x.is_none()) {
         Some(i) => i + 2,
         None => {
@@ -114,9 +118,10 @@ fn add_comm(st: &mut State, c: Comm) -> MPI_Comm {
 }
 
 /// Agree on a new context pair among the members of communicator `ci` (collective over it).
-fn new_ctx(st: &mut State, ci: usize) -> R<u32> {
+pub(crate) fn new_ctx(st: &mut State, ci: usize) -> R<u32> {
     let c = st.comms[ci].as_ref().unwrap();
-    let (ctx, me, mem) = (c.coll, c.rank as usize, members(c));
+    let (mem, me) = crate::intercomm::ctx_members(c);
+    let ctx = c.coll;
     let tag = {
         let c = st.comms[ci].as_mut().unwrap();
         let t = c.coll_seq;
@@ -198,13 +203,15 @@ unsafe fn dup(st: &mut State, comm: MPI_Comm, newcomm: *mut MPI_Comm) -> R {
     let c = st.comms[ci].as_ref().unwrap();
     let mut n = Comm::new(ctx, c.rank, c.world.clone(), c.size, c.eh);
     n.topo = c.topo.clone();
+    n.remote = c.remote.clone();
     n.attrs = attrs;
     *newcomm = add_comm(st, n);
     Ok(())
 }
 
 /// Split communicator `ci` by (color, key); returns the new handle (MPI_COMM_NULL for MPI_UNDEFINED).
-fn split(st: &mut State, ci: usize, color: c_int, key: c_int) -> R<MPI_Comm> {
+pub(crate) fn split(st: &mut State, ci: usize, color: c_int, key: c_int) -> R<MPI_Comm> {
+    crate::intercomm::intra_only(st.comms[ci].as_ref().unwrap(), "splitting (MPI_Comm_split, MPI_Comm_split_type, MPI_Cart_create, MPI_Cart_sub)")?;
     let recs = coll::allgather_ints(st, ci, &[color, key, st.next_ctx as i32])?;
     let ctx = recs.chunks(3).map(|r| r[2]).max().unwrap() as u32;
     st.next_ctx = ctx + 2;
@@ -274,6 +281,10 @@ pub(crate) fn topo_neighbors(c: &Comm) -> R<(Vec<c_int>, Vec<c_int>)> {
             Ok((v.clone(), v))
         }
         Some(Topo::DistGraph { src, dst, .. }) => Ok((src.clone(), dst.clone())),
+        Some(Topo::Graph { index, edges }) => {
+            let v = crate::graph::neighbors_of(index, edges, c.rank).to_vec();
+            Ok((v.clone(), v))
+        }
         None => err(MPI_ERR_TOPOLOGY, "communicator has no topology"),
     }
 }
@@ -286,7 +297,7 @@ fn cart<'a>(st: &'a mut State, comm: MPI_Comm) -> R<(&'a Vec<c_int>, &'a Vec<c_i
     }
 }
 
-unsafe fn ints(p: *const c_int, n: c_int) -> R<Vec<c_int>> {
+pub(crate) unsafe fn ints(p: *const c_int, n: c_int) -> R<Vec<c_int>> {
     if n < 0 {
         return err(MPI_ERR_ARG, "negative count");
     }
@@ -507,7 +518,8 @@ mpi_api! {
             if newcomm.is_null() {
                 return err(MPI_ERR_ARG, "newcomm is NULL");
             }
-            let (ci, _) = st.comm(comm)?;
+            let (ci, c) = st.comm(comm)?;
+            crate::intercomm::intra_only(c, "MPI_Comm_create")?;
             let g = crate::comm::group(st, group)?;
             let mem = members(st.comms[ci].as_ref().unwrap());
             if g.iter().any(|w| !mem.contains(w)) {
@@ -534,6 +546,7 @@ mpi_api! {
                 return err(MPI_ERR_ARG, "newcomm is NULL");
             }
             let (ci, c) = st.comm(comm)?;
+            crate::intercomm::intra_only(c, "MPI_Comm_create_group")?;
             let (pctx, eh) = (c.coll, c.eh);
             let g = crate::comm::group(st, group)?;
             let me = my_world(st);
@@ -613,26 +626,6 @@ mpi_api! {
         })();
         fin(comm, "MPI_Comm_get_name", r)
     }
-    fn MPI_Comm_test_inter / PMPI_Comm_test_inter(comm: MPI_Comm, flag: *mut c_int) -> c_int {
-        let r = (|| -> R {
-            let st = state()?;
-            st.comm(comm)?;
-            if flag.is_null() {
-                return err(MPI_ERR_ARG, "flag is NULL");
-            }
-            *flag = 0;
-            Ok(())
-        })();
-        fin(comm, "MPI_Comm_test_inter", r)
-    }
-    fn MPI_Comm_remote_size / PMPI_Comm_remote_size(comm: MPI_Comm, _size: *mut c_int) -> c_int {
-        let r = (|| -> R {
-            state()?.comm(comm)?;
-            err(MPI_ERR_COMM, "not an intercommunicator (intercommunicators are not implemented yet)")
-        })();
-        fin(comm, "MPI_Comm_remote_size", r)
-    }
-
     fn MPI_Group_size / PMPI_Group_size(group: MPI_Group, size: *mut c_int) -> c_int {
         let r = (|| -> R {
             let g = crate::comm::group(state()?, group)?;
@@ -823,7 +816,7 @@ mpi_api! {
             let st = state()?;
             let c = st.comm(comm)?.1;
             if status.is_null() { return err(MPI_ERR_ARG, "status is NULL"); }
-            *status = match c.topo { Some(Topo::Cart { .. }) => MPI_CART, Some(Topo::DistGraph { .. }) => MPI_DIST_GRAPH, None => MPI_UNDEFINED };
+            *status = match c.topo { Some(Topo::Cart { .. }) => MPI_CART, Some(Topo::DistGraph { .. }) => MPI_DIST_GRAPH, Some(Topo::Graph { .. }) => MPI_GRAPH, None => MPI_UNDEFINED };
             Ok(())
         })();
         fin(comm, "MPI_Topo_test", r)
@@ -947,9 +940,12 @@ mpi_api! {
     fn MPI_Cart_map / PMPI_Cart_map(comm: MPI_Comm, ndims: c_int, dims: *const c_int, _periods: *const c_int, newrank: *mut c_int) -> c_int {
         let r = (|| -> R {
             let st = state()?;
-            let rank = st.comm(comm)?.1.rank;
+            let (rank, size) = { let c = st.comm(comm)?.1; (c.rank, c.size) };
+            if newrank.is_null() { return err(MPI_ERR_ARG, "newrank is NULL"); }
             let d = ints(dims, ndims)?;
+            if d.iter().any(|&x| x <= 0) { return err(MPI_ERR_DIMS, "dimensions must be positive"); }
             let prod: i64 = d.iter().map(|&x| x as i64).product();
+            if prod > size as i64 { return err(MPI_ERR_ARG, format!("grid of {prod} does not fit in {size} ranks")); }
             *newrank = if (rank as i64) < prod { rank } else { MPI_UNDEFINED };
             Ok(())
         })();
@@ -959,7 +955,9 @@ mpi_api! {
         let r = (|| -> R {
             let st = state()?;
             if comm_dist_graph.is_null() { return err(MPI_ERR_ARG, "comm_dist_graph is NULL"); }
-            let size = st.comm(comm_old)?.1.size;
+            let c = st.comm(comm_old)?.1;
+            crate::intercomm::intra_only(c, "MPI_Dist_graph_create_adjacent")?;
+            let size = c.size;
             let src = ints(sources, indegree)?;
             let dst = ints(destinations, outdegree)?;
             if src.iter().chain(dst.iter()).any(|&x| x < 0 || x >= size) { return err(MPI_ERR_RANK, "neighbour rank out of range"); }
@@ -980,6 +978,7 @@ mpi_api! {
             let st = state()?;
             if comm_dist_graph.is_null() { return err(MPI_ERR_ARG, "comm_dist_graph is NULL"); }
             let (ci, c) = st.comm(comm_old)?;
+            crate::intercomm::intra_only(c, "MPI_Dist_graph_create")?;
             let (size, me) = (c.size as usize, c.rank);
             let s = ints(sources, n)?;
             let deg = ints(degrees, n)?;

@@ -216,6 +216,7 @@ fn do_init(required: c_int, provided: *mut c_int) -> R {
         next_ctx: 32,
         spare: None,
         nbc_active: 0,
+        pcolls: Vec::new(),
     };
     // SAFETY: serialised calls (crate contract).
     unsafe {

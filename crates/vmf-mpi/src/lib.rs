@@ -32,6 +32,9 @@ mod coll;
 mod comm;
 mod datatype;
 mod env;
+mod graph;
+mod intercomm;
+mod ldouble;
 mod op;
 mod p2p;
 mod shmcoll;
@@ -110,14 +113,16 @@ pub(crate) struct Comm {
     pub attrs: Vec<(c_int, *mut c_void)>,
     /// Virtual topology.
     pub topo: Option<comm::Topo>,
-    /// Shared-memory collective area (ranks of one region).
+    /// Shared-memory collective area (ranks of one region; never for intercommunicators).
     pub shm: shmcoll::Shm,
+    /// Intercommunicator: the remote group (world ranks); point-to-point ranks name it (`intercomm.rs`).
+    pub remote: Option<Vec<usize>>,
 }
 
 impl Comm {
     /// A new communicator with contexts `ctx`/`ctx+1` over the world ranks `world` (`me` = my index).
     pub fn new(ctx: u32, me: i32, world: Option<Vec<usize>>, size: i32, eh: c_int) -> Comm {
-        Comm { pt: ctx, coll: ctx + 1, rank: me, size, world, eh, coll_seq: 0, name: String::new(), attrs: Vec::new(), topo: None, shm: Default::default() }
+        Comm { pt: ctx, coll: ctx + 1, rank: me, size, world, eh, coll_seq: 0, name: String::new(), attrs: Vec::new(), topo: None, shm: Default::default(), remote: None }
     }
 }
 
@@ -133,6 +138,30 @@ impl Comm {
     pub fn rank_of_world(&self, w: usize) -> i32 {
         match &self.world {
             None => w as i32,
+            Some(v) => v.iter().position(|&x| x == w).map_or(MPI_UNDEFINED, |p| p as i32),
+        }
+    }
+    /// Size of the group point-to-point ranks name: the remote group of an intercommunicator.
+    #[inline]
+    pub fn peer_size(&self) -> i32 {
+        match &self.remote {
+            None => self.size,
+            Some(v) => v.len() as i32,
+        }
+    }
+    /// World rank of point-to-point rank `r`.
+    #[inline]
+    pub fn peer_world(&self, r: i32) -> usize {
+        match &self.remote {
+            None => self.to_world(r),
+            Some(v) => v[r as usize],
+        }
+    }
+    /// Point-to-point rank of world rank `w` (MPI_UNDEFINED if not in the group).
+    #[inline]
+    pub fn peer_rank_of_world(&self, w: usize) -> i32 {
+        match &self.remote {
+            None => self.rank_of_world(w),
             Some(v) => v.iter().position(|&x| x == w).map_or(MPI_UNDEFINED, |p| p as i32),
         }
     }
@@ -252,6 +281,8 @@ pub(crate) struct State {
     pub spare: Option<Box<coll::Sched>>,
     /// Nonblocking collectives in flight (their requests are advanced by every MPI_Wait*/MPI_Test*).
     pub nbc_active: usize,
+    /// Persistent collectives (MPI_Bcast_init...), by request index (`coll/persistent.rs`).
+    pub pcolls: Vec<Option<Box<coll::persistent::PColl>>>,
 }
 
 /// Library lifecycle.

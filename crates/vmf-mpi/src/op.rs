@@ -99,6 +99,10 @@ enum K {
     P2I,
     P2F,
     P2D,
+    /// long double (x87 extended), its complex, and (long double, int) pairs: see `ldouble.rs`.
+    F80,
+    C80,
+    Pldi,
 }
 
 fn kind(dt: MPI_Datatype) -> Option<K> {
@@ -109,6 +113,7 @@ fn kind(dt: MPI_Datatype) -> Option<K> {
             1 => Some(K::PDI),
             2 => Some(K::PLI),
             3 => Some(K::PSI),
+            4 => Some(K::Pldi),
             _ => None,
         };
     }
@@ -131,6 +136,8 @@ fn kind(dt: MPI_Datatype) -> Option<K> {
         0x16 | 0x20 => K::P2I,
         0x21 => K::P2F,
         0x23 => K::P2D,
+        0x0c => K::F80,
+        0x42 | 0x36 => K::C80,
         _ => return None,
     })
 }
@@ -138,9 +145,9 @@ fn kind(dt: MPI_Datatype) -> Option<K> {
 fn allowed(op: MPI_Op, k: K) -> bool {
     use K::*;
     let int = matches!(k, I8 | I16 | I32 | I64 | U8 | U16 | U32 | U64);
-    let float = matches!(k, F32 | F64);
-    let cplx = matches!(k, C32 | C64);
-    let pair = matches!(k, PFI | PDI | PLI | PSI | P2I | P2F | P2D);
+    let float = matches!(k, F32 | F64 | F80);
+    let cplx = matches!(k, C32 | C64 | C80);
+    let pair = matches!(k, PFI | PDI | PLI | PSI | P2I | P2F | P2D | Pldi);
     match op {
         MPI_MAX | MPI_MIN => int || float,
         MPI_SUM | MPI_PROD => int || float || cplx,
@@ -270,6 +277,22 @@ pub(crate) unsafe fn apply(r: &Red, a: *const u8, b: *mut u8, n: usize) {
         K::P2I => loc::<i32, i32>(op, a, b, n, 8, 4),
         K::P2F => locf::<f32>(op, a, b, n),
         K::P2D => locf::<f64>(op, a, b, n),
+        K::F80 | K::C80 | K::Pldi => {
+            use crate::ldouble::{self as ld, LOp};
+            let o = match op {
+                MPI_SUM => LOp::Sum,
+                MPI_PROD => LOp::Prod,
+                MPI_MAX => LOp::Max,
+                MPI_MIN => LOp::Min,
+                MPI_MINLOC => LOp::MinLoc,
+                _ => LOp::MaxLoc,
+            };
+            match kind(r.dt) {
+                Some(K::F80) => ld::real(o, a, b, n),
+                Some(K::C80) => ld::complex(o, a, b, n),
+                _ => ld::loc(o, a, b, n),
+            }
+        }
     }
 }
 

@@ -10,14 +10,14 @@ use vmf_core::{Op, SendMode};
 /// MPI_PROC_NULL.
 #[inline]
 fn peer(c: &Comm, r: c_int, allow_any: bool) -> R<Option<i64>> {
-    if r >= 0 && r < c.size {
-        Ok(Some(c.to_world(r) as i64))
+    if r >= 0 && r < c.peer_size() {
+        Ok(Some(c.peer_world(r) as i64))
     } else if r == MPI_PROC_NULL {
         Ok(None)
     } else if allow_any && r == MPI_ANY_SOURCE {
         Ok(Some(vmf_core::ANY_SOURCE as i64))
     } else {
-        err(MPI_ERR_RANK, format!("rank {r} is not in the communicator (size {})", c.size))
+        err(MPI_ERR_RANK, format!("rank {r} is not in the communicator (size {})", c.peer_size()))
     }
 }
 
@@ -40,7 +40,7 @@ pub(crate) fn comm_handle(ci: usize) -> MPI_Comm {
 
 #[inline]
 fn st_from(c: &Comm, s: vmf_core::Status) -> St {
-    St { src: c.rank_of_world(s.source), tag: s.tag, bytes: s.count, cancelled: s.cancelled }
+    St { src: c.peer_rank_of_world(s.source), tag: s.tag, bytes: s.count, cancelled: s.cancelled }
 }
 
 fn core_err(e: Option<vmf_core::Error>) -> R {
@@ -52,7 +52,7 @@ fn core_err(e: Option<vmf_core::Error>) -> R {
 
 // ------------------------------------------------------------------------------------------------ request table
 
-fn new_req(st: &mut State, r: MReq) -> MPI_Request {
+pub(crate) fn new_req(st: &mut State, r: MReq) -> MPI_Request {
     let i = match st.free_reqs.pop() {
         Some(i) => {
             st.reqs[i as usize] = r;
@@ -176,7 +176,8 @@ unsafe fn complete(st: &mut State, i: usize, h: *mut MPI_Request) -> R<(St, R)> 
         r.xfer = None;
     }
     r.active = false;
-    if r.persist.is_none() {
+    // persistent requests (point-to-point or collective) stay allocated until MPI_Request_free
+    if r.persist.is_none() && st.pcolls.get(i).is_none_or(|p| p.is_none()) {
         r.live = false;
         st.free_reqs.push(i as u32);
         if !h.is_null() {
@@ -413,6 +414,9 @@ unsafe fn persistent(buf: *mut c_void, count: c_int, dt: MPI_Datatype, peer_r: c
 
 unsafe fn start(st: &mut State, h: MPI_Request) -> R {
     let i = req_index(st, h)?;
+    if st.pcolls.get(i).is_some_and(|p| p.is_some()) {
+        return crate::coll::persistent::start(st, i);
+    }
     let r = &st.reqs[i];
     let Some(p) = r.persist else { return err(MPI_ERR_REQUEST, "MPI_Start on a request that is not persistent") };
     if r.active {
@@ -964,6 +968,7 @@ mpi_api! {
             r.active = false;
             r.persist = None;
             st.free_reqs.push(i as u32);
+            crate::coll::persistent::forget(st, i);
             *request = MPI_REQUEST_NULL;
             reap(st, false)
         })();

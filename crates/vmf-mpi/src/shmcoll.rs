@@ -298,7 +298,8 @@ fn nonnull(p: *const c_void, bytes: usize) -> R {
 /// block is `bytes`.
 fn eligible(st: &mut State, comm: MPI_Comm, bytes: usize) -> R<Option<usize>> {
     let (ci, c) = st.comm(comm)?;
-    if bytes > DATA || matches!(c.shm, Shm::Off) || c.size < 2 {
+    // Intercommunicators have their own collective semantics (intercomm.rs, coll/inter.rs).
+    if bytes > DATA || matches!(c.shm, Shm::Off) || c.size < 2 || c.remote.is_some() {
         return Ok(None);
     }
     Ok(Some(ci))
@@ -383,6 +384,9 @@ pub(crate) unsafe fn reduce(st: &mut State, comm: MPI_Comm, sbuf: *const c_void,
 /// Gather (root = Some) or allgather (None) of equal blocks.
 pub(crate) unsafe fn gather(st: &mut State, comm: MPI_Comm, sbuf: *const c_void, scount: c_int, stype: MPI_Datatype, rbuf: *mut c_void, rcount: c_int, rtype: MPI_Datatype, root: Option<c_int>) -> R<bool> {
     let (ci, c) = st.comm(comm)?;
+    if c.remote.is_some() {
+        return Ok(false);
+    }
     let (n, me) = (c.size as usize, c.rank as usize);
     let root = match root {
         Some(r) => Some(check_root(r, n)?),
@@ -437,6 +441,9 @@ pub(crate) unsafe fn gather(st: &mut State, comm: MPI_Comm, sbuf: *const c_void,
 /// Scatter (root = Some) or all-to-all (None) of equal blocks.
 pub(crate) unsafe fn scatter(st: &mut State, comm: MPI_Comm, sbuf: *const c_void, scount: c_int, stype: MPI_Datatype, rbuf: *mut c_void, rcount: c_int, rtype: MPI_Datatype, root: Option<c_int>) -> R<bool> {
     let (ci, c) = st.comm(comm)?;
+    if c.remote.is_some() {
+        return Ok(false);
+    }
     let (n, me) = (c.size as usize, c.rank as usize);
     let root = match root {
         Some(r) => Some(check_root(r, n)?),

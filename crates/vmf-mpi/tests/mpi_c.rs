@@ -14,7 +14,7 @@ use std::sync::OnceLock;
 
 const PROGRAMS: &[&str] = &[
     "p2p_basic", "p2p_modes", "p2p_order", "p2p_persist", "p2p_probe", "errors", "abort", "fatal", "comm_group", "coll_all", "coll_ops",
-    "coll_nb", "dtype", "topo", "nas_is", "shm_pool",
+    "coll_nb", "dtype", "topo", "nas_is", "ldouble", "graph", "intercomm", "pcoll", "shm_pool",
 ];
 const MPICH_INC: &str = "/usr/include/x86_64-linux-gnu/mpich";
 
@@ -226,6 +226,30 @@ fn topo_cartesian_and_graph_topologies_and_neighbor_collectives_work() {
 }
 
 #[test]
+fn ldouble_long_double_reductions_are_exact() {
+    semantic("ldouble");
+    semantic_wide("ldouble");
+}
+
+#[test]
+fn graph_topologies_and_their_neighbor_collectives_work() {
+    semantic("graph");
+    semantic_wide("graph");
+}
+
+#[test]
+fn intercomm_create_merge_p2p_and_collectives_work() {
+    semantic("intercomm");
+    semantic_wide("intercomm");
+}
+
+#[test]
+fn pcoll_persistent_collectives_restart_and_free() {
+    semantic("pcoll");
+    semantic_wide("pcoll");
+}
+
+#[test]
 fn nas_is_bucket_sort_verifies() {
     semantic("nas_is");
     semantic_wide("nas_is");
@@ -265,6 +289,8 @@ fn hydra_mpiexec_mpich_runs_our_library() {
     run_ok("hydra", builds().last().unwrap(), "p2p_order", 3);
     run_ok("hydra", builds().last().unwrap(), "coll_all", 3);
     run_ok("hydra", builds().last().unwrap(), "comm_group", 2);
+    run_ok("hydra", builds().last().unwrap(), "intercomm", 3);
+    run_ok("hydra", builds().last().unwrap(), "pcoll", 2);
     let o = job("hydra", 2, &setup().build.join(builds().last().unwrap()).join("abort"));
     assert_eq!(o.status.code(), Some(7), "abort under Hydra: {}", String::from_utf8_lossy(&o.stderr));
 }
