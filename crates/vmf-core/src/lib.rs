@@ -408,6 +408,10 @@ impl Fabric {
     /// Blocking receive. A message longer than `buf` yields [`Error::Truncated`].
     pub fn recv(&self, buf: &mut [u8], src: Source, tag: TagSel) -> Result<Status> {
         let mut e = self.eng.borrow_mut();
+        // SAFETY: `buf` is borrowed mutably for the call.
+        if let Some(st) = unsafe { e.recv_direct(buf.as_mut_ptr(), buf.len(), src.raw(), tag.raw(), CTX_USER)? } {
+            return Ok(st);
+        }
         // SAFETY: `buf` stays borrowed until the request completes below.
         let id = unsafe { e.irecv(buf.as_mut_ptr(), buf.len(), src.raw(), tag.raw(), CTX_USER)? };
         if let Err(err) = e.wait_until(Op::Wait, |e| e.is_done(id)) {

@@ -363,6 +363,14 @@ unsafe fn recv_blocking(buf: *mut c_void, count: c_int, dt: MPI_Datatype, src: c
     let p = tmp.as_mut().map_or(buf as *mut u8, |v| v.as_mut_ptr());
     let c = st.comms[ci].as_ref().unwrap();
     let mut e = st.fab.engine();
+    // Fast path: an eager message from a co-resident sender, copied straight from its ring.
+    if tmp.is_none() {
+        if let Some(s) = e.recv_direct(p, bytes, w, tag, c.pt).map_err(from_core)? {
+            drop(e);
+            st_from(c, s).write(status);
+            return Ok(());
+        }
+    }
     let id = e.irecv(p, bytes, w, tag, c.pt).map_err(from_core)?;
     if !e.is_done(id) {
         e.wait_until(Op::Recv, |e| e.is_done(id)).map_err(from_core)?;

@@ -261,7 +261,13 @@ pub(crate) fn release(st: &mut State, shm: Shm) {
 // ------------------------------------------------------------------------------------------------ data
 
 /// Copy `count` elements of `dt` at `src` (user layout) into `dst` (packed); returns the bytes.
+#[inline]
 unsafe fn put(st: &State, dst: *mut u8, src: *const c_void, count: usize, dt: MPI_Datatype, bytes: usize) -> R {
+    if !datatype::is_derived(dt) {
+        // Predefined (checked by `sig`): contiguous.
+        std::ptr::copy_nonoverlapping(src as *const u8, dst, bytes);
+        return Ok(());
+    }
     match datatype::layout(src, count as c_int, dt)? {
         Lay::Contig(_) => std::ptr::copy_nonoverlapping(src as *const u8, dst, bytes),
         Lay::Packed { .. } => datatype::pack(datatype::get(st, dt)?, src as *const u8, count, dst),
@@ -270,7 +276,12 @@ unsafe fn put(st: &State, dst: *mut u8, src: *const c_void, count: usize, dt: MP
 }
 
 /// Copy `bytes` packed bytes at `src` into `count` elements of `dt` at `dst` (user layout).
+#[inline]
 unsafe fn take(st: &State, src: *const u8, bytes: usize, dst: *mut c_void, count: usize, dt: MPI_Datatype) -> R {
+    if !datatype::is_derived(dt) {
+        std::ptr::copy_nonoverlapping(src, dst as *mut u8, bytes);
+        return Ok(());
+    }
     match datatype::layout(dst, count as c_int, dt)? {
         Lay::Contig(_) => std::ptr::copy_nonoverlapping(src, dst as *mut u8, bytes),
         Lay::Packed { .. } => datatype::unpack(datatype::get(st, dt)?, src, bytes, dst as *mut u8, count),

@@ -333,6 +333,45 @@ impl ShmTransport {
         s.sleeping.store(0, Ordering::Relaxed);
     }
 
+    /// The next packet from `peer` only (a receiver waiting for one sender looks at one ring); `None`
+    /// when there is none, or no ring from `peer` yet.
+    #[inline]
+    pub fn poll_peer(&mut self, peer: usize) -> Result<Option<Incoming<ReadRecord>>, TransportError> {
+        if !self.undiscovered.is_empty() {
+            self.discover()?;
+        }
+        self.peek_ring(peer)
+    }
+
+    /// Look at the head record of the ring from `peer` and validate its header.
+    #[inline]
+    fn peek_ring(&mut self, peer: usize) -> Result<Option<Incoming<ReadRecord>>, TransportError> {
+        let Some(rx) = self.peers.get_mut(peer).and_then(|p| p.as_mut()).and_then(|p| p.rx.as_mut()) else {
+            return Ok(None);
+        };
+        let Some(rec) = rx.peek().map_err(|e| corrupt(peer, e))? else {
+            return Ok(None);
+        };
+        if rec.len() < HDR_SIZE {
+            return Err(TransportError::Corrupt {
+                peer,
+                what: format!("packet of {} bytes", rec.len()),
+            });
+        }
+        // SAFETY: record validated to hold at least HDR_SIZE bytes inside the ring.
+        let hdr = unsafe { PktHeader::read_from(rec.ptr()) };
+        if hdr.src as usize != peer || Kind::from_u8(hdr.kind).is_none() {
+            return Err(TransportError::Corrupt {
+                peer,
+                what: format!("packet claims source {} and kind {}", hdr.src, hdr.kind),
+            });
+        }
+        // SAFETY: payload lies inside the validated record.
+        let payload = unsafe { rec.ptr().add(HDR_SIZE) };
+        let len = rec.len() - HDR_SIZE;
+        Ok(Some(Incoming::new(peer, hdr, payload, len, rec)))
+    }
+
     /// The slot of co-resident `peer`, if it is one.
     pub fn peer_local(&self, peer: usize) -> Option<u32> {
         self.peers.get(peer)?.as_ref().map(|p| p.local)
@@ -471,27 +510,9 @@ impl Transport for ShmTransport {
         for k in 0..n {
             let idx = (self.cursor + k) % n;
             let peer = self.rx_list[idx];
-            let rx = self.peers[peer].as_mut().unwrap().rx.as_mut().unwrap();
-            if let Some(rec) = rx.peek().map_err(|e| corrupt(peer, e))? {
-                if rec.len() < HDR_SIZE {
-                    return Err(TransportError::Corrupt {
-                        peer,
-                        what: format!("packet of {} bytes", rec.len()),
-                    });
-                }
-                // SAFETY: record validated to hold at least HDR_SIZE bytes inside the ring.
-                let hdr = unsafe { PktHeader::read_from(rec.ptr()) };
-                if hdr.src as usize != peer || Kind::from_u8(hdr.kind).is_none() {
-                    return Err(TransportError::Corrupt {
-                        peer,
-                        what: format!("packet claims source {} and kind {}", hdr.src, hdr.kind),
-                    });
-                }
+            if let Some(inc) = self.peek_ring(peer)? {
                 self.cursor = idx + 1;
-                // SAFETY: payload lies inside the validated record.
-                let payload = unsafe { rec.ptr().add(HDR_SIZE) };
-                let len = rec.len() - HDR_SIZE;
-                return Ok(Some(Incoming::new(peer, hdr, payload, len, rec)));
+                return Ok(Some(inc));
             }
         }
         Ok(None)
