@@ -38,7 +38,7 @@ import sys
 
 OURS = "vmfabric"
 DISPLAY = {"vmfabric": "vmfabric", "vmfabric-mpi": "vmfabric (MPI)", "vmfabric-hosts": "vmfabric (2 emulated hosts)", "mpich": "MPICH", "openmpi": "Open MPI",
-           "cacheline": "cache-line floor"}
+           "cacheline": "cache-line floor", "kernel-floor": "kernel TCP floor (bare sockets, reference)"}
 IMPL_ORDER = ["vmfabric", "vmfabric-mpi", "mpich", "openmpi"]
 BENCH_ORDER = ["latency", "bw", "bibw"]
 BANDWIDTH_BENCHES = ("bw", "bibw")
@@ -215,7 +215,8 @@ def analyse(bench, impl_rows):
     metric, lower = pick_metric(impl_rows)
     impls = order_impls(list(impl_rows))
     ours = pick_ours(impls)
-    others = [i for i in impls if not i.startswith(OURS)]
+    # Reference rows (the bare-socket kernel floor) are shown, never compared against.
+    others = [i for i in impls if not i.startswith(OURS) and not i.startswith("kernel")]
     sizes = sorted({s for rows in impl_rows.values() for s in rows})
     table = []
     for s in sizes:

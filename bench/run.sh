@@ -106,6 +106,7 @@ CFLAGS=(-O2 -Wall -Wextra)
 
 if [ "$HAVE_GCC" = 1 ]; then
     gcc "${CFLAGS[@]}" -o "$BUILD/cacheline" bench/c/cacheline.c || { warn "cacheline build failed"; HAVE_GCC=0; }
+    gcc "${CFLAGS[@]}" -o "$BUILD/tcp_floor" bench/c/tcp_floor.c || warn "tcp_floor build failed"
 fi
 if [ "${BENCH_SKIP_MPICH:-0}" != 1 ] && [ "$HAVE_MPICH" = 1 ]; then
     mpicc.mpich "${CFLAGS[@]}" -o "$BUILD/mpi_pingpong.mpich" bench/c/mpi_pingpong.c \
@@ -165,7 +166,7 @@ for impl in vmfabric mpich openmpi; do
     done
 done
 rm -f "$RESULTS"/*-coll-*.json
-rm -f "$RESULTS/cacheline.json" "$RESULTS/summary.md" "$RESULTS/summary.json" \
+rm -f "$RESULTS/kernel-floor-tcplat.json" "$RESULTS/cacheline.json" "$RESULTS/summary.md" "$RESULTS/summary.json" \
       "$RESULTS"/*.png "$STATUS"
 rm -rf "$ROUNDS_DIR"
 mkdir -p "$ROUNDS_DIR"
@@ -343,6 +344,11 @@ fi
 # migration benchmark on 3 hosts. Needs root for the network namespaces; BENCH_HOSTS=0 skips it.
 if [ "${BENCH_HOSTS:-1}" != 0 ] && [ "$(id -u)" = 0 ]; then
     TSZ="8,1024,65536,1048576"
+    # The bare-socket floor of this kernel (reference row: what no TCP message layer can beat).
+    if [ -x "$BUILD/tcp_floor" ]; then
+        timeout 120 "$BUILD/tcp_floor" --sizes 8,1024 --iters 30000 --json "$RESULTS/kernel-floor-tcplat.json" >/dev/null \
+            || warn "tcp_floor failed"
+    fi
     # Same kernel path as Open MPI's TCP BTL (one host, VMF_SHM=0), and across emulated hosts (veth + bridge).
     timeout 300 env VMF_SHM=0 "$VMF" run -n 2 "$VMF" bench latency --sizes "$TSZ" --iters 3000 \
         --json "$RESULTS/vmfabric-tcplat.json" || FAILURES+=("vmfabric tcp latency")
