@@ -53,6 +53,8 @@ struct Ctl {
     refs: AtomicU32,
     _r: u32,
     done: AtomicU64,
+    /// Barriers: the last barrier every member was seen to enter (written by rank 0 only).
+    release: AtomicU64,
 }
 
 /// The shared-memory state of one communicator.
@@ -211,6 +213,7 @@ fn setup_inner(st: &mut State, ci: usize) -> R<Option<Box<Area>>> {
             c.refs.store(n as u32, Ordering::Relaxed);
             stamp(p, 0).store(0, Ordering::Relaxed);
             stamp(p, 1).store(0, Ordering::Relaxed);
+            c.release.store(0, Ordering::Relaxed);
             c.done.store(0, Ordering::Release);
             st.fab.engine().pool_offset(p, AREA).unwrap_or(0)
         }
@@ -324,7 +327,23 @@ pub(crate) fn barrier(st: &mut State, comm: MPI_Comm) -> R<bool> {
     run(st, ci, |_, e, a| {
         let k = a.next();
         a.set(e, Some(k), Some(k));
-        a.wait_all_arrived(e, k)
+        if a.me == 0 {
+            // Rank 0 sees everyone arrive and then releases them with one line.
+            a.wait_all_arrived(e, k)?;
+            ctl(a.mine()).release.store(k, Ordering::Release);
+            a.set(e, None, None);
+            Ok(())
+        } else if e.waiter().oversubscribed {
+            // Ranks outnumber cores: wait for rank 0's release (one line to watch; rank 0 leaves first,
+            // so a collective rooted there that follows is under way before the others run). Either
+            // wait is a correct barrier, so ranks need not agree on which one they use.
+            let r0 = a.areas[0];
+            wait(e, || ctl(r0).release.load(Ordering::Acquire) >= k)?;
+            a.known_done = a.known_done.max(k - 1);
+            Ok(())
+        } else {
+            a.wait_all_arrived(e, k)
+        }
     })
 }
 
