@@ -24,6 +24,10 @@
 //! algorithms are the shared-memory versions; host-aware hierarchical variants (intra-host phase, one
 //! leader per host over TCP) are the next step once jobs span hosts.
 //!
+//! Small blocking collectives among the ranks of one region go through shared areas instead
+//! (`shmcoll.rs`); what is here serves everything else: large messages, nonblocking and persistent
+//! collectives, v/w variants, jobs across hosts, and `VMF_SHM_COLL=0`.
+//!
 //! Derived datatypes: the send side of a non-contiguous type is packed into a schedule temporary, the
 //! receive side staged and unpacked by a final local step; reductions on a non-contiguous type made of
 //! one basic type under a predefined op are reduced packed, as basic elements; user ops on derived types
