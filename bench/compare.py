@@ -269,9 +269,9 @@ def _round_value(impl, bench, rnd, size, key):
 
 def per_round_ratio(bench, size, ours, kind):
     """Median over rounds of ours / best other (or / floor) within the same round; None without round files."""
-    if bench not in ("latency", "bw", "bibw") or not os.path.isdir(ROUNDS_DIR):
+    if bench not in ("latency", "bw", "bibw", "tcplat") or not os.path.isdir(ROUNDS_DIR):
         return None
-    key = "latency_us" if bench == "latency" else "mb_per_s"
+    key = "latency_us" if bench in ("latency", "tcplat") else "mb_per_s"
     ratios = []
     for rnd in range(1, 100):
         mine = _round_value(ours, bench, rnd, size, key)

@@ -166,7 +166,7 @@ for impl in vmfabric mpich openmpi; do
     done
 done
 rm -f "$RESULTS"/*-coll-*.json
-rm -f "$RESULTS/kernel-floor-tcplat.json" "$RESULTS/cacheline.json" "$RESULTS/summary.md" "$RESULTS/summary.json" \
+rm -f "$RESULTS"/*-tcplat.json "$RESULTS/cacheline.json" "$RESULTS/summary.md" "$RESULTS/summary.json" \
       "$RESULTS"/*.png "$STATUS"
 rm -rf "$ROUNDS_DIR"
 mkdir -p "$ROUNDS_DIR"
@@ -344,14 +344,26 @@ fi
 # migration benchmark on 3 hosts. Needs root for the network namespaces; BENCH_HOSTS=0 skips it.
 if [ "${BENCH_HOSTS:-1}" != 0 ] && [ "$(id -u)" = 0 ]; then
     TSZ="8,1024,65536,1048576"
-    # The bare-socket floor of this kernel (reference row: what no TCP message layer can beat).
-    if [ -x "$BUILD/tcp_floor" ]; then
-        timeout 120 "$BUILD/tcp_floor" --sizes 8,1024 --iters 30000 --json "$RESULTS/kernel-floor-tcplat.json" >/dev/null \
-            || warn "tcp_floor failed"
-    fi
-    # Same kernel path as Open MPI's TCP BTL (one host, VMF_SHM=0), and across emulated hosts (veth + bridge).
-    timeout 300 env VMF_SHM=0 "$VMF" run -n 2 "$VMF" bench latency --sizes "$TSZ" --iters 3000 \
-        --json "$RESULTS/vmfabric-tcplat.json" || FAILURES+=("vmfabric tcp latency")
+    # Latency over TCP, interleaved in TCP_ROUNDS rounds (the VM changes speed within minutes, so only
+    # ratios within a round are compared): the bare-socket floor of this kernel (a reference row: what no
+    # TCP message layer can beat), vmfabric over TCP on one host (VMF_SHM=0: the same kernel path as Open
+    # MPI's TCP BTL), and Open MPI's TCP BTL.
+    for round in $(seq 1 "${BENCH_TCP_ROUNDS:-3}"); do
+        if [ -x "$BUILD/tcp_floor" ]; then
+            run_one kernel-floor tcplat "$round" "$BUILD/tcp_floor" --sizes 8,1024 --iters 30000 \
+                --json "$ROUNDS_DIR/kernel-floor-tcplat.r$round.json"
+        fi
+        run_one vmfabric tcplat "$round" env VMF_SHM=0 "$VMF" run -n 2 "$VMF" bench latency --sizes "$TSZ" \
+            --iters 3000 --json "$ROUNDS_DIR/vmfabric-tcplat.r$round.json"
+        if command -v mpirun.openmpi >/dev/null 2>&1; then
+            run_one openmpi tcplat "$round" mpirun.openmpi --allow-run-as-root --oversubscribe --mca pml ob1 \
+                --mca btl tcp,self -n 2 "$BUILD/mpi_pingpong.openmpi" latency --sizes "$TSZ" --iters 3000 \
+                --json "$ROUNDS_DIR/openmpi-tcplat.r$round.json" --label openmpi-tcp
+        fi
+    done
+    for impl in kernel-floor vmfabric openmpi; do
+        ls "$ROUNDS_DIR/$impl-tcplat".r*.json >/dev/null 2>&1 && merge "$impl" tcplat "$RESULTS/$impl-tcplat.json"
+    done
     timeout 300 env VMF_SHM=0 "$VMF" run -n 2 "$VMF" bench bw --sizes "$TSZ" --iters 500 \
         --json "$RESULTS/vmfabric-tcpbw.json" || FAILURES+=("vmfabric tcp bw")
     timeout 300 "$VMF" run --hosts 2 -n 2 "$VMF" bench latency --sizes "$TSZ" --iters 3000 \
@@ -359,9 +371,6 @@ if [ "${BENCH_HOSTS:-1}" != 0 ] && [ "$(id -u)" = 0 ]; then
     timeout 300 "$VMF" run --hosts 2 -n 2 "$VMF" bench bw --sizes "$TSZ" --iters 500 \
         --json "$RESULTS/vmfabric-hosts-tcpbw.json" || FAILURES+=("vmfabric hosts tcp bw")
     if command -v mpirun.openmpi >/dev/null 2>&1; then
-        timeout 300 mpirun.openmpi --allow-run-as-root --oversubscribe --mca pml ob1 --mca btl tcp,self -n 2 \
-            "$BUILD/mpi_pingpong.openmpi" latency --sizes "$TSZ" --iters 3000 --json "$RESULTS/openmpi-tcplat.json" \
-            --label openmpi-tcp >/dev/null || FAILURES+=("openmpi tcp latency")
         timeout 300 mpirun.openmpi --allow-run-as-root --oversubscribe --mca pml ob1 --mca btl tcp,self -n 2 \
             "$BUILD/mpi_pingpong.openmpi" bw --sizes "$TSZ" --iters 500 --json "$RESULTS/openmpi-tcpbw.json" \
             --label openmpi-tcp >/dev/null || FAILURES+=("openmpi tcp bw")
