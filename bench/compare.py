@@ -269,7 +269,7 @@ def _round_value(impl, bench, rnd, size, key):
 
 def per_round_ratio(bench, size, ours, kind):
     """Median over rounds of ours / best other (or / floor) within the same round; None without round files."""
-    if bench not in ("latency", "bw", "bibw", "tcplat") or not os.path.isdir(ROUNDS_DIR):
+    if bench not in ("latency", "bw", "bibw", "tcplat", "tcpbw") or not os.path.isdir(ROUNDS_DIR):
         return None
     key = "latency_us" if bench in ("latency", "tcplat") else "mb_per_s"
     ratios = []

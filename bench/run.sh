@@ -166,7 +166,7 @@ for impl in vmfabric mpich openmpi; do
     done
 done
 rm -f "$RESULTS"/*-coll-*.json
-rm -f "$RESULTS"/*-tcplat.json "$RESULTS/cacheline.json" "$RESULTS/summary.md" "$RESULTS/summary.json" \
+rm -f "$RESULTS"/*-tcplat.json "$RESULTS"/*-tcpbw.json "$RESULTS/cacheline.json" "$RESULTS/summary.md" "$RESULTS/summary.json" \
       "$RESULTS"/*.png "$STATUS"
 rm -rf "$ROUNDS_DIR"
 mkdir -p "$ROUNDS_DIR"
@@ -344,7 +344,7 @@ fi
 # migration benchmark on 3 hosts. Needs root for the network namespaces; BENCH_HOSTS=0 skips it.
 if [ "${BENCH_HOSTS:-1}" != 0 ] && [ "$(id -u)" = 0 ]; then
     TSZ="8,1024,65536,1048576"
-    # Latency over TCP, interleaved in TCP_ROUNDS rounds (the VM changes speed within minutes, so only
+    # Latency and bandwidth over TCP, interleaved in BENCH_TCP_ROUNDS rounds (the VM changes speed within minutes, so only
     # ratios within a round are compared): the bare-socket floor of this kernel (a reference row: what no
     # TCP message layer can beat), vmfabric over TCP on one host (VMF_SHM=0: the same kernel path as Open
     # MPI's TCP BTL), and Open MPI's TCP BTL.
@@ -355,26 +355,26 @@ if [ "${BENCH_HOSTS:-1}" != 0 ] && [ "$(id -u)" = 0 ]; then
         fi
         run_one vmfabric tcplat "$round" env VMF_SHM=0 "$VMF" run -n 2 "$VMF" bench latency --sizes "$TSZ" \
             --iters 3000 --json "$ROUNDS_DIR/vmfabric-tcplat.r$round.json"
+        run_one vmfabric tcpbw "$round" env VMF_SHM=0 "$VMF" run -n 2 "$VMF" bench bw --sizes "$TSZ" \
+            --iters 500 --json "$ROUNDS_DIR/vmfabric-tcpbw.r$round.json"
         if command -v mpirun.openmpi >/dev/null 2>&1; then
             run_one openmpi tcplat "$round" mpirun.openmpi --allow-run-as-root --oversubscribe --mca pml ob1 \
                 --mca btl tcp,self -n 2 "$BUILD/mpi_pingpong.openmpi" latency --sizes "$TSZ" --iters 3000 \
                 --json "$ROUNDS_DIR/openmpi-tcplat.r$round.json" --label openmpi-tcp
+            run_one openmpi tcpbw "$round" mpirun.openmpi --allow-run-as-root --oversubscribe --mca pml ob1 \
+                --mca btl tcp,self -n 2 "$BUILD/mpi_pingpong.openmpi" bw --sizes "$TSZ" --iters 500 \
+                --json "$ROUNDS_DIR/openmpi-tcpbw.r$round.json" --label openmpi-tcp
         fi
     done
-    for impl in kernel-floor vmfabric openmpi; do
-        ls "$ROUNDS_DIR/$impl-tcplat".r*.json >/dev/null 2>&1 && merge "$impl" tcplat "$RESULTS/$impl-tcplat.json"
+    for b in tcplat tcpbw; do
+        for impl in kernel-floor vmfabric openmpi; do
+            ls "$ROUNDS_DIR/$impl-$b".r*.json >/dev/null 2>&1 && merge "$impl" "$b" "$RESULTS/$impl-$b.json"
+        done
     done
-    timeout 300 env VMF_SHM=0 "$VMF" run -n 2 "$VMF" bench bw --sizes "$TSZ" --iters 500 \
-        --json "$RESULTS/vmfabric-tcpbw.json" || FAILURES+=("vmfabric tcp bw")
     timeout 300 "$VMF" run --hosts 2 -n 2 "$VMF" bench latency --sizes "$TSZ" --iters 3000 \
         --json "$RESULTS/vmfabric-hosts-tcplat.json" || FAILURES+=("vmfabric hosts tcp latency")
     timeout 300 "$VMF" run --hosts 2 -n 2 "$VMF" bench bw --sizes "$TSZ" --iters 500 \
         --json "$RESULTS/vmfabric-hosts-tcpbw.json" || FAILURES+=("vmfabric hosts tcp bw")
-    if command -v mpirun.openmpi >/dev/null 2>&1; then
-        timeout 300 mpirun.openmpi --allow-run-as-root --oversubscribe --mca pml ob1 --mca btl tcp,self -n 2 \
-            "$BUILD/mpi_pingpong.openmpi" bw --sizes "$TSZ" --iters 500 --json "$RESULTS/openmpi-tcpbw.json" \
-            --label openmpi-tcp >/dev/null || FAILURES+=("openmpi tcp bw")
-    fi
     # The programs write "latency"/"bw": retag so these land in their own tables.
     for f in vmfabric-tcplat vmfabric-tcpbw vmfabric-hosts-tcplat vmfabric-hosts-tcpbw openmpi-tcplat openmpi-tcpbw; do
         [ -f "$RESULTS/$f.json" ] && "$PY" -c 'import json,sys; p=sys.argv[1]; d=json.load(open(p)); d["benchmark"]=sys.argv[2]; json.dump(d, open(p,"w"), indent=1)' \
