@@ -78,6 +78,13 @@ pub(crate) struct Area {
     areas: Vec<*mut u8>,
     /// Every member is known to have finished at least this collective (saves loading `done` lines).
     known_done: u64,
+    /// Every member's host has more ranks than cores (from the setup exchange: the same on all members).
+    all_oversub: bool,
+}
+
+/// True when the communicator has a shared-memory area and every member reported oversubscription.
+pub(crate) fn all_oversubscribed(s: &Shm) -> bool {
+    matches!(s, Shm::On(a) if a.all_oversub)
 }
 
 #[inline]
@@ -219,8 +226,10 @@ fn setup_inner(st: &mut State, ci: usize) -> R<Option<Box<Area>>> {
         }
         None => 0,
     };
-    let all = crate::coll::allgather_ints(st, ci, &[off as u32 as i32, (off >> 32) as u32 as i32])?;
-    let offs: Vec<u64> = all.chunks(2).map(|v| v[0] as u32 as u64 | (v[1] as u32 as u64) << 32).collect();
+    let oversub = st.fab.engine().waiter().oversubscribed as i32;
+    let all = crate::coll::allgather_ints(st, ci, &[off as u32 as i32, (off >> 32) as u32 as i32, oversub])?;
+    let offs: Vec<u64> = all.chunks(3).map(|v| v[0] as u32 as u64 | (v[1] as u32 as u64) << 32).collect();
+    let all_oversub = all.chunks(3).all(|v| v[2] != 0);
     let mut e = st.fab.engine();
     if offs.contains(&0) {
         // Somebody's pool is full: everybody falls back; nobody will read this area.
@@ -242,7 +251,7 @@ fn setup_inner(st: &mut State, ci: usize) -> R<Option<Box<Area>>> {
             }
         }
     }
-    Ok(Some(Box::new(Area { seq: 0, me, world, areas, known_done: 0 })))
+    Ok(Some(Box::new(Area { seq: 0, me, world, areas, known_done: 0, all_oversub })))
 }
 
 /// Drop this rank's references to a communicator's areas (MPI_Comm_free): readers decrement each
