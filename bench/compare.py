@@ -38,7 +38,7 @@ import sys
 
 OURS = "vmfabric"
 DISPLAY = {"vmfabric": "vmfabric", "vmfabric-mpi": "vmfabric (MPI)", "vmfabric-hosts": "vmfabric (2 emulated hosts)", "mpich": "MPICH", "openmpi": "Open MPI",
-           "cacheline": "cache-line floor", "kernel-floor": "kernel TCP floor (bare sockets, reference)"}
+           "cacheline": "cache-line floor", "kernel-floor": "bare sockets, busy recv (reference)"}
 IMPL_ORDER = ["vmfabric", "vmfabric-mpi", "mpich", "openmpi"]
 BENCH_ORDER = ["latency", "bw", "bibw"]
 BANDWIDTH_BENCHES = ("bw", "bibw")
@@ -218,7 +218,7 @@ def analyse(bench, impl_rows):
     metric, lower = pick_metric(impl_rows)
     impls = order_impls(list(impl_rows))
     ours = pick_ours(impls)
-    # Reference rows (the bare-socket kernel floor) are shown, never compared against.
+    # Reference rows (a bare-socket ping-pong with no message layer) are shown, never compared against.
     others = [i for i in impls if not i.startswith(OURS) and not i.startswith("kernel")]
     sizes = sorted({s for rows in impl_rows.values() for s in rows})
     table = []

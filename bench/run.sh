@@ -345,8 +345,8 @@ fi
 if [ "${BENCH_HOSTS:-1}" != 0 ] && [ "$(id -u)" = 0 ]; then
     TSZ="8,1024,65536,1048576"
     # Latency and bandwidth over TCP, interleaved in BENCH_TCP_ROUNDS rounds (the VM changes speed within minutes, so only
-    # ratios within a round are compared): the bare-socket floor of this kernel (a reference row: what no
-    # TCP message layer can beat), vmfabric over TCP on one host (VMF_SHM=0: the same kernel path as Open
+    # ratios within a round are compared): a bare-socket busy-recv ping-pong (a reference row: the kernel
+    # path with no message layer), vmfabric over TCP on one host (VMF_SHM=0: the same kernel path as Open
     # MPI's TCP BTL), and Open MPI's TCP BTL.
     for round in $(seq 1 "${BENCH_TCP_ROUNDS:-3}"); do
         if [ -x "$BUILD/tcp_floor" ]; then

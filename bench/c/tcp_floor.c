@@ -1,7 +1,9 @@
 /*
- * tcp_floor.c -- the kernel's TCP ping-pong floor on this machine: two processes, one loopback TCP
- * connection (TCP_NODELAY), each side busy-polls recv(MSG_DONTWAIT) and answers with one send. No
- * message layer at all, so no TCP transport can beat it; bench/run.sh prints it next to the TCP tables.
+ * tcp_floor.c -- a bare-socket TCP ping-pong on this machine: two processes, one loopback TCP connection
+ * (TCP_NODELAY), each side busy-polls recv(MSG_DONTWAIT) and answers with one send. No message layer at
+ * all: a reference for what the kernel path costs (not a strict floor: busy recv contends for the socket
+ * lock with loopback delivery, and in some runs an epoll-driven reader does better). bench/run.sh prints
+ * it next to the TCP tables.
  *
  *   tcp_floor [--sizes 8,1024] [--iters N] [--json FILE]
  *
