@@ -105,6 +105,40 @@ int main(int argc, char **argv)
     MPI_Ineighbor_allgather(&R, 1, MPI_INT, ag, 1, MPI_INT, g, &rq);
     MPI_Wait(&rq, MPI_STATUS_IGNORE);
     CHECK(ag[0] == ins[0]);
+    /* persistent neighbor collectives (MPI 4.0): set up once, started with new data each time */
+    {
+        MPI_Request pr[5];
+        int val = 0, pag[2], pav[2], pa2a[2], pv[2], pw[2], psb[2];
+        MPI_Neighbor_allgather_init(&val, 1, MPI_INT, pag, 1, MPI_INT, g, MPI_INFO_NULL, &pr[0]);
+        MPI_Neighbor_allgatherv_init(&val, 1, MPI_INT, pav, rc, rd, MPI_INT, g, MPI_INFO_NULL, &pr[1]);
+        MPI_Neighbor_alltoall_init(psb, 1, MPI_INT, pa2a, 1, MPI_INT, g, MPI_INFO_NULL, &pr[2]);
+        MPI_Neighbor_alltoallv_init(psb, sc, sd, MPI_INT, pv, rc, rd, MPI_INT, g, MPI_INFO_NULL, &pr[3]);
+        MPI_Neighbor_alltoallw_init(psb, sc, sdb, ty, pw, rc, rdb, ty, g, MPI_INFO_NULL, &pr[4]);
+        for (int it = 0; it < 6; it++) {
+            val = R * 100 + it;
+            psb[0] = R * 1000 + it * 10 + 1;
+            psb[1] = R * 1000 + it * 10 + 2;
+            for (int k = 0; k < 2; k++) pag[k] = pav[k] = pa2a[k] = pv[k] = pw[k] = -1;
+            if (it % 2) {
+                MPI_Startall(5, pr);
+                MPI_Waitall(5, pr, MPI_STATUSES_IGNORE);
+            } else {
+                for (int k = 0; k < 5; k++) {
+                    MPI_Start(&pr[k]);
+                    MPI_Wait(&pr[k], MPI_STATUS_IGNORE);
+                }
+            }
+            CHECK(pag[0] == ins[0] * 100 + it && pag[1] == ins[1] * 100 + it);
+            CHECK(pav[1] == ins[0] * 100 + it && pav[0] == ins[1] * 100 + it);
+            if (N > 2) {
+                CHECK(pa2a[0] == ins[0] * 1000 + it * 10 + 1 && pa2a[1] == ins[1] * 1000 + it * 10 + 2);
+                CHECK(pv[1] == ins[0] * 1000 + it * 10 + 1 && pv[0] == ins[1] * 1000 + it * 10 + 2);
+                CHECK(pw[0] == ins[0] * 1000 + it * 10 + 1 && pw[1] == ins[1] * 1000 + it * 10 + 2);
+            }
+        }
+        for (int k = 0; k < 5; k++) MPI_Request_free(&pr[k]);
+        CHECK(pr[0] == MPI_REQUEST_NULL);
+    }
     MPI_Comm_free(&g);
     /* non-adjacent dist graph: rank 0 declares every edge i -> (i+1)%N */
     {

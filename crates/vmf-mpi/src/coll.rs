@@ -1279,8 +1279,20 @@ a2a_pair! {
 }
 
 macro_rules! nbr_pair {
-    ($( fn $name:ident / $pname:ident / $iname:ident / $piname:ident ( $($a:ident : $t:ty),* ) => |$st:ident, $ns:ident, $nd:ident, $comm:ident, $sb:ident, $rb:ident| $args:expr; )*) => {$(
+    ($( fn $name:ident / $pname:ident / $iname:ident / $piname:ident / $xname:ident / $pxname:ident ( $($a:ident : $t:ty),* ) => |$st:ident, $ns:ident, $nd:ident, $comm:ident, $sb:ident, $rb:ident| $args:expr; )*) => {$(
         mpi_api! {
+            // Persistent form (MPI 4.0): counts, displacements and neighbours are fixed now; every
+            // MPI_Start runs the same builder (coll/persistent.rs).
+            fn $xname / $pxname($($a: $t,)* $comm: MPI_Comm, info: MPI_Info, request: *mut MPI_Request) -> c_int {
+                let r = (|| -> R {
+                    let $st = state()?;
+                    let ci = $st.comm($comm)?.0;
+                    let ($ns, $nd) = neighbors($st, ci)?;
+                    let (sc, sd, stp, rc, rd, rt) = $args;
+                    persistent::init($comm, info, request, Box::new(neighbor_w($sb, sc, sd, stp, $rb, rc, rd, rt, $ns, $nd)))
+                })();
+                fin($comm, stringify!($xname), r)
+            }
             fn $name / $pname($($a: $t,)* $comm: MPI_Comm) -> c_int {
                 let r = (|| -> R {
                     let $st = state()?;
@@ -1308,31 +1320,31 @@ macro_rules! nbr_pair {
 }
 
 nbr_pair! {
-    fn MPI_Neighbor_allgather / PMPI_Neighbor_allgather / MPI_Ineighbor_allgather / PMPI_Ineighbor_allgather(sendbuf: *const c_void, sendcount: c_int, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcount: c_int, recvtype: MPI_Datatype)
+    fn MPI_Neighbor_allgather / PMPI_Neighbor_allgather / MPI_Ineighbor_allgather / PMPI_Ineighbor_allgather / MPI_Neighbor_allgather_init / PMPI_Neighbor_allgather_init(sendbuf: *const c_void, sendcount: c_int, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcount: c_int, recvtype: MPI_Datatype)
         => |st, ns, nd, comm, sendbuf, recvbuf| {
             let r = nbr_args(st, comm, recvcount, recvtype, std::ptr::null(), std::ptr::null(), None, false, ns.len(), true)?;
             let s = (vec![sendcount; nd.len()], vec![0isize; nd.len()], vec![sendtype; nd.len()]);
             six(s, r)
         };
-    fn MPI_Neighbor_allgatherv / PMPI_Neighbor_allgatherv / MPI_Ineighbor_allgatherv / PMPI_Ineighbor_allgatherv(sendbuf: *const c_void, sendcount: c_int, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcounts: *const c_int, displs: *const c_int, recvtype: MPI_Datatype)
+    fn MPI_Neighbor_allgatherv / PMPI_Neighbor_allgatherv / MPI_Ineighbor_allgatherv / PMPI_Ineighbor_allgatherv / MPI_Neighbor_allgatherv_init / PMPI_Neighbor_allgatherv_init(sendbuf: *const c_void, sendcount: c_int, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcounts: *const c_int, displs: *const c_int, recvtype: MPI_Datatype)
         => |st, ns, nd, comm, sendbuf, recvbuf| {
             let r = nbr_args(st, comm, 0, recvtype, recvcounts, displs, None, false, ns.len(), false)?;
             let s = (vec![sendcount; nd.len()], vec![0isize; nd.len()], vec![sendtype; nd.len()]);
             six(s, r)
         };
-    fn MPI_Neighbor_alltoall / PMPI_Neighbor_alltoall / MPI_Ineighbor_alltoall / PMPI_Ineighbor_alltoall(sendbuf: *const c_void, sendcount: c_int, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcount: c_int, recvtype: MPI_Datatype)
+    fn MPI_Neighbor_alltoall / PMPI_Neighbor_alltoall / MPI_Ineighbor_alltoall / PMPI_Ineighbor_alltoall / MPI_Neighbor_alltoall_init / PMPI_Neighbor_alltoall_init(sendbuf: *const c_void, sendcount: c_int, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcount: c_int, recvtype: MPI_Datatype)
         => |st, ns, nd, comm, sendbuf, recvbuf| {
             let r = nbr_args(st, comm, recvcount, recvtype, std::ptr::null(), std::ptr::null(), None, false, ns.len(), true)?;
             let s = nbr_args(st, comm, sendcount, sendtype, std::ptr::null(), std::ptr::null(), None, false, nd.len(), true)?;
             six(s, r)
         };
-    fn MPI_Neighbor_alltoallv / PMPI_Neighbor_alltoallv / MPI_Ineighbor_alltoallv / PMPI_Ineighbor_alltoallv(sendbuf: *const c_void, sendcounts: *const c_int, sdispls: *const c_int, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcounts: *const c_int, rdispls: *const c_int, recvtype: MPI_Datatype)
+    fn MPI_Neighbor_alltoallv / PMPI_Neighbor_alltoallv / MPI_Ineighbor_alltoallv / PMPI_Ineighbor_alltoallv / MPI_Neighbor_alltoallv_init / PMPI_Neighbor_alltoallv_init(sendbuf: *const c_void, sendcounts: *const c_int, sdispls: *const c_int, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcounts: *const c_int, rdispls: *const c_int, recvtype: MPI_Datatype)
         => |st, ns, nd, comm, sendbuf, recvbuf| {
             let r = nbr_args(st, comm, 0, recvtype, recvcounts, rdispls, None, false, ns.len(), false)?;
             let s = nbr_args(st, comm, 0, sendtype, sendcounts, sdispls, None, false, nd.len(), false)?;
             six(s, r)
         };
-    fn MPI_Neighbor_alltoallw / PMPI_Neighbor_alltoallw / MPI_Ineighbor_alltoallw / PMPI_Ineighbor_alltoallw(sendbuf: *const c_void, sendcounts: *const c_int, sdispls: *const MPI_Aint, sendtypes: *const MPI_Datatype, recvbuf: *mut c_void, recvcounts: *const c_int, rdispls: *const MPI_Aint, recvtypes: *const MPI_Datatype)
+    fn MPI_Neighbor_alltoallw / PMPI_Neighbor_alltoallw / MPI_Ineighbor_alltoallw / PMPI_Ineighbor_alltoallw / MPI_Neighbor_alltoallw_init / PMPI_Neighbor_alltoallw_init(sendbuf: *const c_void, sendcounts: *const c_int, sdispls: *const MPI_Aint, sendtypes: *const MPI_Datatype, recvbuf: *mut c_void, recvcounts: *const c_int, rdispls: *const MPI_Aint, recvtypes: *const MPI_Datatype)
         => |st, ns, nd, comm, sendbuf, recvbuf| {
             let _ = st.comm(comm)?;
             let rc = arr_i(recvcounts, ns.len())?;

@@ -21,7 +21,7 @@ pub(crate) struct PColl {
 }
 
 /// Create the inactive request for a persistent collective on `comm`.
-unsafe fn init(comm: MPI_Comm, info: MPI_Info, request: *mut MPI_Request, build: Builder) -> R {
+pub(crate) unsafe fn init(comm: MPI_Comm, info: MPI_Info, request: *mut MPI_Request, build: Builder) -> R {
     let st = state()?;
     let (ci, _) = st.comm(comm)?;
     if request.is_null() {
