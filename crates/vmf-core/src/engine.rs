@@ -788,7 +788,10 @@ impl Engine {
         for polls in 1..=4096u32 {
             let inc = match self.shm.as_mut().unwrap().poll_peer(peer) {
                 Ok(i) => i,
-                Err(e) => return Err(self.terr(peer, Op::Recv, e)),
+                Err(e) => {
+                    let e = self.terr(peer, Op::Recv, e);
+                    return self.latch(Err(e));
+                }
             };
             let Some(inc) = inc else {
                 if polls % 32 == 0 {
@@ -823,13 +826,7 @@ impl Engine {
             let payload = unsafe { slice(inc.payload_ptr(), inc.len()) };
             let r = self.handle(peer, &h, payload, 0);
             self.shm.as_mut().unwrap().release(inc);
-            if let Err(e) = r {
-                if matches!(e, Error::Transport { .. } | Error::PeerDead { .. }) {
-                    self.fatal = Some(e.clone());
-                }
-                return Err(e);
-            }
-            return Ok(None);
+            return self.latch(r).map(|()| None);
         }
         Ok(None)
     }
@@ -1317,6 +1314,11 @@ impl Engine {
             return Err(e.clone());
         }
         let r = self.progress_inner();
+        self.latch(r)
+    }
+
+    /// Remember a transport failure or a dead peer as fatal: every later call reports it.
+    fn latch<T>(&mut self, r: Result<T>) -> Result<T> {
         if let Err(e) = &r {
             if matches!(e, Error::Transport { .. } | Error::PeerDead { .. }) {
                 self.fatal = Some(e.clone());
