@@ -123,6 +123,30 @@ int main(int argc, char **argv)
     MPI_Allreduce(&R, &mx, 1, MPI_INT, MPI_MAX, ic);
     CHECK(mx == W(1 - par, rsize - 1));
 
+    /* Reduce_scatter: the other group's vectors (12 elements in both groups) reduced, then scattered
+     * over this group by this group's counts */
+    {
+        long rv[12], rr[12];
+        int cnts[64], off = 0;
+        for (int i = 0; i < lsize; i++) cnts[i] = 12 / lsize + (i < 12 % lsize);
+        for (int i = 0; i < lr; i++) off += cnts[i];
+        for (int j = 0; j < 12; j++) rv[j] = R * 100 + j;
+        for (int j = 0; j < 12; j++) rr[j] = -1;
+        MPI_Reduce_scatter(rv, rr, cnts, MPI_LONG, MPI_SUM, ic);
+        for (int j = 0; j < cnts[lr]; j++) {
+            long w = 0;
+            for (int i = 0; i < rsize; i++) w += W(1 - par, i) * 100 + off + j;
+            CHECK(rr[j] == w);
+        }
+        CHECK(cnts[lr] == 12 || rr[cnts[lr]] == -1);
+        /* Reduce_scatter_block: block = the remote group's size, so both groups reduce lsize*rsize elements */
+        long bv[64 * 64], br[64];
+        int blk = rsize;
+        for (int j = 0; j < lsize * blk; j++) bv[j] = R + 1000 * j;
+        MPI_Reduce_scatter_block(bv, br, blk, MPI_LONG, MPI_MAX, ic);
+        for (int j = 0; j < blk; j++) CHECK(br[j] == W(1 - par, rsize - 1) + 1000 * (lr * blk + j));
+    }
+
     /* Allgather: the remote group's blocks in remote rank order */
     int ag[2 * 64];
     int mine[2] = {R * 10, R * 10 + 1};

@@ -994,10 +994,10 @@ unsafe fn alltoall(sbuf: *const c_void, scount: c_int, stype: MPI_Datatype, rbuf
 
 unsafe fn reduce_scatter(sbuf: *const c_void, rbuf: *mut c_void, rcounts: Option<*const c_int>, rcount: c_int, dt: MPI_Datatype, op: MPI_Op) -> impl FnMut(&mut State, &mut Sched, &Ctx) -> R {
     move |st, s, c| {
-        if c.inter.is_some() {
-            return err(MPI_ERR_COMM, "MPI_Reduce_scatter(_block) is not implemented on intercommunicators");
-        }
         let counts = match rcounts { Some(p) => arr_i(p, c.n)?, None => vec![rcount; c.n] };
+        if let Some(x) = &c.inter {
+            return inter::reduce_scatter(st, s, c, x, sbuf, rbuf, &counts, dt, op);
+        }
         let total: c_int = counts.iter().sum();
         let packed = red_packed(st, op, dt, total)?;
         let (red, cnt) = match packed {

@@ -10,7 +10,9 @@
 //! reduce: the root reduces the contributions in rank order, so non-commutative ops work); allgather and
 //! all-to-all exchange directly between every pair of processes of the two groups; allreduce reduces each
 //! group at its rank 0 (in rank order), the two leaders swap their results and broadcast the other
-//! group's to their group; barrier gathers each group at its rank 0, the leaders swap, and release.
+//! group's to their group; reduce_scatter reduces each group at its rank 0 the same way, and each leader
+//! scatters the other group's result over its group; barrier gathers each group at its rank 0, the
+//! leaders swap, and release.
 //! MPI_IN_PLACE is not allowed on intercommunicators (MPI_ERR_ARG).
 use super::*;
 use crate::intercomm::MPI_ROOT;
@@ -153,6 +155,58 @@ pub(super) unsafe fn allreduce(st: &mut State, s: &mut Sched, c: &Ctx, x: &[usiz
     for k in 1..n {
         s.send(c.w(k), rp, bytes);
     }
+    s.wait();
+    Ok(())
+}
+
+/// Reduce_scatter(_block): each group's vectors (sum of `counts` elements, the same total in both groups)
+/// are reduced in rank order at the group's rank 0; the leaders swap their results, and each scatters the
+/// other group's result over its own group by `counts` (this rank gets `counts[me]` elements).
+pub(super) unsafe fn reduce_scatter(st: &mut State, s: &mut Sched, c: &Ctx, x: &[usize], sbuf: *const c_void, rbuf: *mut c_void, counts: &[c_int], dt: MPI_Datatype, op: MPI_Op) -> R {
+    no_in_place(sbuf)?;
+    if let Some(&bad) = counts.iter().find(|&&k| k < 0) {
+        return err(MPI_ERR_COUNT, format!("receive count {bad} is negative"));
+    }
+    let total: c_int = counts.iter().sum();
+    let (red, cnt) = red_of(st, op, dt, total)?;
+    let per = if total > 0 { red.elem * (cnt / total as usize) } else { 0 };
+    let bytes = red_bytes(&red, cnt);
+    let mine = counts[c.me] as usize * per;
+    if (bytes > 0 && sbuf.is_null()) || (mine > 0 && rbuf.is_null()) {
+        return err(MPI_ERR_BUFFER, "NULL buffer");
+    }
+    let (sp, rp) = (sbuf as *const u8, rbuf as *mut u8);
+    if c.me != 0 {
+        s.send(c.w(0), sp, bytes);
+        s.recv(c.w(0), rp, mine);
+        s.wait();
+        return Ok(());
+    }
+    let n = c.n;
+    let all = s.tmp(bytes * n);
+    let blk = |k: usize| all.wrapping_add(k * bytes);
+    for k in 1..n {
+        s.recv(c.w(k), blk(k), bytes);
+    }
+    s.wait();
+    s.copy(sp, blk(0), bytes);
+    let acc = s.tmp(bytes);
+    s.copy(blk(n - 1), acc, bytes);
+    for k in (0..n - 1).rev() {
+        s.reduce(red, blk(k), acc, cnt);
+    }
+    // The other group's result; then its segments to this group's ranks.
+    let other = s.tmp(bytes);
+    s.recv(x[0] as i64, other, bytes);
+    s.send(x[0] as i64, acc, bytes);
+    s.wait();
+    let mut off = counts[0] as usize * per;
+    for (k, &ck) in counts.iter().enumerate().skip(1) {
+        let len = ck as usize * per;
+        s.send(c.w(k), other.wrapping_add(off), len);
+        off += len;
+    }
+    s.copy(other, rp, mine);
     s.wait();
     Ok(())
 }
