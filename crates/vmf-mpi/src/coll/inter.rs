@@ -121,6 +121,27 @@ pub(super) unsafe fn reduce(st: &mut State, s: &mut Sched, x: &[usize], sbuf: *c
     }
 }
 
+/// At a group's rank 0: receive every local contribution, reduce them all (`sp` is the leader's own) in
+/// rank order, and swap the result with the remote leader, whose group's result lands in `into`.
+unsafe fn leader_swap(s: &mut Sched, c: &Ctx, x: &[usize], sp: *const u8, into: *mut u8, red: Red, cnt: usize) {
+    let (n, bytes) = (c.n, red_bytes(&red, cnt));
+    let all = s.tmp(bytes * n);
+    let blk = |k: usize| all.wrapping_add(k * bytes);
+    for k in 1..n {
+        s.recv(c.w(k), blk(k), bytes);
+    }
+    s.wait();
+    s.copy(sp, blk(0), bytes);
+    let acc = s.tmp(bytes);
+    s.copy(blk(n - 1), acc, bytes);
+    for k in (0..n - 1).rev() {
+        s.reduce(red, blk(k), acc, cnt);
+    }
+    s.recv(x[0] as i64, into, bytes);
+    s.send(x[0] as i64, acc, bytes);
+    s.wait();
+}
+
 pub(super) unsafe fn allreduce(st: &mut State, s: &mut Sched, c: &Ctx, x: &[usize], sbuf: *const c_void, rbuf: *mut c_void, count: c_int, dt: MPI_Datatype, op: MPI_Op) -> R {
     no_in_place(sbuf)?;
     let (red, cnt) = red_of(st, op, dt, count)?;
@@ -135,24 +156,9 @@ pub(super) unsafe fn allreduce(st: &mut State, s: &mut Sched, c: &Ctx, x: &[usiz
         s.wait();
         return Ok(());
     }
-    // leader: reduce the local group in rank order, swap with the remote leader, broadcast
-    let n = c.n;
-    let all = s.tmp(bytes * n);
-    let blk = |k: usize| all.wrapping_add(k * bytes);
-    for k in 1..n {
-        s.recv(c.w(k), blk(k), bytes);
-    }
-    s.wait();
-    s.copy(sp, blk(0), bytes);
-    let acc = s.tmp(bytes);
-    s.copy(blk(n - 1), acc, bytes);
-    for k in (0..n - 1).rev() {
-        s.reduce(red, blk(k), acc, cnt);
-    }
-    s.recv(x[0] as i64, rp, bytes);
-    s.send(x[0] as i64, acc, bytes);
-    s.wait();
-    for k in 1..n {
+    // leader: the other group's result into rbuf, then broadcast it
+    leader_swap(s, c, x, sp, rp, red, cnt);
+    for k in 1..c.n {
         s.send(c.w(k), rp, bytes);
     }
     s.wait();
@@ -182,24 +188,9 @@ pub(super) unsafe fn reduce_scatter(st: &mut State, s: &mut Sched, c: &Ctx, x: &
         s.wait();
         return Ok(());
     }
-    let n = c.n;
-    let all = s.tmp(bytes * n);
-    let blk = |k: usize| all.wrapping_add(k * bytes);
-    for k in 1..n {
-        s.recv(c.w(k), blk(k), bytes);
-    }
-    s.wait();
-    s.copy(sp, blk(0), bytes);
-    let acc = s.tmp(bytes);
-    s.copy(blk(n - 1), acc, bytes);
-    for k in (0..n - 1).rev() {
-        s.reduce(red, blk(k), acc, cnt);
-    }
     // The other group's result; then its segments to this group's ranks.
     let other = s.tmp(bytes);
-    s.recv(x[0] as i64, other, bytes);
-    s.send(x[0] as i64, acc, bytes);
-    s.wait();
+    leader_swap(s, c, x, sp, other, red, cnt);
     let mut off = counts[0] as usize * per;
     for (k, &ck) in counts.iter().enumerate().skip(1) {
         let len = ck as usize * per;
