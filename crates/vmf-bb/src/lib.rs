@@ -17,6 +17,7 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod duplex;
 pub mod ring;
 pub mod segment;
 

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use thiserror::Error;
 
 /// Bytes of the control block that precedes the data area.
-pub const RING_CTL_SIZE: usize = 256;
+pub const RING_CTL_SIZE: usize = 384;
 /// Records are aligned to this many bytes.
 pub const REC_ALIGN: u64 = 64;
 /// Bytes of the record header (stamp, length, flags).
@@ -45,6 +45,9 @@ pub struct RingCtl {
     /// Set by the consumer before it sleeps (used by the progress engine's blocking wait).
     pub consumer_sleeping: AtomicU32,
     _p1: [u8; 116],
+    /// Room for the pair's [`crate::duplex`] box (the transport uses the one in the ring from the lower
+    /// rank to the higher); zeroed by [`Ring::init`].
+    _duplex: [u8; crate::duplex::DUPLEX_SIZE],
 }
 const _: () = assert!(std::mem::size_of::<RingCtl>() == RING_CTL_SIZE);
 
@@ -82,6 +85,14 @@ pub enum RingError {
 pub struct Ring;
 
 impl Ring {
+    /// The duplex-box area inside the control block of the ring at `base`.
+    ///
+    /// # Safety
+    /// `base` must point to a ring's control block.
+    pub unsafe fn duplex_area(base: *mut u8) -> *mut u8 {
+        base.add(std::mem::offset_of!(RingCtl, _duplex))
+    }
+
     /// Initialise the control block of a fresh ring (all bytes zero) with its capacity.
     ///
     /// # Safety
@@ -120,7 +131,7 @@ impl Ring {
         if tail % REC_ALIGN != 0 {
             return Err(RingError::BadTail { tail, head: 0, capacity });
         }
-        Ok(Consumer { ctl, data: base.add(RING_CTL_SIZE), cap: capacity, tail })
+        Ok(Consumer { ctl, data: base.add(RING_CTL_SIZE), cap: capacity, tail, done: tail })
     }
 }
 
@@ -281,6 +292,8 @@ pub struct Consumer {
     data: *mut u8,
     cap: u64,
     tail: u64,
+    /// Position after the last record released (padding skipped since then not included).
+    done: u64,
 }
 
 // SAFETY: a Consumer is the unique reader of its ring.
@@ -324,9 +337,15 @@ impl Consumer {
         self.cap
     }
 
-    /// Bytes consumed so far.
+    /// Bytes consumed so far (including padding skipped by [`Consumer::peek`]).
     pub fn tail(&self) -> u64 {
         self.tail
+    }
+
+    /// Position just after the last record released; `done..tail` is padding only. A producer position
+    /// taken anywhere in that span lies between the same two records.
+    pub fn done(&self) -> u64 {
+        self.done
     }
 
     /// The shared control block.
@@ -365,6 +384,7 @@ impl Consumer {
     pub fn release(&mut self, rec: ReadRecord) {
         let off = self.tail & (self.cap - 1);
         self.consume(off, rec.rec);
+        self.done = self.tail;
     }
 
     #[inline(always)]

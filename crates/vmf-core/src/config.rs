@@ -21,6 +21,7 @@ pub const PARAMS: &[Param] = &[
     Param { name: "SHM_EAGER_LIMIT", default: "64K", doc: "largest message (bytes) copied through the ring; larger ones use rendezvous" },
     Param { name: "SHM_RING_SIZE", default: "1M", doc: "largest ring (bytes) per ordered pair of co-resident ranks; shrunk to fit SHM_BUDGET" },
     Param { name: "SHM_BUDGET", default: "48M", doc: "ring memory per host region (bytes); rings get min(SHM_RING_SIZE, budget / pairs), at least 64K" },
+    Param { name: "SHM_DUPLEX", default: "1", doc: "1: besides the rings, each pair of co-resident ranks shares one duplex box (a 128-byte area written in turn) that carries packets up to 104 bytes, so a request and its reply share one cache line; jobs on emulated hosts (where ranks can migrate) never use it; every rank must agree" },
     Param { name: "SHM_CMA", default: "1", doc: "1: large messages by a single process_vm_readv copy where the kernel allows; 0: pipelined copy through the region (the path between VMs)" },
     Param { name: "SHM_CMA_MIN", default: "auto", doc: "smallest rendezvous message (bytes) moved by single copy when SHM_CMA=1; auto: every rendezvous message when this host's ranks outnumber its CPUs, else none (the pipelined copy measured faster)" },
     Param { name: "SHM_CHUNK", default: "64K", doc: "chunk size (bytes) of the pipelined rendezvous copy" },
@@ -95,6 +96,8 @@ pub struct Config {
     pub shm_budget: u64,
     /// SHM_CMA.
     pub shm_cma: bool,
+    /// SHM_DUPLEX.
+    pub shm_duplex: bool,
     /// SHM_CMA_MIN (None = auto).
     pub shm_cma_min: Option<usize>,
     /// SHM_CHUNK.
@@ -201,6 +204,7 @@ impl Config {
             shm_ring_size: ring,
             shm_budget: size("SHM_BUDGET", 1 << 20, 1 << 40)?,
             shm_cma: flag("SHM_CMA")?,
+            shm_duplex: flag("SHM_DUPLEX")?,
             shm_pool: size("SHM_POOL", 0, 1 << 40)?,
             shm_coll: flag("SHM_COLL")?,
             shm_cma_min: if get("SHM_CMA_MIN") == "auto" {

@@ -785,7 +785,7 @@ impl Engine {
         if queued(self) {
             return Ok(None);
         }
-        for polls in 1..=4096u32 {
+        for polls in 1..=16384u32 {
             let inc = match self.shm.as_mut().unwrap().poll_peer(peer) {
                 Ok(i) => i,
                 Err(e) => {
@@ -794,7 +794,7 @@ impl Engine {
                 }
             };
             let Some(inc) = inc else {
-                if polls % 32 == 0 {
+                if polls % 512 == 0 {
                     self.progress()?;
                     if queued(self) || !self.posted.is_empty() {
                         return Ok(None);

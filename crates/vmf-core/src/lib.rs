@@ -250,6 +250,8 @@ impl Fabric {
             }
             let ring = cfg.ring_size_for(local.len() + 1);
             let mut t = ShmTransport::new(reg.clone(), rank, idx, size, ring);
+            // Duplex boxes are never carried over when a rank re-attaches, so not where ranks can migrate.
+            t.set_duplex(cfg.shm_duplex && std::env::var_os("VMF_HOSTS_TABLE").is_none());
             for (r, li) in local {
                 t.add_peer(r, li).map_err(|e| setup(rank, e))?;
             }

@@ -16,6 +16,8 @@ pub enum Scenario {
     CorruptTail,
     /// Rank 0 corrupts a record length in its ring to rank 1; rank 1 must get an error.
     CorruptRecord,
+    /// Rank 0 corrupts the length of the record it left in the pair's duplex box; rank 1 must get an error.
+    CorruptBox,
     /// Rank 1 dies (exit code 7) while rank 0 waits for it.
     Die,
     /// Rank 1 kills itself with SIGKILL while rank 0 waits for it.
@@ -82,6 +84,7 @@ pub fn run(a: SelftestArgs) -> i32 {
         Scenario::Bidir => bidir(&f),
         Scenario::CorruptTail => corrupt_tail(&f),
         Scenario::CorruptRecord => corrupt_record(&f),
+        Scenario::CorruptBox => corrupt_record_or_box(&f, true),
         Scenario::Die | Scenario::Kill => {
             if f.rank() == 1 {
                 std::thread::sleep(Duration::from_millis(200));
@@ -400,21 +403,38 @@ fn corrupt_tail(f: &Fabric) -> Result<(), Error> {
 }
 
 fn corrupt_record(f: &Fabric) -> Result<(), Error> {
+    corrupt_record_or_box(f, false)
+}
+
+/// Rank 0 sends one message to rank 1 and then corrupts its length: in the ring (a message too large for
+/// the duplex box) or in the duplex box (an 8-byte message; rank 0, the lower rank, holds the pair's box in
+/// its ring's control block).
+fn corrupt_record_or_box(f: &Fabric, in_box: bool) -> Result<(), Error> {
+    let n = if in_box { 8 } else { 200 };
     if f.rank() == 0 {
         let ctl = ring_ctl(f, 1)?;
-        f.send(&[1u8; 8], 1, 0)?;
-        // SAFETY: head at ctl+0, capacity at ctl+8, data at ctl+256; the 8-byte message is a 64-byte record.
+        // SAFETY: head at ctl+0 and capacity at ctl+8 (RingCtl), data after RING_CTL_SIZE bytes; the box
+        // starts with its counter (8 bytes) and the record length (4 bytes).
         unsafe {
             let head = *(ctl as *const u64);
-            let cap = *(ctl.add(8) as *const u64);
-            let rec = ctl.add(256 + ((head - 64) & (cap - 1)) as usize);
-            *(rec.add(8) as *mut u32) = 0xFFFF_0000;
+            f.send(&[1u8; 200][..n], 1, 0)?;
+            if in_box {
+                let dx = vmf_bb::ring::Ring::duplex_area(ctl);
+                if *(dx as *const u64) != 1 {
+                    die(f, "the 8-byte message did not go through the duplex box".into());
+                }
+                *(dx.add(8) as *mut u32) = 0xFFFF_0000;
+            } else {
+                let cap = *(ctl.add(8) as *const u64);
+                let rec = ctl.add(vmf_bb::ring::RING_CTL_SIZE + (head & (cap - 1)) as usize);
+                *(rec.add(8) as *mut u32) = 0xFFFF_0000;
+            }
         }
         return Ok(());
     }
     if f.rank() == 1 {
         std::thread::sleep(Duration::from_millis(300));
-        let mut b = [0u8; 8];
+        let mut b = [0u8; 200];
         match f.recv(&mut b, Source::Rank(0), TagSel::Any) {
             Err(e) if e.to_string().contains("corrupt") => {
                 println!("rank 1 detected: {e}");

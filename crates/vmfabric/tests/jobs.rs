@@ -167,6 +167,18 @@ fn corrupted_consumer_index_is_an_error_not_a_hang() {
 }
 
 #[test]
+fn corrupted_duplex_box_is_an_error_not_a_crash() {
+    let d = Dir::new("cbox");
+    let o = job(&d, 2, &["selftest", "corrupt-box"], &[]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "stdout: {out}\nstderr: {err}");
+    assert!(
+        out.contains("rank 1 detected") && out.contains("duplex box record claims"),
+        "{out}"
+    );
+}
+
+#[test]
 fn corrupted_record_is_an_error_not_a_crash() {
     let d = Dir::new("crec");
     let o = job(&d, 2, &["selftest", "corrupt-record"], &[]);

@@ -21,6 +21,7 @@ use region::Region;
 use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use vmf_bb::duplex::{BoxRecord, DuplexEnd, DuplexError, DUPLEX_MAX_BODY};
 use vmf_bb::ring::{Consumer, Producer, ReadRecord, Ring, RingError, RING_CTL_SIZE};
 use vmf_pal::process::ProcessId;
 
@@ -28,6 +29,8 @@ struct ShmPeer {
     local: u32,
     tx: Option<Producer>,
     rx: Option<Consumer>,
+    /// The pair's duplex box (in the control block of the ring from the lower rank to the higher).
+    dx: Option<DuplexEnd>,
     proc_id: ProcessId,
     same_kernel: bool,
 }
@@ -58,6 +61,17 @@ pub struct ShmTransport {
     /// Datagram socket (abstract namespace) a rank sleeping in epoll is woken through.
     db_sock: Option<std::os::unix::net::UnixDatagram>,
     job: u64,
+    /// Use duplex boxes for small packets (see [`ShmTransport::set_duplex`]).
+    duplex: bool,
+}
+
+/// Where a packet handed out by [`ShmTransport`] lives, until it is released.
+#[derive(Debug)]
+pub enum ShmToken {
+    /// A ring record.
+    Ring(ReadRecord),
+    /// The pair's duplex box.
+    Box(BoxRecord),
 }
 
 const SLEEP_FUTEX: u32 = 1;
@@ -65,6 +79,20 @@ const SLEEP_SOCKET: u32 = 2;
 
 fn doorbell_name(job: u64, rank: usize) -> String {
     format!("vmf-{job:016x}-{rank}")
+}
+
+fn corrupt_box(peer: usize, e: DuplexError) -> TransportError {
+    TransportError::Corrupt {
+        peer,
+        what: e.to_string(),
+    }
+}
+
+fn box_misplaced(peer: usize, pos: u64, tail: u64) -> TransportError {
+    TransportError::Corrupt {
+        peer,
+        what: format!("duplex box record placed at ring position {pos} but the ring is at {tail}"),
+    }
 }
 
 fn corrupt(peer: usize, e: RingError) -> TransportError {
@@ -97,6 +125,7 @@ impl ShmTransport {
             kernel: vmf_pal::process::kernel_id(),
             db_sock: None,
             job: 0,
+            duplex: false,
         }
     }
 
@@ -113,6 +142,7 @@ impl ShmTransport {
             local,
             tx: None,
             rx: None,
+            dx: None,
             proc_id,
             same_kernel,
         });
@@ -138,6 +168,14 @@ impl ShmTransport {
     /// This rank's slot index.
     pub fn local_index(&self) -> u32 {
         self.me_local
+    }
+
+    /// Use a duplex box per pair for packets of up to [`DUPLEX_MAX_BODY`] bytes (header included) besides
+    /// the rings: a request and its reply then share one cache line. Both ends of every pair must agree, and
+    /// the rings must be fresh (a box is never carried over to a re-attached ring), so the core enables it
+    /// only in jobs where no rank can migrate. Set before the first packet.
+    pub fn set_duplex(&mut self, on: bool) {
+        self.duplex = on;
     }
 
     /// Enable the sender-side check for sleeping receivers (needed when any rank may block). Every rank
@@ -242,7 +280,8 @@ impl ShmTransport {
         let local = self.peers[peer].as_ref().unwrap().local;
         let entry = self.region.pair(self.me_local, local)?;
         let off = entry.load(Ordering::Acquire);
-        let (base, cap) = if off != 0 {
+        let fresh = off == 0;
+        let (base, cap) = if !fresh {
             // Re-attaching to a ring this slot created before (restart of the transport object).
             self.region.ring_at(off, None)?
         } else {
@@ -255,7 +294,15 @@ impl ShmTransport {
         };
         // SAFETY: validated in bounds of the region, which the Arc keeps mapped.
         let p = unsafe { Ring::producer(base, cap) }.map_err(|e| corrupt(peer, e))?;
-        self.peers[peer].as_mut().unwrap().tx = Some(p);
+        let sp = self.peers[peer].as_mut().unwrap();
+        sp.tx = Some(p);
+        if self.duplex && fresh && self.me < peer {
+            // SAFETY: the control block of a ring we just initialised (box zeroed), mapped while the Arc lives.
+            sp.dx = Some(unsafe { DuplexEnd::new(Ring::duplex_area(base), true) });
+            if !self.rx_list.contains(&peer) {
+                self.rx_list.push(peer);
+            }
+        }
         Ok(())
     }
 
@@ -281,8 +328,15 @@ impl ShmTransport {
                     })?;
             // SAFETY: validated in bounds; this rank is the ring's only consumer.
             let c = unsafe { Ring::consumer(base, cap) }.map_err(|e| corrupt(peer, e))?;
-            self.peers[peer].as_mut().unwrap().rx = Some(c);
-            self.rx_list.push(peer);
+            let sp = self.peers[peer].as_mut().unwrap();
+            sp.rx = Some(c);
+            if self.duplex && peer < self.me {
+                // SAFETY: the box in the control block of the low end's ring, validated in bounds above.
+                sp.dx = Some(unsafe { DuplexEnd::new(Ring::duplex_area(base), false) });
+            }
+            if !self.rx_list.contains(&peer) {
+                self.rx_list.push(peer);
+            }
             self.undiscovered.swap_remove(i);
         }
         Ok(())
@@ -302,16 +356,11 @@ impl ShmTransport {
         d
     }
 
-    /// True if any incoming ring has a record (or a new ring appeared).
+    /// True if any incoming ring or duplex box has a record (or a new ring appeared).
     pub fn has_incoming(&self) -> bool {
         self.rx_list.iter().any(|&p| {
-            self.peers[p]
-                .as_ref()
-                .unwrap()
-                .rx
-                .as_ref()
-                .unwrap()
-                .has_data()
+            let sp = self.peers[p].as_ref().unwrap();
+            sp.rx.as_ref().is_some_and(|r| r.has_data()) || sp.dx.as_ref().is_some_and(|d| d.has_data())
         }) || self.undiscovered.iter().any(|&p| {
             let l = self.peers[p].as_ref().unwrap().local;
             self.region
@@ -336,30 +385,65 @@ impl ShmTransport {
     /// The next packet from `peer` only (a receiver waiting for one sender looks at one ring); `None`
     /// when there is none, or no ring from `peer` yet.
     #[inline]
-    pub fn poll_peer(&mut self, peer: usize) -> Result<Option<Incoming<ReadRecord>>, TransportError> {
+    pub fn poll_peer(&mut self, peer: usize) -> Result<Option<Incoming<ShmToken>>, TransportError> {
         if !self.undiscovered.is_empty() {
             self.discover()?;
         }
         self.peek_ring(peer)
     }
 
-    /// Look at the head record of the ring from `peer` and validate its header.
+    /// Look at the next packet from `peer` — the head record of its ring or the record in the pair's duplex
+    /// box, whichever it sent first — and validate its header.
     #[inline]
-    fn peek_ring(&mut self, peer: usize) -> Result<Option<Incoming<ReadRecord>>, TransportError> {
-        let Some(rx) = self.peers.get_mut(peer).and_then(|p| p.as_mut()).and_then(|p| p.rx.as_mut()) else {
+    fn peek_ring(&mut self, peer: usize) -> Result<Option<Incoming<ShmToken>>, TransportError> {
+        let Some(Some(sp)) = self.peers.get_mut(peer) else {
             return Ok(None);
         };
-        let Some(rec) = rx.peek().map_err(|e| corrupt(peer, e))? else {
-            return Ok(None);
+        // Ring first, box second: a sender that writes the box and then the ring has made the box visible
+        // to whoever sees the ring record, so this order never takes a later ring record for the next one.
+        let rec = match sp.rx.as_mut() {
+            Some(rx) => rx.peek().map_err(|e| corrupt(peer, e))?,
+            None => None,
         };
-        if rec.len() < HDR_SIZE {
+        let boxed = match sp.dx.as_ref() {
+            Some(d) => d.peek().map_err(|e| corrupt_box(peer, e))?,
+            None => None,
+        };
+        let (ptr, len, token) = match (boxed, rec) {
+            (None, None) => return Ok(None),
+            (None, Some(rec)) => (rec.ptr(), rec.len(), ShmToken::Ring(rec)),
+            // The box record goes after every ring record before its position `b.pos`, before the others.
+            (Some(b), rec) => match sp.rx.as_mut() {
+                None if b.pos != 0 => return Ok(None), // its ring is not discovered yet
+                None => (b.ptr, b.len, ShmToken::Box(b)),
+                Some(rx) => {
+                    // Ring records before `b.pos` were published before the box (acquired above): look
+                    // again if the first look came too early.
+                    let rec = match rec {
+                        None if rx.tail() < b.pos => rx.peek().map_err(|e| corrupt(peer, e))?,
+                        r => r,
+                    };
+                    // Padding does not order anything: the box is next when its position lies between the
+                    // last record released and the ring's current position.
+                    if rx.done() <= b.pos && b.pos <= rx.tail() {
+                        (b.ptr, b.len, ShmToken::Box(b))
+                    } else {
+                        match rec {
+                            Some(r) if rx.tail() < b.pos => (r.ptr(), r.len(), ShmToken::Ring(r)),
+                            _ => return Err(box_misplaced(peer, b.pos, rx.tail())),
+                        }
+                    }
+                }
+            },
+        };
+        if len < HDR_SIZE {
             return Err(TransportError::Corrupt {
                 peer,
-                what: format!("packet of {} bytes", rec.len()),
+                what: format!("packet of {len} bytes"),
             });
         }
-        // SAFETY: record validated to hold at least HDR_SIZE bytes inside the ring.
-        let hdr = unsafe { PktHeader::read_from(rec.ptr()) };
+        // SAFETY: record validated to hold at least HDR_SIZE bytes inside the ring or box.
+        let hdr = unsafe { PktHeader::read_from(ptr) };
         if hdr.src as usize != peer || Kind::from_u8(hdr.kind).is_none() {
             return Err(TransportError::Corrupt {
                 peer,
@@ -367,9 +451,8 @@ impl ShmTransport {
             });
         }
         // SAFETY: payload lies inside the validated record.
-        let payload = unsafe { rec.ptr().add(HDR_SIZE) };
-        let len = rec.len() - HDR_SIZE;
-        Ok(Some(Incoming::new(peer, hdr, payload, len, rec)))
+        let payload = unsafe { ptr.add(HDR_SIZE) };
+        Ok(Some(Incoming::new(peer, hdr, payload, len - HDR_SIZE, token)))
     }
 
     /// The slot of co-resident `peer`, if it is one.
@@ -441,7 +524,7 @@ impl ShmTransport {
 }
 
 impl Transport for ShmTransport {
-    type Token = ReadRecord;
+    type Token = ShmToken;
 
     fn name(&self) -> &'static str {
         "shm"
@@ -473,8 +556,20 @@ impl Transport for ShmTransport {
             self.create_tx(peer)?;
         }
         let p = self.peers[peer].as_mut().unwrap();
-        let tx = p.tx.as_mut().unwrap();
         let body = HDR_SIZE + a.len() + b.len();
+        if body <= DUPLEX_MAX_BODY {
+            if let Some(dx) = p.dx.as_mut() {
+                let pos = p.tx.as_ref().map_or(0, |t| t.head());
+                if dx.try_write(pos, &[hdr.as_bytes(), a, b]) {
+                    if self.wake != WakeMode::Off && p.same_kernel {
+                        let l = p.local;
+                        self.ring_doorbell(peer, l);
+                    }
+                    return Ok(true);
+                }
+            }
+        }
+        let tx = p.tx.as_mut().unwrap();
         if body > tx.max_body() {
             return Err(TransportError::TooLarge {
                 peer,
@@ -502,7 +597,7 @@ impl Transport for ShmTransport {
     }
 
     #[inline]
-    fn poll(&mut self) -> Result<Option<Incoming<ReadRecord>>, TransportError> {
+    fn poll(&mut self) -> Result<Option<Incoming<ShmToken>>, TransportError> {
         if !self.undiscovered.is_empty() {
             self.discover()?;
         }
@@ -519,10 +614,19 @@ impl Transport for ShmTransport {
     }
 
     #[inline]
-    fn release(&mut self, inc: Incoming<ReadRecord>) {
+    fn release(&mut self, inc: Incoming<ShmToken>) {
         if let Some(Some(p)) = self.peers.get_mut(inc.peer) {
-            if let Some(rx) = p.rx.as_mut() {
-                rx.release(inc.token);
+            match inc.token {
+                ShmToken::Ring(rec) => {
+                    if let Some(rx) = p.rx.as_mut() {
+                        rx.release(rec);
+                    }
+                }
+                ShmToken::Box(rec) => {
+                    if let Some(dx) = p.dx.as_mut() {
+                        dx.release(rec);
+                    }
+                }
             }
         }
     }
@@ -532,6 +636,84 @@ impl Transport for ShmTransport {
 mod tests {
     use super::region::{RegionSizing, RegionSource};
     use super::*;
+
+    fn pair_region(tag: &str) -> (std::path::PathBuf, Arc<Region>) {
+        let d = std::env::temp_dir().join(format!("vmf-shm-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        let sz = RegionSizing { max_local: 2, heap: 1 << 20, pool_per_slot: 0 };
+        let r = Region::open(&RegionSource::Dir(d.clone()), tag, sz, None, Duration::from_secs(1)).unwrap();
+        (d, Arc::new(r))
+    }
+
+    /// Both directions at once, through a small ring (so it fills and wraps) and the duplex box, with packet
+    /// sizes on both sides of the box's limit: every packet arrives once, intact and in order.
+    fn stress_both_directions(duplex: bool) {
+        let (d, r) = pair_region(if duplex { "dx" } else { "nodx" });
+        let (l0, l1) = (r.attach(0).unwrap(), r.attach(1).unwrap());
+        const N: u64 = 60_000;
+        let run = move |me: usize, mut t: ShmTransport| {
+            let peer = 1 - me;
+            let (mut next_tx, mut next_rx) = (0u64, 0u64);
+            let mut boxed = 0u64;
+            let size = |i: u64| -> usize { [0usize, 8, 24, 72, 73, 200, 1000][(i * 7 + i / 3) as usize % 7] };
+            let buf: Vec<u8> = (0..1000u32).map(|x| x as u8).collect();
+            while next_tx < N || next_rx < N {
+                if next_tx < N {
+                    let n = size(next_tx);
+                    let h = PktHeader::new(Kind::Eager, me as u32, 0, 0, next_tx, n as u64);
+                    let mut b = buf[..n].to_vec();
+                    if n >= 8 {
+                        b[..8].copy_from_slice(&next_tx.to_le_bytes());
+                    }
+                    if t.try_send(peer, &h, &[], &b).unwrap() {
+                        next_tx += 1;
+                    }
+                }
+                for _ in 0..3 {
+                    let Some(inc) = t.poll().unwrap() else { break };
+                    assert_eq!(inc.hdr.seq, next_rx, "rank {me}: out of order");
+                    let n = size(next_rx);
+                    let p = unsafe { inc.payload() };
+                    assert_eq!(p.len(), n);
+                    if n >= 8 {
+                        assert_eq!(u64::from_le_bytes(p[..8].try_into().unwrap()), next_rx);
+                        assert_eq!(&p[8..], &buf[8..n]);
+                    }
+                    if matches!(inc.token, ShmToken::Box(_)) {
+                        boxed += 1;
+                    }
+                    t.release(inc);
+                    next_rx += 1;
+                }
+            }
+            boxed
+        };
+        let mut t0 = ShmTransport::new(r.clone(), 0, l0, 2, 4096);
+        let mut t1 = ShmTransport::new(r.clone(), 1, l1, 2, 4096);
+        t0.set_duplex(duplex);
+        t1.set_duplex(duplex);
+        t0.add_peer(1, l1).unwrap();
+        t1.add_peer(0, l0).unwrap();
+        let h = std::thread::spawn(move || run(1, t1));
+        let b0 = run(0, t0);
+        let b1 = h.join().unwrap();
+        if duplex {
+            assert!(b0 > 0 && b1 > 0, "the box carried nothing ({b0}, {b1})");
+        } else {
+            assert_eq!(b0 + b1, 0);
+        }
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn both_directions_in_order_through_rings_and_duplex_box() {
+        stress_both_directions(true);
+    }
+
+    #[test]
+    fn both_directions_in_order_through_rings_alone() {
+        stress_both_directions(false);
+    }
 
     #[test]
     fn two_endpoints_in_one_process_exchange_works() {

@@ -25,8 +25,9 @@ use vmf_pal::process::ProcessId;
 
 /// "VMFREGN\0" little-endian.
 pub const REGION_MAGIC: u64 = u64::from_le_bytes(*b"VMFREGN\0");
-/// Layout version. 1 = initial layout; 2 = slots record their kernel id (to tell co-resident VMs apart).
-pub const LAYOUT_VERSION: u32 = 3;
+/// Layout version. 1 = initial layout; 2 = slots record their kernel id (to tell co-resident VMs apart);
+/// 3 = per-slot pool partitions; 4 = ring control blocks carry the pair's duplex box (384 bytes).
+pub const LAYOUT_VERSION: u32 = 4;
 /// Bytes reserved for the header.
 pub const HEADER_SIZE: u64 = 4096;
 /// Bytes per slot.
