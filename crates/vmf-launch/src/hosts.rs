@@ -54,6 +54,26 @@ fn ip(args: &[&str]) -> Result<(), String> {
     }
 }
 
+/// MTU of the emulated links when `VMF_HOSTS_MTU` is not set: the largest a veth takes, like loopback's
+/// 64 KiB, so TCP between emulated hosts moves the segments TCP on one host would (at 1500 bytes a 1 MiB
+/// transfer measured 2.0-2.1 GB/s here, at 65535 4.7-5.1 GB/s; the 8-byte latency does not change).
+pub const DEFAULT_MTU: u32 = 65535;
+
+/// The MTU to give the emulated links: `VMF_HOSTS_MTU`, else [`DEFAULT_MTU`].
+pub fn mtu_from_env() -> Result<u32, LaunchError> {
+    parse_mtu(std::env::var("VMF_HOSTS_MTU").ok().as_deref())
+}
+
+fn parse_mtu(v: Option<&str>) -> Result<u32, LaunchError> {
+    let Some(v) = v else { return Ok(DEFAULT_MTU) };
+    match v.trim().parse::<u32>() {
+        Ok(m) if (1280..=65535).contains(&m) => Ok(m),
+        _ => Err(LaunchError::InvalidOptions(format!(
+            "VMF_HOSTS_MTU={v} is not an MTU between 1280 and 65535"
+        ))),
+    }
+}
+
 /// Name prefix of a job's namespaces.
 pub fn netns_prefix(job: &str) -> String {
     format!("vmf-{job}-")
@@ -82,6 +102,7 @@ impl Topology {
                 "--hosts {n} is not within 1..=250"
             )));
         }
+        let mtu = mtu_from_env()?.to_string();
         let switch = format!("{}sw", netns_prefix(job));
         ip(&["netns", "add", &switch]).map_err(priv_err)?;
         let mut topo = Topology {
@@ -105,7 +126,9 @@ impl Topology {
                 format!("v{}h{i}", &job[..job.len().min(8)]),
                 format!("v{}s{i}", &job[..job.len().min(8)]),
             );
-            step(ip(&["link", "add", &a, "type", "veth", "peer", "name", &b]))?;
+            step(ip(&[
+                "link", "add", &a, "mtu", &mtu, "type", "veth", "peer", "name", &b, "mtu", &mtu,
+            ]))?;
             step(ip(&["link", "set", &a, "netns", &ns]))?;
             step(ip(&["link", "set", &b, "netns", &switch]))?;
             step(ip(&["-n", &switch, "link", "set", &b, "master", "br0"]))?;
@@ -178,6 +201,22 @@ pub fn remove_leftovers(job: &str, region_dir: &Path) {
             if name.starts_with(&format!("vmf-{job}-h")) && e.path().is_dir() {
                 let _ = std::fs::remove_dir_all(e.path());
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mtu_defaults_to_the_largest_and_rejects_nonsense() {
+        assert_eq!(parse_mtu(None).unwrap(), 65535);
+        assert_eq!(parse_mtu(Some("9000")).unwrap(), 9000);
+        assert_eq!(parse_mtu(Some(" 1500 ")).unwrap(), 1500);
+        for bad in ["", "jumbo", "0", "1279", "65536", "-1"] {
+            let e = parse_mtu(Some(bad)).unwrap_err().to_string();
+            assert!(e.contains("VMF_HOSTS_MTU") && e.contains("1280 and 65535"), "{bad}: {e}");
         }
     }
 }
