@@ -153,41 +153,30 @@ fn killed_rank_reports_signal() {
     assert!(d.files().is_empty());
 }
 
-#[test]
-fn corrupted_consumer_index_is_an_error_not_a_hang() {
-    let d = Dir::new("ctail");
-    let o = job(&d, 2, &["selftest", "corrupt-tail"], &[]);
+/// Run a 2-rank corruption scenario: the job must end cleanly, `detector` must print that it detected the
+/// corruption and the error must contain `what`; no region file may be left.
+fn corruption_is_detected(tag: &str, scenario: &str, detector: &str, what: &str) {
+    let d = Dir::new(tag);
+    let o = job(&d, 2, &["selftest", scenario], &[]);
     let (out, err) = text(&o);
     assert!(o.status.success(), "stdout: {out}\nstderr: {err}");
-    assert!(
-        out.contains("rank 0 detected") && out.contains("consumer index"),
-        "{out}"
-    );
+    assert!(out.contains(&format!("{detector} detected")) && out.contains(what), "{out}");
     assert!(d.files().is_empty());
 }
 
 #[test]
+fn corrupted_consumer_index_is_an_error_not_a_hang() {
+    corruption_is_detected("ctail", "corrupt-tail", "rank 0", "consumer index");
+}
+
+#[test]
 fn corrupted_duplex_box_is_an_error_not_a_crash() {
-    let d = Dir::new("cbox");
-    let o = job(&d, 2, &["selftest", "corrupt-box"], &[]);
-    let (out, err) = text(&o);
-    assert!(o.status.success(), "stdout: {out}\nstderr: {err}");
-    assert!(
-        out.contains("rank 1 detected") && out.contains("duplex box record claims"),
-        "{out}"
-    );
+    corruption_is_detected("cbox", "corrupt-box", "rank 1", "duplex box record claims");
 }
 
 #[test]
 fn corrupted_record_is_an_error_not_a_crash() {
-    let d = Dir::new("crec");
-    let o = job(&d, 2, &["selftest", "corrupt-record"], &[]);
-    let (out, err) = text(&o);
-    assert!(o.status.success(), "stdout: {out}\nstderr: {err}");
-    assert!(
-        out.contains("rank 1 detected") && out.contains("invalid length"),
-        "{out}"
-    );
+    corruption_is_detected("crec", "corrupt-record", "rank 1", "invalid length");
 }
 
 #[test]
