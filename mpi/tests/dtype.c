@@ -138,6 +138,56 @@ int main(int argc, char **argv)
     ep = 0;
     MPI_Unpack_external("external32", ext, 4, &ep, &back, 1, MPI_INT);
     CHECK(back == e32);
+    /* external32 of a struct mixing types: each member big-endian, in typemap order, with no padding */
+    {
+        struct mix { int a; double b; short c; char d[3]; } m[2], mb[2];
+        int bl[4] = {1, 1, 1, 3};
+        MPI_Aint ds[4] = {offsetof(struct mix, a), offsetof(struct mix, b), offsetof(struct mix, c), offsetof(struct mix, d)};
+        MPI_Datatype ts[4] = {MPI_INT, MPI_DOUBLE, MPI_SHORT, MPI_CHAR}, mt, mv;
+        MPI_Type_create_struct(4, bl, ds, ts, &mt);
+        MPI_Type_contiguous(2, mt, &mv); /* a constructor over the mixed struct */
+        MPI_Type_commit(&mv);
+        for (int i = 0; i < 2; i++) {
+            m[i].a = 0x01020304 + i;
+            m[i].b = 1.0 + i; /* 0x3ff0000000000000, 0x4000000000000000 */
+            m[i].c = (short)0x0a0b;
+            m[i].d[0] = 'x'; m[i].d[1] = 'y'; m[i].d[2] = 'z';
+        }
+        MPI_Aint need = 0;
+        MPI_Pack_external_size("external32", 1, mv, &need);
+        CHECK(need == 2 * 17);
+        unsigned char xb[64];
+        ep = 0;
+        CHECK(MPI_Pack_external("external32", m, 1, mv, xb, sizeof xb, &ep) == MPI_SUCCESS);
+        CHECK(ep == 34);
+        for (int i = 0; i < 2; i++) {
+            unsigned char *q = xb + 17 * i;
+            CHECK(q[0] == 1 && q[1] == 2 && q[2] == 3 && q[3] == 4 + i);
+            CHECK(q[4] == (i ? 0x40 : 0x3f) && q[5] == (i ? 0x00 : 0xf0) && q[11] == 0);
+            CHECK(q[12] == 0x0a && q[13] == 0x0b);
+            CHECK(q[14] == 'x' && q[15] == 'y' && q[16] == 'z');
+        }
+        memset(mb, 0, sizeof mb);
+        ep = 0;
+        CHECK(MPI_Unpack_external("external32", xb, 34, &ep, mb, 1, mv) == MPI_SUCCESS && ep == 34);
+        for (int i = 0; i < 2; i++)
+            CHECK(mb[i].a == m[i].a && mb[i].b == m[i].b && mb[i].c == m[i].c && mb[i].d[2] == 'z');
+        /* a pair type: the double and the int are swapped separately */
+        struct { double v; int k; } di = {2.0, 0x01020304};
+        unsigned char pb[32];
+        ep = 0;
+        MPI_Pack_external("external32", &di, 1, MPI_DOUBLE_INT, pb, sizeof pb, &ep);
+        CHECK(pb[0] == 0x40 && pb[7] == 0 && pb[8] == 1 && pb[11] == 4);
+        MPI_Type_free(&mv);
+        MPI_Type_free(&mt);
+        /* only "external32" is a data representation */
+        MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+        int ec = 0;
+        ep = 0;
+        MPI_Error_class(MPI_Pack_external("native", &e32, 1, MPI_INT, ext, 4, &ep), &ec);
+        CHECK(ec == MPI_ERR_ARG && ep == 0);
+        MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_ARE_FATAL);
+    }
     /* subarray contents via pack */
     {
         int arr[6][8], out[12];

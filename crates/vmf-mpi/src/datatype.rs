@@ -1008,8 +1008,9 @@ mpi_api! {
         })();
         fin(comm, "MPI_Unpack", r)
     }
-    fn MPI_Pack_external_size / PMPI_Pack_external_size(_datarep: *const c_char, incount: c_int, datatype: MPI_Datatype, size: *mut MPI_Aint) -> c_int {
+    fn MPI_Pack_external_size / PMPI_Pack_external_size(datarep: *const c_char, incount: c_int, datatype: MPI_Datatype, size: *mut MPI_Aint) -> c_int {
         let r = (|| -> R {
+            check_datarep(datarep)?;
             let (_, s) = ext_size(datatype)?;
             if size.is_null() {
                 return err(MPI_ERR_ARG, "size is NULL");
@@ -1019,8 +1020,9 @@ mpi_api! {
         })();
         fin(MPI_COMM_WORLD, "MPI_Pack_external_size", r)
     }
-    fn MPI_Pack_external / PMPI_Pack_external(_datarep: *const c_char, inbuf: *const c_void, incount: c_int, datatype: MPI_Datatype, outbuf: *mut c_void, outsize: MPI_Aint, position: *mut MPI_Aint) -> c_int {
+    fn MPI_Pack_external / PMPI_Pack_external(datarep: *const c_char, inbuf: *const c_void, incount: c_int, datatype: MPI_Datatype, outbuf: *mut c_void, outsize: MPI_Aint, position: *mut MPI_Aint) -> c_int {
         let r = (|| -> R {
+            check_datarep(datarep)?;
             if position.is_null() {
                 return err(MPI_ERR_ARG, "position is NULL");
             }
@@ -1040,8 +1042,9 @@ mpi_api! {
         })();
         fin(MPI_COMM_WORLD, "MPI_Pack_external", r)
     }
-    fn MPI_Unpack_external / PMPI_Unpack_external(_datarep: *const c_char, inbuf: *const c_void, insize: MPI_Aint, position: *mut MPI_Aint, outbuf: *mut c_void, outcount: c_int, datatype: MPI_Datatype) -> c_int {
+    fn MPI_Unpack_external / PMPI_Unpack_external(datarep: *const c_char, inbuf: *const c_void, insize: MPI_Aint, position: *mut MPI_Aint, outbuf: *mut c_void, outcount: c_int, datatype: MPI_Datatype) -> c_int {
         let r = (|| -> R {
+            check_datarep(datarep)?;
             if position.is_null() {
                 return err(MPI_ERR_ARG, "position is NULL");
             }
@@ -1063,19 +1066,140 @@ mpi_api! {
     }
 }
 
-/// external32 is big-endian: swap each basic element (types made of one basic type; native sizes).
-unsafe fn swap_external(d: &Dtype, p: *mut u8, bytes: usize) -> R {
-    if d.basic == MPI_DATATYPE_NULL {
-        return err(MPI_ERR_TYPE, "MPI_Pack_external supports datatypes built from one basic type");
+/// The only data representation the standard requires (and MPICH offers): "external32".
+unsafe fn check_datarep(datarep: *const c_char) -> R {
+    if datarep.is_null() {
+        return err(MPI_ERR_ARG, "datarep is NULL");
     }
-    let sz = type_extent(d.basic)?;
-    let unit = if is_pair(d.basic) || matches!(d.basic as u32 & 0xff, 0x1e | 0x22 | 0x28 | 0x2a | 0x40 | 0x41 | 0x34 | 0x35) { sz / 2 } else { sz };
-    if unit > 1 && !is_pair(d.basic) || d.basic == MPI_2INT {
-        for k in 0..bytes / unit {
-            std::slice::from_raw_parts_mut(p.add(k * unit), unit).reverse();
+    let d = std::ffi::CStr::from_ptr(datarep).to_string_lossy();
+    if d != "external32" {
+        return err(MPI_ERR_ARG, format!("data representation \"{d}\" is not supported (only \"external32\")"));
+    }
+    Ok(())
+}
+
+/// external32 is big-endian: reverse the bytes of every basic element of the packed data, in typemap order
+/// (native sizes; pair types swap each member, complex types each half, padding is left alone).
+unsafe fn swap_external(d: &Dtype, p: *mut u8, bytes: usize) -> R {
+    let mut runs = Vec::new();
+    if d.basic != MPI_DATATYPE_NULL {
+        let bs = type_extent(d.basic)?;
+        if bs > 0 {
+            push_reps(&mut runs, &basic_units(d.basic, bs), bytes / bs);
         }
-    } else if unit > 1 {
-        return err(MPI_ERR_TYPE, "MPI_Pack_external of mixed pair types is not supported");
+    } else {
+        let st = state()?;
+        let mut one = Vec::new();
+        elem_units(st, d, &mut one)?;
+        push_reps(&mut runs, &one, bytes / d.size.max(1));
+    }
+    let total: usize = runs.iter().map(|&(u, c)| u * c).sum();
+    if total != bytes {
+        return err(MPI_ERR_TYPE, format!(
+            "MPI_Pack_external: the datatype's members describe {total} bytes, not {bytes} (was a member type freed?)"
+        ));
+    }
+    let mut q = p;
+    for (unit, count) in runs {
+        if unit > 1 {
+            for _ in 0..count {
+                std::slice::from_raw_parts_mut(q, unit).reverse();
+                q = q.add(unit);
+            }
+        } else {
+            q = q.add(count);
+        }
+    }
+    Ok(())
+}
+
+/// Byte-swap units of one element of a predefined type: (unit size, repeat) runs; 1-byte runs are padding or
+/// bytes that need no swap.
+fn basic_units(dt: MPI_Datatype, size: usize) -> Vec<(usize, usize)> {
+    let members: &[usize] = match dt as u32 {
+        0x8c00_0000 => &[4, 4],             // MPI_FLOAT_INT
+        0x8c00_0001 | 0x8c00_0002 => &[8, 4], // MPI_DOUBLE_INT, MPI_LONG_INT
+        0x8c00_0003 => &[2, 0, 4],          // MPI_SHORT_INT (short, 2 padding bytes, int)
+        0x8c00_0004 => &[16, 4],            // MPI_LONG_DOUBLE_INT
+        _ if is_pair(dt) || matches!(dt as u32 & 0xff, 0x1e | 0x22 | 0x28 | 0x2a | 0x40 | 0x41 | 0x34 | 0x35 | 0x42) => {
+            return vec![(size / 2, 2)];
+        }
+        _ => return vec![(size, 1)],
+    };
+    let mut v = Vec::new();
+    let mut used = 0;
+    for &m in members {
+        if m == 0 {
+            v.push((1, 2)); // MPI_SHORT_INT's padding
+            used += 2;
+        } else {
+            v.push((m, 1));
+            used += m;
+        }
+    }
+    if size > used {
+        v.push((1, size - used));
+    }
+    v
+}
+
+/// Append `reps` copies of `units` to `out`, merging equal neighbouring runs.
+fn push_reps(out: &mut Vec<(usize, usize)>, units: &[(usize, usize)], reps: usize) {
+    fn push(out: &mut Vec<(usize, usize)>, u: usize, c: usize) {
+        if c == 0 {
+            return;
+        }
+        match out.last_mut() {
+            Some(l) if l.0 == u => l.1 += c,
+            _ => out.push((u, c)),
+        }
+    }
+    if let [(u, c)] = units {
+        push(out, *u, c * reps);
+    } else {
+        for _ in 0..reps {
+            for &(u, c) in units {
+                push(out, u, c);
+            }
+        }
+    }
+}
+
+/// Byte-swap units of one element of a derived type with members of different basic types, from its
+/// constructor: a struct's members block by block; any other constructor repeats its one old type as
+/// many times as its size holds.
+fn elem_units(st: &State, d: &Dtype, out: &mut Vec<(usize, usize)>) -> R {
+    let member = |t: MPI_Datatype, reps: usize, out: &mut Vec<(usize, usize)>| -> R {
+        if reps == 0 {
+            return Ok(());
+        }
+        if is_derived(t) {
+            let td = get(st, t)?;
+            if td.basic != MPI_DATATYPE_NULL {
+                let bs = type_extent(td.basic)?;
+                push_reps(out, &basic_units(td.basic, bs), reps * (td.size / bs.max(1)));
+            } else {
+                let mut one = Vec::new();
+                elem_units(st, td, &mut one)?;
+                push_reps(out, &one, reps);
+            }
+        } else {
+            let bs = type_extent(t)?;
+            push_reps(out, &basic_units(t, bs), reps);
+        }
+        Ok(())
+    };
+    if d.combiner == MPI_COMBINER_STRUCT {
+        let n = d.types.len();
+        for i in 0..n {
+            member(d.types[i], d.ints.get(1 + i).copied().unwrap_or(0).max(0) as usize, out)?;
+        }
+    } else {
+        let Some(&t) = d.types.first() else {
+            return err(MPI_ERR_TYPE, "MPI_Pack_external: datatype without a member type");
+        };
+        let (_, ts) = ext_size(t)?;
+        member(t, d.size / ts.max(1), out)?;
     }
     Ok(())
 }
