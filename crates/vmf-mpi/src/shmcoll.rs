@@ -100,6 +100,10 @@ pub(crate) struct Area {
     big: Option<(*mut u8, usize)>,
     /// Members' big blocks as last validated: (offset, half, pointer).
     peer_big: Vec<Option<(u64, usize, *mut u8)>>,
+    /// The half the next big collective uses, and the last collective number of the call that last used
+    /// each half (readers are done with it once every member's `done` reaches that number).
+    big_turn: usize,
+    big_last: [u64; 2],
 }
 
 /// True when the communicator has a shared-memory area and every member reported oversubscription.
@@ -174,34 +178,42 @@ impl Area {
         self.known_done = k;
         Ok(())
     }
-    /// Make our big block hold `need` bytes per half for collective `k` (called after `may_write`).
-    /// Growing waits until every member has finished collective `k - 1`, which may still read the old
-    /// block. False when the pool cannot provide it (the members then agree on point-to-point).
-    fn ensure_big(&mut self, e: &mut Engine, k: u64, need: usize) -> R<bool> {
+    /// Start a collective that publishes `need` bytes in our big block: take the next half, wait until no
+    /// member still reads it (usually known without a load) and make the block hold `need` bytes per half.
+    /// Growing frees the old block, so it waits until every member is done with both halves. Returns the
+    /// half and false when the pool cannot provide the block (the members then agree on point-to-point).
+    fn begin_big(&mut self, e: &mut Engine, need: usize) -> R<(usize, bool)> {
+        let h = self.big_turn;
+        self.big_turn ^= 1;
         if self.big.is_some_and(|(_, half)| half >= need) {
-            return Ok(true);
+            self.wait_all_done(e, self.big_last[h])?;
+            return Ok((h, true));
         }
         let c = ctl(self.mine());
         if let Some((p, _)) = self.big.take() {
-            self.wait_all_done(e, k - 1)?;
+            self.wait_all_done(e, self.big_last[0].max(self.big_last[1]))?;
             c.big_off.store(0, Ordering::Relaxed);
             c.big_half.store(0, Ordering::Relaxed);
             e.pool_free(p);
         }
         // Round up, so that a growing series of sizes reallocates a few times only.
         let half = need.next_power_of_two().max(64 << 10);
-        let Some(p) = e.pool_alloc(2 * half, 128) else { return Ok(false) };
+        let Some(p) = e.pool_alloc(2 * half, 128) else { return Ok((h, false)) };
         let Some(off) = e.pool_offset(p, 2 * half) else {
             e.pool_free(p);
-            return Ok(false);
+            return Ok((h, false));
         };
         c.big_off.store(off, Ordering::Relaxed);
         c.big_half.store(half as u64, Ordering::Relaxed);
         self.big = Some((p, half));
-        Ok(true)
+        Ok((h, true))
     }
-    /// Member `r`'s half `k & 1` of its big block, holding at least `need` bytes (after its stamp `k`).
-    fn big_of(&mut self, e: &Engine, r: usize, k: u64, need: usize) -> R<*mut u8> {
+    /// True if every member's flag for collective `k` says its data is in its big block.
+    fn all_flags(&self, k: u64) -> bool {
+        self.areas.iter().all(|&a| flag(a, k).load(Ordering::Relaxed) == 1)
+    }
+    /// Half `h` of member `r`'s big block, holding at least `need` bytes (read after its stamp).
+    fn big_of(&mut self, e: &Engine, r: usize, h: usize, need: usize) -> R<*mut u8> {
         let (p, half) = if r == self.me {
             match self.big {
                 Some(b) => b,
@@ -229,7 +241,7 @@ impl Area {
         if half < need {
             return err(MPI_ERR_INTERN, format!("a big collective block holds {half} bytes per half, {need} needed"));
         }
-        Ok(p.wrapping_add((k as usize & 1) * half))
+        Ok(p.wrapping_add(h * half))
     }
     fn set(&self, e: &Engine, arrive: Option<u64>, done: Option<u64>) {
         if let Some(k) = arrive {
@@ -347,7 +359,7 @@ fn setup_inner(st: &mut State, ci: usize) -> R<Option<Box<Area>>> {
             }
         }
     }
-    Ok(Some(Box::new(Area { seq: 0, me, world, areas, known_done: 0, all_oversub, big: None, peer_big: vec![None; n] })))
+    Ok(Some(Box::new(Area { seq: 0, me, world, areas, known_done: 0, all_oversub, big: None, peer_big: vec![None; n], big_turn: 0, big_last: [0; 2] })))
 }
 
 /// Drop this rank's references to a communicator's areas (MPI_Comm_free): readers decrement each
@@ -358,7 +370,7 @@ pub(crate) fn release(st: &mut State, shm: Shm) {
         if let Some((p, _)) = a.big {
             // Members may still be copying out of our big block from the last collective: free it once
             // all are done (if one never is, it dies or hangs, and the block stays allocated).
-            let (areas, k) = (&a.areas, a.seq);
+            let (areas, k) = (&a.areas, a.big_last[0].max(a.big_last[1]));
             if wait(&mut e, || areas.iter().all(|&x| ctl(x).done.load(Ordering::Acquire) >= k)).is_ok() {
                 e.pool_free(p);
             }
@@ -491,7 +503,9 @@ pub(crate) unsafe fn reduce(st: &mut State, comm: MPI_Comm, sbuf: *const c_void,
     }
     let (red, cnt) = op::resolve(st, op, dt, count as usize)?;
     let bytes = red.elem * cnt;
-    let Some(ci) = eligible(st, comm, bytes)? else { return Ok(false) };
+    // A large allreduce: reduce-scatter over the members' big blocks, then everyone copies the result out.
+    let big = root.is_none() && bytes > DATA && bytes <= BIG_MAX;
+    let Some(ci) = eligible(st, comm, if big { 0 } else { bytes })? else { return Ok(false) };
     let n = st.comms[ci].as_ref().unwrap().size as usize;
     let root = match root {
         Some(r) => Some(check_root(r, n)?),
@@ -502,6 +516,55 @@ pub(crate) unsafe fn reduce(st: &mut State, comm: MPI_Comm, sbuf: *const c_void,
     nonnull(input, bytes)?;
     if root.is_none_or(|r| r == me) {
         nonnull(rbuf, bytes)?;
+    }
+    if big {
+        let mut used = true;
+        let ran = run(st, ci, |_, e, a| {
+            if bytes > BIG_CORE_MAX && !a.all_oversub {
+                used = false; // every member decides alike: the flag was agreed at set-up
+                return Ok(());
+            }
+            // Two collective numbers: k1 publishes the contributions, k2 the reduced segments.
+            let k1 = a.next();
+            let k2 = a.next();
+            a.may_write(e, k1)?;
+            let (h, ok) = a.begin_big(e, bytes)?;
+            a.big_last[h] = k2;
+            if ok {
+                std::ptr::copy_nonoverlapping(input as *const u8, a.big_of(e, me, h, bytes)?, bytes);
+            }
+            flag(a.mine(), k1).store(ok as u64, Ordering::Relaxed);
+            a.set(e, Some(k1), None);
+            a.wait_all_arrived(e, k1)?;
+            if !a.all_flags(k1) {
+                a.set(e, None, Some(k2));
+                used = false;
+                return Ok(());
+            }
+            // Segment `me` of the result, reduced in rank order as in the small path: acc = x[n-1];
+            // acc = x[r] op acc for r = n-2 .. 0. Only this rank reads segment `me` of the contributions,
+            // so the result can replace its own.
+            let seg = |r: usize| (cnt * r / n, cnt * (r + 1) / n);
+            let (lo, hi) = seg(me);
+            let (off, len) = (lo * red.elem, (hi - lo) * red.elem);
+            let out = rbuf as *mut u8;
+            std::ptr::copy_nonoverlapping(a.big_of(e, n - 1, h, bytes)?.add(off), out.add(off), len);
+            for r in (0..n - 1).rev() {
+                op::apply(&red, a.big_of(e, r, h, bytes)?.add(off), out.add(off), hi - lo);
+            }
+            std::ptr::copy_nonoverlapping(out.add(off), a.big_of(e, me, h, bytes)?.add(off), len);
+            a.may_write(e, k2)?;
+            a.set(e, Some(k2), None);
+            a.wait_all_arrived(e, k2)?;
+            for r in (0..n).filter(|&r| r != me) {
+                let (lo, hi) = seg(r);
+                let (off, len) = (lo * red.elem, (hi - lo) * red.elem);
+                std::ptr::copy_nonoverlapping(a.big_of(e, r, h, bytes)?.add(off), out.add(off), len);
+            }
+            a.set(e, None, Some(k2));
+            Ok(())
+        })?;
+        return Ok(ran && used);
     }
     run(st, ci, |_, e, a| {
     let k = a.next();
@@ -624,9 +687,10 @@ pub(crate) unsafe fn scatter(st: &mut State, comm: MPI_Comm, sbuf: *const c_void
             }
             let k = a.next();
             a.may_write(e, k)?;
-            let ok = a.ensure_big(e, k, need)?;
+            let (h, ok) = a.begin_big(e, need)?;
+            a.big_last[h] = k;
             if ok {
-                let mine = a.big_of(e, me, k, need)?;
+                let mine = a.big_of(e, me, h, need)?;
                 for r in 0..n {
                     let at = (src as *const u8).wrapping_offset(sext * r as isize) as *const c_void;
                     put(st, mine.add(r * rbytes), at, sc as usize, st_, rbytes)?;
@@ -635,7 +699,7 @@ pub(crate) unsafe fn scatter(st: &mut State, comm: MPI_Comm, sbuf: *const c_void
             flag(a.mine(), k).store(ok as u64, Ordering::Relaxed);
             a.set(e, Some(k), None);
             a.wait_all_arrived(e, k)?;
-            if !(0..n).all(|r| flag(a.areas[r], k).load(Ordering::Relaxed) == 1) {
+            if !a.all_flags(k) {
                 // Somebody's pool could not hold its blocks: everybody takes the point-to-point schedule.
                 a.set(e, None, Some(k));
                 used = false;
@@ -643,7 +707,7 @@ pub(crate) unsafe fn scatter(st: &mut State, comm: MPI_Comm, sbuf: *const c_void
             }
             let rext = datatype::ext_size(rtype)?.0 * rcount as isize;
             for r in 0..n {
-                let from = a.big_of(e, r, k, need)?;
+                let from = a.big_of(e, r, h, need)?;
                 let at = (rbuf as *mut u8).wrapping_offset(rext * r as isize) as *mut c_void;
                 take(st, from.add(me * rbytes), rbytes, at, rcount as usize, rtype)?;
             }
