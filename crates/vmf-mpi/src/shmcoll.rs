@@ -214,9 +214,18 @@ impl Area {
         self.big_turn ^= 1;
         h
     }
-    /// True if every member's flag for collective `k` says its data is in its big block.
-    fn all_flags(&self, k: u64) -> bool {
-        self.areas.iter().all(|&a| flag(a, k).load(Ordering::Relaxed) == 1)
+    /// Raise (`ok`) or lower our big-block flag for collective `k`, stamp `k` and wait for every member's
+    /// stamp. True if every flag is up; otherwise mark collective `done` finished and return false (every
+    /// member sees the same flags and takes the point-to-point schedule).
+    fn publish_all(&mut self, e: &mut Engine, k: u64, ok: bool, done: u64) -> R<bool> {
+        flag(self.mine(), k).store(ok as u64, Ordering::Relaxed);
+        self.set(e, Some(k), None);
+        self.wait_all_arrived(e, k)?;
+        if self.areas.iter().all(|&a| flag(a, k).load(Ordering::Relaxed) == 1) {
+            return Ok(true);
+        }
+        self.set(e, None, Some(done));
+        Ok(false)
     }
     /// Half `h` of member `r`'s big block, holding at least `need` bytes (read after its stamp).
     fn big_of(&mut self, e: &Engine, r: usize, h: usize, need: usize) -> R<*mut u8> {
@@ -288,6 +297,21 @@ fn run(st: &mut State, ci: usize, f: impl FnOnce(&State, &mut Engine, &mut Area)
     let r = f(st, &mut st.fab.engine(), &mut a);
     st.comms[ci].as_mut().unwrap().shm = Shm::On(a);
     r.map(|()| true)
+}
+
+/// Run a big-block collective `f` on communicator `ci`. Ok(false) — take the schedule — when the
+/// communicator has no area, when `bytes` exceed `core_max` while some member has a core of its own
+/// (the set-up agreed on that, so every member decides alike), or when `f` reports that a publisher's pool
+/// could not hold its block (every member sees the same flags).
+fn run_big(st: &mut State, ci: usize, bytes: usize, core_max: usize, f: impl FnOnce(&State, &mut Engine, &mut Area) -> R<bool>) -> R<bool> {
+    let mut used = false;
+    let ran = run(st, ci, |st, e, a| {
+        if bytes <= core_max || a.all_oversub {
+            used = f(st, e, a)?;
+        }
+        Ok(())
+    })?;
+    Ok(ran && used)
 }
 
 fn setup(st: &mut State, ci: usize) -> R<Option<Box<Area>>> {
@@ -486,14 +510,9 @@ pub(crate) unsafe fn bcast(st: &mut State, comm: MPI_Comm, p: *mut c_void, count
     let root = check_root(root, st.comms[ci].as_ref().unwrap().size as usize)?;
     nonnull(p, bytes)?;
     if big {
-        let mut used = true;
-        let ran = run(st, ci, |st, e, a| {
-            // With a core per rank, the pipelined point-to-point broadcast is as fast from 1 MiB on (2 ranks:
-            // 25-27 µs against 28-29).
-            if bytes >= BIG_CORE_MAX && !a.all_oversub {
-                used = false; // every member decides alike: the flag was agreed at set-up
-                return Ok(());
-            }
+        // With a core per rank, the pipelined point-to-point broadcast is as fast from 1 MiB on (2 ranks:
+        // 25-27 µs against 28-29).
+        return run_big(st, ci, bytes, BIG_CORE_MAX / 2, |st, e, a| {
             let k = a.next();
             if a.me == root {
                 a.may_write(e, k)?;
@@ -504,21 +523,20 @@ pub(crate) unsafe fn bcast(st: &mut State, comm: MPI_Comm, p: *mut c_void, count
                 }
                 flag(a.mine(), k).store(ok as u64, Ordering::Relaxed);
                 a.set(e, Some(k), Some(k));
-                used = ok;
+                Ok(ok)
             } else {
                 let h = a.next_half();
                 a.big_last[h] = k;
                 a.wait_arrived(e, root, k)?;
-                if flag(a.areas[root], k).load(Ordering::Relaxed) == 1 {
+                // A lowered flag: the root's pool could not hold the data, everyone takes the schedule.
+                let ok = flag(a.areas[root], k).load(Ordering::Relaxed) == 1;
+                if ok {
                     take(st, a.big_of(e, root, h, bytes)?, bytes, p, count as usize, dt)?;
-                } else {
-                    used = false; // the root's pool could not hold the data: point-to-point
                 }
                 a.set(e, None, Some(k));
+                Ok(ok)
             }
-            Ok(())
-        })?;
-        return Ok(ran && used);
+        });
     }
     run(st, ci, |st, e, a| {
     let k = a.next();
@@ -561,12 +579,7 @@ pub(crate) unsafe fn reduce(st: &mut State, comm: MPI_Comm, sbuf: *const c_void,
         nonnull(rbuf, bytes)?;
     }
     if big {
-        let mut used = true;
-        let ran = run(st, ci, |_, e, a| {
-            if bytes > BIG_CORE_MAX && !a.all_oversub {
-                used = false; // every member decides alike: the flag was agreed at set-up
-                return Ok(());
-            }
+        return run_big(st, ci, bytes, BIG_CORE_MAX, |_, e, a| {
             // Two collective numbers: k1 publishes the contributions, k2 the reduced segments.
             let k1 = a.next();
             let k2 = a.next();
@@ -576,13 +589,8 @@ pub(crate) unsafe fn reduce(st: &mut State, comm: MPI_Comm, sbuf: *const c_void,
             if ok {
                 std::ptr::copy_nonoverlapping(input as *const u8, a.big_of(e, me, h, bytes)?, bytes);
             }
-            flag(a.mine(), k1).store(ok as u64, Ordering::Relaxed);
-            a.set(e, Some(k1), None);
-            a.wait_all_arrived(e, k1)?;
-            if !a.all_flags(k1) {
-                a.set(e, None, Some(k2));
-                used = false;
-                return Ok(());
+            if !a.publish_all(e, k1, ok, k2)? {
+                return Ok(false);
             }
             // Segment `me` of the result, reduced in rank order as in the small path: acc = x[n-1];
             // acc = x[r] op acc for r = n-2 .. 0. Only this rank reads segment `me` of the contributions,
@@ -605,9 +613,8 @@ pub(crate) unsafe fn reduce(st: &mut State, comm: MPI_Comm, sbuf: *const c_void,
                 std::ptr::copy_nonoverlapping(a.big_of(e, r, h, bytes)?.add(off), out.add(off), len);
             }
             a.set(e, None, Some(k2));
-            Ok(())
-        })?;
-        return Ok(ran && used);
+            Ok(true)
+        });
     }
     run(st, ci, |_, e, a| {
     let k = a.next();
@@ -722,12 +729,7 @@ pub(crate) unsafe fn scatter(st: &mut State, comm: MPI_Comm, sbuf: *const c_void
     }
     let sext = if sender { datatype::ext_size(st_)?.0 * sc as isize } else { 0 };
     if big {
-        let mut used = true;
-        let ran = run(st, ci, |st, e, a| {
-            if need > BIG_CORE_MAX && !a.all_oversub {
-                used = false; // every member decides alike: the flag was agreed at set-up
-                return Ok(());
-            }
+        return run_big(st, ci, need, BIG_CORE_MAX, |st, e, a| {
             let k = a.next();
             a.may_write(e, k)?;
             let (h, ok) = a.begin_big(e, need)?;
@@ -739,14 +741,8 @@ pub(crate) unsafe fn scatter(st: &mut State, comm: MPI_Comm, sbuf: *const c_void
                     put(st, mine.add(r * rbytes), at, sc as usize, st_, rbytes)?;
                 }
             }
-            flag(a.mine(), k).store(ok as u64, Ordering::Relaxed);
-            a.set(e, Some(k), None);
-            a.wait_all_arrived(e, k)?;
-            if !a.all_flags(k) {
-                // Somebody's pool could not hold its blocks: everybody takes the point-to-point schedule.
-                a.set(e, None, Some(k));
-                used = false;
-                return Ok(());
+            if !a.publish_all(e, k, ok, k)? {
+                return Ok(false);
             }
             let rext = datatype::ext_size(rtype)?.0 * rcount as isize;
             for r in 0..n {
@@ -755,9 +751,8 @@ pub(crate) unsafe fn scatter(st: &mut State, comm: MPI_Comm, sbuf: *const c_void
                 take(st, from.add(me * rbytes), rbytes, at, rcount as usize, rtype)?;
             }
             a.set(e, None, Some(k));
-            Ok(())
-        })?;
-        return Ok(ran && used);
+            Ok(true)
+        });
     }
     run(st, ci, |st, e, a| {
     let k = a.next();
