@@ -50,10 +50,11 @@ const BUF: usize = (HDR + DATA).div_ceil(128) * 128;
 const AREA: usize = CTL + 2 * BUF;
 /// Largest communicator served (each wait reads one line per member).
 const MAX_RANKS: usize = 64;
-/// Largest alltoall (bytes one rank publishes) served through a member's *big* block: a second pool
-/// block, allocated when first needed and grown on demand, with two halves used alternately like the
-/// buffers. A fixed limit, so that every member decides alike.
-const BIG_MAX: usize = 8 << 20;
+/// Largest collective (bytes one rank publishes) served through a member's *big* block: a second pool
+/// block, allocated when first needed and grown on demand, with two halves used alternately. A fixed
+/// limit, so that every member decides alike; at most 8 MiB of blocks per communicator and rank, half the
+/// default pool, which leaves room for `MPI_Alloc_mem` and the areas of other communicators.
+const BIG_MAX: usize = 4 << 20;
 /// Largest such alltoall when some member has a core of its own: beyond it the pipelined point-to-point
 /// exchange, where sender and receiver copy at the same time, measured faster (2 ranks, 1 MiB blocks:
 /// 78-82 µs against 101-132), while with ranks outnumbering cores the big blocks win at every size
@@ -279,6 +280,7 @@ fn wait(e: &mut Engine, f: impl Fn() -> bool) -> R {
     }
     e.wait_until(COp::Wait, |_| f()).map_err(from_core)
 }
+
 
 /// Run `f` on the area of communicator `ci` (set up on first use: collective over the communicator).
 /// Ok(false) when the communicator has none.
