@@ -281,7 +281,6 @@ fn wait(e: &mut Engine, f: impl Fn() -> bool) -> R {
     e.wait_until(COp::Wait, |_| f()).map_err(from_core)
 }
 
-
 /// Run `f` on the area of communicator `ci` (set up on first use: collective over the communicator).
 /// Ok(false) when the communicator has none.
 fn run(st: &mut State, ci: usize, f: impl FnOnce(&State, &mut Engine, &mut Area) -> R) -> R<bool> {
