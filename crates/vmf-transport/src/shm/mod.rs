@@ -717,23 +717,7 @@ mod tests {
 
     #[test]
     fn two_endpoints_in_one_process_exchange_works() {
-        let d = std::env::temp_dir().join(format!("vmf-shm-test-{}", std::process::id()));
-        std::fs::create_dir_all(&d).unwrap();
-        let sz = RegionSizing {
-            max_local: 2,
-            heap: 1 << 20,
-            pool_per_slot: 0,
-        };
-        let r = Arc::new(
-            Region::open(
-                &RegionSource::Dir(d.clone()),
-                "t",
-                sz,
-                None,
-                Duration::from_secs(1),
-            )
-            .unwrap(),
-        );
+        let (d, r) = pair_region("t");
         let (l0, l1) = (r.attach(0).unwrap(), r.attach(1).unwrap());
         let mut t0 = ShmTransport::new(r.clone(), 0, l0, 2, 65536);
         let mut t1 = ShmTransport::new(r.clone(), 1, l1, 2, 65536);
