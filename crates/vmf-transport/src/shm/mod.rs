@@ -21,8 +21,8 @@ use region::Region;
 use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use vmf_bb::duplex::{BoxRecord, DuplexEnd, DuplexError, DUPLEX_MAX_BODY};
-use vmf_bb::ring::{Consumer, Producer, ReadRecord, Ring, RingError, RING_CTL_SIZE};
+use vmf_bb::duplex::{BoxRecord, DuplexEnd, DUPLEX_MAX_BODY};
+use vmf_bb::ring::{Consumer, Producer, ReadRecord, Ring, RING_CTL_SIZE};
 use vmf_pal::process::ProcessId;
 
 struct ShmPeer {
@@ -81,13 +81,6 @@ fn doorbell_name(job: u64, rank: usize) -> String {
     format!("vmf-{job:016x}-{rank}")
 }
 
-fn corrupt_box(peer: usize, e: DuplexError) -> TransportError {
-    TransportError::Corrupt {
-        peer,
-        what: e.to_string(),
-    }
-}
-
 fn box_misplaced(peer: usize, pos: u64, tail: u64) -> TransportError {
     TransportError::Corrupt {
         peer,
@@ -95,7 +88,8 @@ fn box_misplaced(peer: usize, pos: u64, tail: u64) -> TransportError {
     }
 }
 
-fn corrupt(peer: usize, e: RingError) -> TransportError {
+/// What a ring or duplex box held that an honest peer never writes.
+fn corrupt(peer: usize, e: impl std::fmt::Display) -> TransportError {
     TransportError::Corrupt {
         peer,
         what: e.to_string(),
@@ -406,7 +400,7 @@ impl ShmTransport {
             None => None,
         };
         let boxed = match sp.dx.as_ref() {
-            Some(d) => d.peek().map_err(|e| corrupt_box(peer, e))?,
+            Some(d) => d.peek().map_err(|e| corrupt(peer, e))?,
             None => None,
         };
         let (ptr, len, token) = match (boxed, rec) {
