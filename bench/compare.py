@@ -272,9 +272,10 @@ def _round_value(impl, bench, rnd, size, key):
 
 def per_round_ratio(bench, size, ours, kind):
     """Median over rounds of ours / best other (or / floor) within the same round; None without round files."""
-    if bench not in ("latency", "bw", "bibw", "tcplat", "tcpbw") or not os.path.isdir(ROUNDS_DIR):
+    coll = bench.startswith("coll-")
+    if not (coll or bench in ("latency", "bw", "bibw", "tcplat", "tcpbw")) or not os.path.isdir(ROUNDS_DIR):
         return None
-    key = "latency_us" if bench in ("latency", "tcplat") else "mb_per_s"
+    key = "latency_us" if coll or bench in ("latency", "tcplat") else "mb_per_s"
     ratios = []
     for rnd in range(1, 100):
         mine = _round_value(ours, bench, rnd, size, key)
@@ -344,6 +345,46 @@ def check_targets(summary, floor):
         t["detail"] = "%s %s %s vs %s %s %s (ratio %.2f, need %s %.2f)" % (
             display(ours), fmt(v), unit, ref_name, fmt(ref), unit, t["ratio"],
             "<=" if kind in ("le_best", "le_floor") else ">=", factor)
+    return out
+
+
+# Issue 6's collective targets: 2 ranks <= 0.8x the better of MPICH and Open MPI up to 4 KiB and <= 1.0x
+# above; 4 ranks on 2 cores (oversubscribed) <= 0.5x at every size.
+COLL_TARGETS = [(2, 4096, 0.8, 1.0), (4, None, 0.5, 0.5)]
+
+
+def check_coll_targets():
+    """One target per (ranks, collective), judged size by size on the median of within-round ratios of our
+    MPI library (its per-round files) to the better of MPICH and Open MPI."""
+    out = []
+    for n, small_max, small, large in COLL_TARGETS:
+        for coll in ("barrier", "bcast", "allreduce", "alltoall"):
+            bench = "coll-%s-%d" % (coll, n)
+            try:
+                with open(os.path.join(ROUNDS_DIR, "vmfabric-mpi-%s.r1.json" % bench)) as f:
+                    sizes = [r["size"] for r in json.load(f).get("results", [])]
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            rows = []
+            for size in sizes:
+                pr = per_round_ratio(bench, size, "vmfabric-mpi", "le_best")
+                if pr is not None:
+                    limit = small if small_max is None or size <= small_max else large
+                    rows.append((size, pr["median"], limit, len(pr["ratios"])))
+            if not rows:
+                continue
+            need = ("<= %.1fx the better of MPICH / Open MPI up to %s, <= %.1fx above" % (small, human_size(small_max), large)
+                    if small_max is not None else "<= %.1fx the better of MPICH / Open MPI at every size" % small)
+            over = [r for r in rows if r[1] > r[2]]
+            out.append({
+                "id": "coll_%s_%d" % (coll, n), "benchmark": bench, "size": None, "factor": None,
+                "description": "collectives, %d ranks%s: %s %s" % (n, " on %d cores" % os.cpu_count() if n == 4 else "", coll, need),
+                "status": "MISS" if over else "PASS", "ours": None, "reference": None,
+                "ratio": max(r[1] for r in rows),
+                "detail": "median of %d within-round ratios per size: %s%s" % (
+                    rows[0][3], ", ".join("%s %.2f" % (human_size(s), m) for s, m, _, _ in rows),
+                    "; over the limit: %s" % ", ".join(human_size(r[0]) for r in over) if over else ""),
+            })
     return out
 
 
@@ -540,7 +581,7 @@ def main(argv):
             if v is not None:
                 floor_ratios[impl] = (v, v / floor)
 
-    targets = check_targets(summary, floor)
+    targets = check_targets(summary, floor) + check_coll_targets()
     machine = machine_info()
     date = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
 

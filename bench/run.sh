@@ -125,7 +125,7 @@ if [ "${BENCH_SKIP_OPENMPI:-0}" != 1 ] && [ "$HAVE_OPENMPI" = 1 ]; then
 fi
 read -r -a COLLS <<<"${BENCH_COLLS:-barrier bcast allreduce alltoall}"
 COLL_SIZES="${BENCH_COLL_SIZES:-8,64,512,4096,32768,262144,1048576}"
-COLL_ROUNDS="${BENCH_COLL_ROUNDS:-2}"
+COLL_ROUNDS="${BENCH_COLL_ROUNDS:-3}"
 
 HAVE_VMF=1
 if [ "${BENCH_SKIP_VMFABRIC:-0}" != 1 ] && [ ! -x "$VMF" ]; then
