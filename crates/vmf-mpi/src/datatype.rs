@@ -812,55 +812,19 @@ mpi_api! {
         fin(MPI_COMM_WORLD, "MPI_Type_free", r)
     }
     fn MPI_Type_get_extent / PMPI_Type_get_extent(datatype: MPI_Datatype, lb: *mut MPI_Aint, extent: *mut MPI_Aint) -> c_int {
-        let r = (|| -> R {
-            let st = state()?;
-            let d = info(st, datatype)?;
-            if lb.is_null() || extent.is_null() {
-                return err(MPI_ERR_ARG, "NULL argument");
-            }
-            *lb = d.lb;
-            *extent = d.extent();
-            Ok(())
-        })();
+        let r = extents(datatype).and_then(|(l, e, _, _)| out_pair(lb, extent, l, e));
         fin(MPI_COMM_WORLD, "MPI_Type_get_extent", r)
     }
     fn MPI_Type_get_extent_x / PMPI_Type_get_extent_x(datatype: MPI_Datatype, lb: *mut MPI_Count, extent: *mut MPI_Count) -> c_int {
-        let r = (|| -> R {
-            let st = state()?;
-            let d = info(st, datatype)?;
-            if lb.is_null() || extent.is_null() {
-                return err(MPI_ERR_ARG, "NULL argument");
-            }
-            *lb = d.lb as MPI_Count;
-            *extent = d.extent() as MPI_Count;
-            Ok(())
-        })();
+        let r = extents(datatype).and_then(|(l, e, _, _)| out_pair(lb, extent, l as MPI_Count, e as MPI_Count));
         fin(MPI_COMM_WORLD, "MPI_Type_get_extent_x", r)
     }
     fn MPI_Type_get_true_extent / PMPI_Type_get_true_extent(datatype: MPI_Datatype, true_lb: *mut MPI_Aint, true_extent: *mut MPI_Aint) -> c_int {
-        let r = (|| -> R {
-            let st = state()?;
-            let d = info(st, datatype)?;
-            if true_lb.is_null() || true_extent.is_null() {
-                return err(MPI_ERR_ARG, "NULL argument");
-            }
-            *true_lb = d.true_lb;
-            *true_extent = d.true_ub - d.true_lb;
-            Ok(())
-        })();
+        let r = extents(datatype).and_then(|(_, _, l, e)| out_pair(true_lb, true_extent, l, e));
         fin(MPI_COMM_WORLD, "MPI_Type_get_true_extent", r)
     }
     fn MPI_Type_get_true_extent_x / PMPI_Type_get_true_extent_x(datatype: MPI_Datatype, true_lb: *mut MPI_Count, true_extent: *mut MPI_Count) -> c_int {
-        let r = (|| -> R {
-            let st = state()?;
-            let d = info(st, datatype)?;
-            if true_lb.is_null() || true_extent.is_null() {
-                return err(MPI_ERR_ARG, "NULL argument");
-            }
-            *true_lb = d.true_lb as MPI_Count;
-            *true_extent = (d.true_ub - d.true_lb) as MPI_Count;
-            Ok(())
-        })();
+        let r = extents(datatype).and_then(|(_, _, l, e)| out_pair(true_lb, true_extent, l as MPI_Count, e as MPI_Count));
         fin(MPI_COMM_WORLD, "MPI_Type_get_true_extent_x", r)
     }
     fn MPI_Type_size / PMPI_Type_size(datatype: MPI_Datatype, size: *mut c_int) -> c_int {
@@ -1064,6 +1028,29 @@ mpi_api! {
         })();
         fin(MPI_COMM_WORLD, "MPI_Unpack_external", r)
     }
+}
+
+/// Lower bound, extent, true lower bound and true extent of any datatype (read in place: no copy of its
+/// description).
+fn extents(dt: MPI_Datatype) -> R<(isize, isize, isize, isize)> {
+    let st = state()?;
+    if is_derived(dt) {
+        let d = get(st, dt)?;
+        Ok((d.lb, d.extent(), d.true_lb, d.true_ub - d.true_lb))
+    } else {
+        let s = type_extent(dt)? as isize;
+        Ok((0, s, 0, s))
+    }
+}
+
+/// Store two results through caller pointers, refusing NULL.
+unsafe fn out_pair<T>(a: *mut T, b: *mut T, x: T, y: T) -> R {
+    if a.is_null() || b.is_null() {
+        return err(MPI_ERR_ARG, "NULL argument");
+    }
+    *a = x;
+    *b = y;
+    Ok(())
 }
 
 /// The only data representation the standard requires (and MPICH offers): "external32".
