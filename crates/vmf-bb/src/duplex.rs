@@ -97,7 +97,11 @@ impl DuplexEnd {
     /// `base` must point to a [`DUPLEX_SIZE`]-byte area, 128-byte aligned, that stays mapped while the end
     /// lives; each side of the pair creates one end.
     pub unsafe fn new(base: *mut u8, low: bool) -> DuplexEnd {
-        DuplexEnd { area: base as *const Area, mine: low as u64, known: 0 }
+        DuplexEnd {
+            area: base as *const Area,
+            mine: low as u64,
+            known: 0,
+        }
     }
 
     #[inline(always)]
@@ -148,13 +152,21 @@ impl DuplexEnd {
             return Ok(None);
         }
         if w != self.known + 1 || w & 1 == self.mine {
-            return Err(DuplexError::BadWord { seen: w, known: self.known });
+            return Err(DuplexError::BadWord {
+                seen: w,
+                known: self.known,
+            });
         }
         let len = a.len.load(Ordering::Relaxed);
         if len as usize > DUPLEX_MAX_BODY {
             return Err(DuplexError::BadLen(len));
         }
-        Ok(Some(BoxRecord { ptr: a.body.as_ptr(), len: len as usize, pos: a.pos.load(Ordering::Relaxed), word: w }))
+        Ok(Some(BoxRecord {
+            ptr: a.body.as_ptr(),
+            len: len as usize,
+            pos: a.pos.load(Ordering::Relaxed),
+            word: w,
+        }))
     }
 
     /// True if the other end has written a record this end has not released (cheap check before sleeping).
@@ -198,7 +210,11 @@ mod tests {
         assert!(!hi.try_write(0, &[b"x"]));
         assert!(hi.peek().unwrap().is_none());
         for i in 0..100u64 {
-            let (w, r) = if i % 2 == 0 { (&mut lo, &mut hi) } else { (&mut hi, &mut lo) };
+            let (w, r) = if i % 2 == 0 {
+                (&mut lo, &mut hi)
+            } else {
+                (&mut hi, &mut lo)
+            };
             assert!(w.try_write(i * 64, &[b"head", &i.to_le_bytes()]));
             // Until the reader releases, neither end may write.
             assert!(!w.try_write(0, &[b"again"]));
@@ -232,13 +248,19 @@ mod tests {
         let (_lo, hi) = ends(&mut m);
         let a = m.0.as_mut_ptr() as *const Area;
         unsafe { (*a).word.store(5, Ordering::Relaxed) };
-        assert_eq!(hi.peek().unwrap_err(), DuplexError::BadWord { seen: 5, known: 0 });
+        assert_eq!(
+            hi.peek().unwrap_err(),
+            DuplexError::BadWord { seen: 5, known: 0 }
+        );
         // A record of the high end's own parity cannot come from the low end.
         let mut m2 = Mem([0; DUPLEX_SIZE]);
         let (lo2, _hi2) = ends(&mut m2);
         let a2 = m2.0.as_mut_ptr() as *const Area;
         unsafe { (*a2).word.store(1, Ordering::Relaxed) };
-        assert!(matches!(lo2.peek(), Err(DuplexError::BadWord { seen: 1, known: 0 })));
+        assert!(matches!(
+            lo2.peek(),
+            Err(DuplexError::BadWord { seen: 1, known: 0 })
+        ));
         unsafe {
             (*a).word.store(1, Ordering::Relaxed);
             (*a).len.store(1000, Ordering::Relaxed);

@@ -59,7 +59,9 @@ pub enum RingError {
     #[error("ring capacity {0} is invalid")]
     BadCapacity(u64),
     /// The consumer index is behind what it has already claimed or beyond what was produced.
-    #[error("consumer index {tail} is inconsistent with producer index {head} (capacity {capacity})")]
+    #[error(
+        "consumer index {tail} is inconsistent with producer index {head} (capacity {capacity})"
+    )]
     BadTail {
         /// Value read.
         tail: u64,
@@ -100,7 +102,9 @@ impl Ring {
     pub unsafe fn init(base: *mut u8, capacity: u64) -> Result<(), RingError> {
         check_capacity(capacity)?;
         std::ptr::write_bytes(base, 0, RING_CTL_SIZE + capacity as usize);
-        (*(base as *const RingCtl)).capacity.store(capacity, Ordering::Release);
+        (*(base as *const RingCtl))
+            .capacity
+            .store(capacity, Ordering::Release);
         Ok(())
     }
 
@@ -115,9 +119,19 @@ impl Ring {
         let head = (*ctl).head.load(Ordering::Acquire);
         let tail = (*ctl).tail.load(Ordering::Acquire);
         if tail > head || head - tail > capacity || head % REC_ALIGN != 0 {
-            return Err(RingError::BadTail { tail, head, capacity });
+            return Err(RingError::BadTail {
+                tail,
+                head,
+                capacity,
+            });
         }
-        Ok(Producer { ctl, data: base.add(RING_CTL_SIZE), cap: capacity, head, cached_tail: tail })
+        Ok(Producer {
+            ctl,
+            data: base.add(RING_CTL_SIZE),
+            cap: capacity,
+            head,
+            cached_tail: tail,
+        })
     }
 
     /// The consumer end.
@@ -129,9 +143,19 @@ impl Ring {
         let ctl = base as *const RingCtl;
         let tail = (*ctl).tail.load(Ordering::Acquire);
         if tail % REC_ALIGN != 0 {
-            return Err(RingError::BadTail { tail, head: 0, capacity });
+            return Err(RingError::BadTail {
+                tail,
+                head: 0,
+                capacity,
+            });
         }
-        Ok(Consumer { ctl, data: base.add(RING_CTL_SIZE), cap: capacity, tail, done: tail })
+        Ok(Consumer {
+            ctl,
+            data: base.add(RING_CTL_SIZE),
+            cap: capacity,
+            tail,
+            done: tail,
+        })
     }
 }
 
@@ -225,7 +249,11 @@ impl Producer {
         // SAFETY: ctl valid (constructor contract).
         let t = unsafe { (*self.ctl).tail.load(Ordering::Acquire) };
         if t < self.cached_tail || t > self.head || self.head - t > self.cap || t % REC_ALIGN != 0 {
-            return Err(RingError::BadTail { tail: t, head: self.head, capacity: self.cap });
+            return Err(RingError::BadTail {
+                tail: t,
+                head: self.head,
+                capacity: self.cap,
+            });
         }
         self.cached_tail = t;
         Ok(())
@@ -267,7 +295,12 @@ impl Producer {
         let off = self.head & (self.cap - 1);
         // SAFETY: [off, off+rec) is free and inside the data area.
         let p = unsafe { self.data.add(off as usize) };
-        Ok(Some(WriteSlot { body: unsafe { p.add(REC_HDR) }, len: body_len, pos: self.head, rec }))
+        Ok(Some(WriteSlot {
+            body: unsafe { p.add(REC_HDR) },
+            len: body_len,
+            pos: self.head,
+            rec,
+        }))
     }
 
     /// Publish a filled record.
@@ -368,14 +401,24 @@ impl Consumer {
             // SAFETY: header is in bounds (above); values are validated before use.
             let (len, flags) = unsafe { (*(p.add(8) as *const u32), *(p.add(12) as *const u32)) };
             let rec = rec_len(len as usize);
-            if len as u64 > self.cap || off + rec > self.cap || (flags & FLAG_PAD != 0 && off + rec != self.cap) {
-                return Err(RingError::BadRecord { pos: self.tail, len });
+            if len as u64 > self.cap
+                || off + rec > self.cap
+                || (flags & FLAG_PAD != 0 && off + rec != self.cap)
+            {
+                return Err(RingError::BadRecord {
+                    pos: self.tail,
+                    len,
+                });
             }
             if flags & FLAG_PAD != 0 {
                 self.consume(off, rec);
                 continue;
             }
-            return Ok(Some(ReadRecord { body: unsafe { p.add(REC_HDR) }, len: len as usize, rec }));
+            return Ok(Some(ReadRecord {
+                body: unsafe { p.add(REC_HDR) },
+                len: len as usize,
+                rec,
+            }));
         }
     }
 
@@ -397,7 +440,9 @@ impl Consumer {
         let mut o = off + REC_ALIGN;
         while o < off + rec {
             // SAFETY: [off, off+rec) was validated to lie inside the data area.
-            unsafe { (*(self.data.add(o as usize) as *const AtomicU64)).store(0, Ordering::Relaxed) };
+            unsafe {
+                (*(self.data.add(o as usize) as *const AtomicU64)).store(0, Ordering::Relaxed)
+            };
             o += REC_ALIGN;
         }
         self.tail += rec;
@@ -409,7 +454,8 @@ impl Consumer {
     pub fn has_data(&self) -> bool {
         let off = self.tail & (self.cap - 1);
         // SAFETY: in bounds as in peek.
-        let stamp = unsafe { (*(self.data.add(off as usize) as *const AtomicU64)).load(Ordering::Acquire) };
+        let stamp =
+            unsafe { (*(self.data.add(off as usize) as *const AtomicU64)).load(Ordering::Acquire) };
         stamp == self.tail + 1
     }
 }
@@ -434,7 +480,10 @@ mod tests {
         let b = m.base();
         unsafe {
             Ring::init(b, cap).unwrap();
-            (Ring::producer(b, cap).unwrap(), Ring::consumer(b, cap).unwrap())
+            (
+                Ring::producer(b, cap).unwrap(),
+                Ring::consumer(b, cap).unwrap(),
+            )
         }
     }
 
@@ -524,12 +573,17 @@ mod tests {
             let n = 1000;
             let s = tx.reserve(n).unwrap().unwrap();
             let pos = tx.head();
-            let body: Vec<u8> = (0..n / 8).flat_map(|k| (pos + 1 + (k as u64 * 8)).to_le_bytes()).collect();
+            let body: Vec<u8> = (0..n / 8)
+                .flat_map(|k| (pos + 1 + (k as u64 * 8)).to_le_bytes())
+                .collect();
             unsafe { s.write(0, &body) };
             tx.commit(s);
             let r = rx.peek().unwrap().unwrap();
             rx.release(r);
-            assert!(rx.peek().unwrap().is_none(), "phantom record in round {round}");
+            assert!(
+                rx.peek().unwrap().is_none(),
+                "phantom record in round {round}"
+            );
         }
     }
 

@@ -56,16 +56,32 @@ impl Segment {
     /// bytes (a new file is sparse: pages cost memory only once touched). Returns the segment and whether
     /// this call created the file.
     pub fn open_or_create(path: &Path, size: u64) -> Result<(Segment, bool), SegmentError> {
-        let open_err = |source| SegmentError::Open { path: path.to_owned(), source };
-        let (file, created) =
-            match OpenOptions::new().read(true).write(true).create_new(true).mode(0o600).open(path) {
-                Ok(f) => (f, true),
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                    (OpenOptions::new().read(true).write(true).open(path).map_err(open_err)?, false)
-                }
-                Err(e) => return Err(open_err(e)),
-            };
-        let map_err = |source| SegmentError::Map { path: path.to_owned(), source };
+        let open_err = |source| SegmentError::Open {
+            path: path.to_owned(),
+            source,
+        };
+        let (file, created) = match OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)
+        {
+            Ok(f) => (f, true),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => (
+                OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(path)
+                    .map_err(open_err)?,
+                false,
+            ),
+            Err(e) => return Err(open_err(e)),
+        };
+        let map_err = |source| SegmentError::Map {
+            path: path.to_owned(),
+            source,
+        };
         let cur = file.metadata().map_err(map_err)?.len();
         if cur < size {
             file.set_len(size).map_err(map_err)?;
@@ -81,12 +97,23 @@ impl Segment {
             .read(true)
             .write(true)
             .open(path)
-            .map_err(|source| SegmentError::Open { path: path.to_owned(), source })?;
-        let len = file.metadata().map_err(|source| SegmentError::Map { path: path.to_owned(), source })?.len();
+            .map_err(|source| SegmentError::Open {
+                path: path.to_owned(),
+                source,
+            })?;
+        let len = file
+            .metadata()
+            .map_err(|source| SegmentError::Map {
+                path: path.to_owned(),
+                source,
+            })?
+            .len();
         if len == 0 {
             return Err(SegmentError::Map {
                 path: path.to_owned(),
-                source: std::io::Error::other("file has size 0; give a pre-sized file or a PCI BAR"),
+                source: std::io::Error::other(
+                    "file has size 0; give a pre-sized file or a PCI BAR",
+                ),
             });
         }
         Self::map(file, path, len)
@@ -96,8 +123,15 @@ impl Segment {
         let map = memmap2::MmapOptions::new()
             .len(len as usize)
             .map_raw(&file)
-            .map_err(|source| SegmentError::Map { path: path.to_owned(), source })?;
-        Ok(Segment { map, path: path.to_owned(), _file: file })
+            .map_err(|source| SegmentError::Map {
+                path: path.to_owned(),
+                source,
+            })?;
+        Ok(Segment {
+            map,
+            path: path.to_owned(),
+            _file: file,
+        })
     }
 
     /// Size of the mapping in bytes.
@@ -129,7 +163,11 @@ impl Segment {
     /// A typed reference at `offset`, bounds- and alignment-checked. `T` must be valid for any bit pattern
     /// (atomics and plain integers only): the other side of the mapping may write anything.
     pub fn at<T: ShmSafe>(&self, offset: u64) -> Result<&T, SegmentError> {
-        self.check(offset, std::mem::size_of::<T>() as u64, std::mem::align_of::<T>() as u64)?;
+        self.check(
+            offset,
+            std::mem::size_of::<T>() as u64,
+            std::mem::align_of::<T>() as u64,
+        )?;
         // SAFETY: in bounds and aligned (checked above); T: ShmSafe is valid for every bit pattern and only
         // accessed through atomics; the mapping lives as long as &self.
         Ok(unsafe { &*(self.map.as_mut_ptr().add(offset as usize) as *const T) })
@@ -172,10 +210,15 @@ mod tests {
         assert!(created);
         let (b, created2) = Segment::open_or_create(&p, 8192).unwrap();
         assert!(!created2);
-        a.at::<AtomicU64>(4096).unwrap().store(42, Ordering::Release);
+        a.at::<AtomicU64>(4096)
+            .unwrap()
+            .store(42, Ordering::Release);
         assert_eq!(b.at::<AtomicU64>(4096).unwrap().load(Ordering::Acquire), 42);
         use std::os::unix::fs::PermissionsExt;
-        assert_eq!(std::fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(
+            std::fs::metadata(&p).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
         std::fs::remove_file(&p).unwrap();
     }
 

@@ -333,7 +333,11 @@ mod tests {
         let c = Config::from_lookup(|_| None).unwrap();
         let s = c.region_sizing(16);
         // Rings and tables; the pool is clamped to the free space when the region is created.
-        assert!(s.tables() + s.heap <= 64 << 20, "{} bytes", s.tables() + s.heap);
+        assert!(
+            s.tables() + s.heap <= 64 << 20,
+            "{} bytes",
+            s.tables() + s.heap
+        );
         assert_eq!(s.pool_per_slot, 16 << 20);
         assert!(c.ring_size_for(2) == 1 << 20);
         assert!(c.ring_size_for(16) >= 64 << 10);

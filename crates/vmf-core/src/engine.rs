@@ -284,7 +284,11 @@ impl Waiter {
         // Then yield before sleeping: 50 us (VMF_WAIT_YIELD_US) when ranks outnumber cores; 20x that when
         // they do not, so that a peer preempted by a foreign program does not cost a wake-up every time
         // (a yielding rank stays runnable) while a rank blocked for long still sleeps.
-        let yield_for = Duration::from_micros(if oversubscribed { cfg.wait_yield_us } else { 20 * cfg.wait_yield_us });
+        let yield_for = Duration::from_micros(if oversubscribed {
+            cfg.wait_yield_us
+        } else {
+            20 * cfg.wait_yield_us
+        });
         let (spin, yield_for) = match cfg.wait {
             WaitPolicy::Block => (Duration::from_micros(1), Duration::ZERO),
             _ => (max_spin, yield_for),
@@ -317,7 +321,11 @@ impl Waiter {
             // waits of the usual length (a token going round 8 ranks on 2 cores) end while the rank is still
             // runnable instead of costing a wake-up (~45 us here).
             let (lo, hi) = (self.min_yield, Duration::from_millis(2));
-            let target = if waited <= hi { (waited * 2).max(lo) } else { lo };
+            let target = if waited <= hi {
+                (waited * 2).max(lo)
+            } else {
+                lo
+            };
             self.yield_for = ((self.yield_for * 3 + target) / 4).clamp(lo, hi);
             return;
         }
@@ -498,14 +506,21 @@ impl Engine {
     /// The region offset of pool block `p` of this rank (to publish to co-resident peers).
     pub fn pool_offset(&self, p: *const u8, len: usize) -> Option<u64> {
         let s = self.shared.as_ref()?;
-        s.region().pool_offset(p, len).filter(|&(slot, _)| slot == s.slot()).map(|(_, o)| o)
+        s.region()
+            .pool_offset(p, len)
+            .filter(|&(slot, _)| slot == s.slot())
+            .map(|(_, o)| o)
     }
 
     /// A pointer to `len` bytes at region offset `off` inside co-resident `peer`'s pool partition
     /// (validated: an offset a peer sent that points anywhere else is an error).
     pub fn peer_pool_ptr(&self, peer: usize, off: u64, len: usize) -> Option<*mut u8> {
         let shm = self.shm.as_ref()?;
-        let slot = if peer == self.me { shm.local_index() } else { shm.peer_local(peer)? };
+        let slot = if peer == self.me {
+            shm.local_index()
+        } else {
+            shm.peer_local(peer)?
+        };
         shm.region().pool_ptr(slot, off, len as u64).ok()
     }
 
@@ -711,7 +726,15 @@ impl Engine {
                 return Ok(true);
             }
         }
-        let mut p = Pending { hdr, a: [0; 48], a_len: a.len() as u8, data, data_len, complete, retire_tcp: false };
+        let mut p = Pending {
+            hdr,
+            a: [0; 48],
+            a_len: a.len() as u8,
+            data,
+            data_len,
+            complete,
+            retire_tcp: false,
+        };
         p.a[..a.len()].copy_from_slice(a);
         if holding {
             self.peers[peer].held.push_back(p);
@@ -728,7 +751,14 @@ impl Engine {
     /// # Safety
     /// `buf..buf+len` must be readable (it is copied before returning).
     #[inline]
-    pub unsafe fn try_send_now(&mut self, buf: *const u8, len: usize, dest: i64, tag: i32, ctx: u32) -> Result<bool> {
+    pub unsafe fn try_send_now(
+        &mut self,
+        buf: *const u8,
+        len: usize,
+        dest: i64,
+        tag: i32,
+        ctx: u32,
+    ) -> Result<bool> {
         if dest < 0 || dest as usize >= self.n || tag < 0 || self.fatal.is_some() {
             return Ok(false); // the slow path reports the error
         }
@@ -781,7 +811,11 @@ impl Engine {
         if self.peers[peer].route != Route::Shm || self.shm.is_none() {
             return Ok(None);
         }
-        let queued = |e: &Engine| e.unexpected.iter().any(|u| matches(src as i32, tag, ctx, u.src, u.tag, u.ctx));
+        let queued = |e: &Engine| {
+            e.unexpected
+                .iter()
+                .any(|u| matches(src as i32, tag, ctx, u.src, u.tag, u.ctx))
+        };
         if queued(self) {
             return Ok(None);
         }
@@ -816,7 +850,13 @@ impl Engine {
                     // SAFETY: the payload lies in the validated record; buf has cap >= len bytes.
                     unsafe { std::ptr::copy_nonoverlapping(inc.payload_ptr(), buf, inc.len()) };
                 }
-                let st = Status { source: peer, tag: h.tag, count: inc.len(), msg_len: inc.len(), cancelled: false };
+                let st = Status {
+                    source: peer,
+                    tag: h.tag,
+                    count: inc.len(),
+                    msg_len: inc.len(),
+                    cancelled: false,
+                };
                 self.shm.as_mut().unwrap().release(inc);
                 return Ok(Some(st));
             }
@@ -1046,7 +1086,10 @@ impl Engine {
             let Some(p) = self.peer_pool_ptr(src, info.pool, want) else {
                 let err = self.corrupt(
                     src,
-                    format!("rendezvous offset {} ({want} bytes) is outside its pool partition", info.pool),
+                    format!(
+                        "rendezvous offset {} ({want} bytes) is outside its pool partition",
+                        info.pool
+                    ),
                 );
                 self.fail(id, err.clone());
                 return Err(err);
@@ -1357,7 +1400,9 @@ impl Engine {
             }
         }
         while !self.selfq.is_empty() {
-            let Some(inc) = self.selfq.poll().expect("self transport cannot fail") else { break };
+            let Some(inc) = self.selfq.poll().expect("self transport cannot fail") else {
+                break;
+            };
             // SAFETY: the token owns the payload.
             let payload = unsafe { slice(inc.payload_ptr(), inc.len()) };
             let r = self.handle(inc.peer, &inc.hdr, payload, 0);
@@ -1905,27 +1950,38 @@ mod tests {
         let (mut a, mut b, d) = pair("direct", &[("VMF_HOST_CPUS", "4")]);
         // Eager sends complete at once; b must not progress (it would queue the message itself).
         let send = |a: &mut Engine, _b: &mut Engine, data: &[u8], tag: i32| {
-            let id = unsafe { a.isend(data.as_ptr(), data.len(), 1, tag, 0, SendMode::Standard).unwrap() };
+            let id = unsafe {
+                a.isend(data.as_ptr(), data.len(), 1, tag, 0, SendMode::Standard)
+                    .unwrap()
+            };
             a.progress().unwrap();
             assert!(a.is_done(id));
             a.take(id).unwrap();
         };
         let mut buf = [0u8; 64];
         // Nothing there: gives up (the caller then posts a receive).
-        assert!(unsafe { b.recv_direct(buf.as_mut_ptr(), 64, 0, 1, 0) }.unwrap().is_none());
+        assert!(unsafe { b.recv_direct(buf.as_mut_ptr(), 64, 0, 1, 0) }
+            .unwrap()
+            .is_none());
         // A fitting eager message: taken, with its status.
         send(&mut a, &mut b, b"hello", 1);
-        let st = unsafe { b.recv_direct(buf.as_mut_ptr(), 64, 0, ANY_TAG, 0) }.unwrap().unwrap();
+        let st = unsafe { b.recv_direct(buf.as_mut_ptr(), 64, 0, ANY_TAG, 0) }
+            .unwrap()
+            .unwrap();
         assert_eq!((st.source, st.tag, st.count), (0, 1, 5));
         assert_eq!(&buf[..5], b"hello");
         // Another tag first: handed to the general path (queued as unexpected), never skipped over.
         send(&mut a, &mut b, b"first", 7);
         send(&mut a, &mut b, b"second", 8);
-        assert!(unsafe { b.recv_direct(buf.as_mut_ptr(), 64, 0, 8, 0) }.unwrap().is_none());
+        assert!(unsafe { b.recv_direct(buf.as_mut_ptr(), 64, 0, 8, 0) }
+            .unwrap()
+            .is_none());
         assert_eq!(b.unexpected.len(), 1);
         // With a matching message queued, the fast path stands aside for the general one.
         send(&mut a, &mut b, b"third", 7);
-        assert!(unsafe { b.recv_direct(buf.as_mut_ptr(), 64, 0, 7, 0) }.unwrap().is_none());
+        assert!(unsafe { b.recv_direct(buf.as_mut_ptr(), 64, 0, 7, 0) }
+            .unwrap()
+            .is_none());
         let id = unsafe { b.irecv(buf.as_mut_ptr(), 64, 0, 7, 0).unwrap() };
         drive(&mut a, &mut b, &[(false, id)]);
         assert_eq!(&buf[..5], b"first", "non-overtaking order kept");
@@ -1936,8 +1992,13 @@ mod tests {
         assert!(st.is_none());
         // A posted receive elsewhere has precedence.
         let mut other = [0u8; 64];
-        let pid = unsafe { b.irecv(other.as_mut_ptr(), 64, ANY_SOURCE as i64, ANY_TAG, 0).unwrap() };
-        assert!(unsafe { b.recv_direct(buf.as_mut_ptr(), 64, 0, 7, 0) }.unwrap().is_none());
+        let pid = unsafe {
+            b.irecv(other.as_mut_ptr(), 64, ANY_SOURCE as i64, ANY_TAG, 0)
+                .unwrap()
+        };
+        assert!(unsafe { b.recv_direct(buf.as_mut_ptr(), 64, 0, 7, 0) }
+            .unwrap()
+            .is_none());
         drive(&mut a, &mut b, &[(false, pid)]);
         assert_eq!(&other[..6], b"second");
         b.take(pid).unwrap();
@@ -1947,7 +2008,11 @@ mod tests {
     #[test]
     fn rendezvous_from_pool_blocks_is_one_copy_out_of_the_region() {
         let (mut a, mut b, d) = pair("pool", &[("VMF_SHM_CMA", "0")]);
-        for &(n, cap) in &[(100_000usize, 100_000usize), (700_000, 700_000), (300_000, 1000)] {
+        for &(n, cap) in &[
+            (100_000usize, 100_000usize),
+            (700_000, 700_000),
+            (300_000, 1000),
+        ] {
             let p = a.pool_alloc(n, 4096).expect("pool block");
             let s = pattern(n, 9);
             // SAFETY: a fresh pool block of n bytes.
@@ -1959,8 +2024,16 @@ mod tests {
             drive(&mut a, &mut b, &[(true, sid), (false, rid)]);
             a.take(sid).unwrap();
             let got = b.take(rid);
-            assert_eq!(b.pool_copies(), before + 1, "size {n}: not copied out of the pool");
-            assert_eq!(r[..cap.min(n)], s[..cap.min(n)], "payload mismatch at size {n}");
+            assert_eq!(
+                b.pool_copies(),
+                before + 1,
+                "size {n}: not copied out of the pool"
+            );
+            assert_eq!(
+                r[..cap.min(n)],
+                s[..cap.min(n)],
+                "payload mismatch at size {n}"
+            );
             if cap < n {
                 assert!(matches!(got, Err(Error::Truncated { .. })), "{got:?}");
             } else {
@@ -1973,7 +2046,10 @@ mod tests {
         let mut r = vec![0u8; 200_000];
         let before = b.pool_copies();
         let rid = unsafe { b.irecv(r.as_mut_ptr(), r.len(), 0, 5, 0).unwrap() };
-        let sid = unsafe { a.isend(s.as_ptr(), s.len(), 1, 5, 0, SendMode::Standard).unwrap() };
+        let sid = unsafe {
+            a.isend(s.as_ptr(), s.len(), 1, 5, 0, SendMode::Standard)
+                .unwrap()
+        };
         drive(&mut a, &mut b, &[(true, sid), (false, rid)]);
         a.take(sid).unwrap();
         b.take(rid).unwrap();

@@ -169,11 +169,13 @@ impl Fabric {
                 // kill a rank with SIGBUS when it does: keep the pool within half the free space.
                 if let Some(avail) = vmf_pal::fs_available(d) {
                     let room = avail.saturating_sub(sizing.tables() + sizing.heap) / 2;
-                    sizing.pool_per_slot = sizing.pool_per_slot.min(room / sizing.max_local.max(1) as u64);
+                    sizing.pool_per_slot = sizing
+                        .pool_per_slot
+                        .min(room / sizing.max_local.max(1) as u64);
                 }
             }
-            let reg = Region::open(&src, &job, sizing, launcher, timeout)
-                .map_err(|e| setup(rank, e))?;
+            let reg =
+                Region::open(&src, &job, sizing, launcher, timeout).map_err(|e| setup(rank, e))?;
             let reg = Arc::new(reg);
             let idx = reg.attach(rank as u32).map_err(|e| setup(rank, e))?;
             // TCP: listen now, publish the address with the region's identity.
@@ -342,7 +344,10 @@ impl Fabric {
 
     /// The shared region this rank mapped, if any.
     pub fn region_path(&self) -> Option<std::path::PathBuf> {
-        self.eng.borrow().shm().map(|s| s.region().path().to_owned())
+        self.eng
+            .borrow()
+            .shm()
+            .map(|s| s.region().path().to_owned())
     }
 
     /// The channel used to reach `peer` ("self", "shm" or "none").
@@ -368,7 +373,14 @@ impl Fabric {
             if e.try_send_now(buf.as_ptr(), buf.len(), dest as i64, tag, CTX_USER)? {
                 return Ok(());
             }
-            let id = e.isend(buf.as_ptr(), buf.len(), dest as i64, tag, CTX_USER, SendMode::Standard)?;
+            let id = e.isend(
+                buf.as_ptr(),
+                buf.len(),
+                dest as i64,
+                tag,
+                CTX_USER,
+                SendMode::Standard,
+            )?;
             e.wait_until(Op::Wait, |e| e.is_done(id))?;
             e.take(id).map(|_| ())
         }
@@ -411,7 +423,9 @@ impl Fabric {
     pub fn recv(&self, buf: &mut [u8], src: Source, tag: TagSel) -> Result<Status> {
         let mut e = self.eng.borrow_mut();
         // SAFETY: `buf` is borrowed mutably for the call.
-        if let Some(st) = unsafe { e.recv_direct(buf.as_mut_ptr(), buf.len(), src.raw(), tag.raw(), CTX_USER)? } {
+        if let Some(st) =
+            unsafe { e.recv_direct(buf.as_mut_ptr(), buf.len(), src.raw(), tag.raw(), CTX_USER)? }
+        {
             return Ok(st);
         }
         // SAFETY: `buf` stays borrowed until the request completes below.

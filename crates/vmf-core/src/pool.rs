@@ -33,7 +33,13 @@ impl Pool {
     /// The pool of `slot` in `region`; `None` when the region has no pool.
     pub fn new(region: Arc<Region>, slot: u32) -> Option<Pool> {
         let (off, len) = region.pool_of(slot)?;
-        Some(Pool { region, slot, free: vec![(off, len)], live: HashMap::new(), deferred: Vec::new() })
+        Some(Pool {
+            region,
+            slot,
+            free: vec![(off, len)],
+            live: HashMap::new(),
+            deferred: Vec::new(),
+        })
     }
 
     /// The region the pool lives in.
@@ -157,10 +163,20 @@ mod tests {
     }
 
     fn region(dir: &std::path::Path) -> Arc<Region> {
-        let sz = RegionSizing { max_local: 2, heap: 1 << 16, pool_per_slot: 64 << 10 };
+        let sz = RegionSizing {
+            max_local: 2,
+            heap: 1 << 16,
+            pool_per_slot: 64 << 10,
+        };
         Arc::new(
-            Region::open(&RegionSource::Dir(dir.into()), "pooltest", sz, None, std::time::Duration::from_secs(5))
-                .unwrap(),
+            Region::open(
+                &RegionSource::Dir(dir.into()),
+                "pooltest",
+                sz,
+                None,
+                std::time::Duration::from_secs(5),
+            )
+            .unwrap(),
         )
     }
 
@@ -189,7 +205,10 @@ mod tests {
         let mut q = Pool::new(r.clone(), 0).unwrap();
         let (x, xo) = q.alloc(128, 128).unwrap();
         assert_eq!(r.pool_offset(x, 128), Some((0, xo)));
-        assert!(r.pool_ptr(1, xo, 128).is_err(), "offset of slot 0 is not valid in slot 1");
+        assert!(
+            r.pool_ptr(1, xo, 128).is_err(),
+            "offset of slot 0 is not valid in slot 1"
+        );
     }
 
     #[test]

@@ -216,7 +216,10 @@ mod tests {
         assert_eq!(parse_mtu(Some(" 1500 ")).unwrap(), 1500);
         for bad in ["", "jumbo", "0", "1279", "65536", "-1"] {
             let e = parse_mtu(Some(bad)).unwrap_err().to_string();
-            assert!(e.contains("VMF_HOSTS_MTU") && e.contains("1280 and 65535"), "{bad}: {e}");
+            assert!(
+                e.contains("VMF_HOSTS_MTU") && e.contains("1280 and 65535"),
+                "{bad}: {e}"
+            );
         }
     }
 }

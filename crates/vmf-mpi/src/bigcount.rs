@@ -7,7 +7,10 @@ use std::ffi::{c_int, c_void};
 
 #[inline]
 fn ci(n: MPI_Count) -> R<c_int> {
-    c_int::try_from(n).map_err(|_| MpiErr { code: MPI_ERR_COUNT, msg: format!("count {n} exceeds INT_MAX (not supported yet)") })
+    c_int::try_from(n).map_err(|_| MpiErr {
+        code: MPI_ERR_COUNT,
+        msg: format!("count {n} exceeds INT_MAX (not supported yet)"),
+    })
 }
 
 macro_rules! conv {

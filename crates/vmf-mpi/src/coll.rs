@@ -60,13 +60,30 @@ const ALLGATHER_RING_MIN: usize = 64 * 1024;
 const ALLTOALL_PAIRWISE_MIN: usize = 32 * 1024;
 
 enum Step {
-    Send { to: i64, p: *const u8, len: usize },
-    Recv { from: i64, p: *mut u8, len: usize },
+    Send {
+        to: i64,
+        p: *const u8,
+        len: usize,
+    },
+    Recv {
+        from: i64,
+        p: *mut u8,
+        len: usize,
+    },
     /// Round boundary: wait for every send and receive posted so far.
     Wait,
     /// `b = a op b` (local; waits for the round first).
-    Reduce { red: Red, a: *const u8, b: *mut u8, n: usize },
-    Copy { src: *const u8, dst: *mut u8, len: usize },
+    Reduce {
+        red: Red,
+        a: *const u8,
+        b: *mut u8,
+        n: usize,
+    },
+    Copy {
+        src: *const u8,
+        dst: *mut u8,
+        len: usize,
+    },
     Call(Box<dyn FnMut() -> R>),
 }
 
@@ -88,7 +105,17 @@ static EMPTY: [u8; 8] = [0; 8];
 
 impl Sched {
     fn new(ctx: u32, tag: i32) -> Sched {
-        Sched { steps: Vec::new(), pos: 0, pending: Vec::new(), bufs: Vec::new(), pool: Vec::new(), ctx, tag, done: false, err: None }
+        Sched {
+            steps: Vec::new(),
+            pos: 0,
+            pending: Vec::new(),
+            bufs: Vec::new(),
+            pool: Vec::new(),
+            ctx,
+            tag,
+            done: false,
+            err: None,
+        }
     }
 
     /// Make a finished schedule ready for another collective, keeping its allocations.
@@ -211,13 +238,21 @@ impl Sched {
                         let p = if *len == 0 { EMPTY.as_ptr() } else { *p };
                         // SAFETY: user buffers stay valid until the collective completes (MPI rule);
                         // temporaries are owned by the schedule.
-                        let id = unsafe { e.isend(p, *len, *to, self.tag, self.ctx, SendMode::Standard) }.map_err(from_core)?;
+                        let id = unsafe {
+                            e.isend(p, *len, *to, self.tag, self.ctx, SendMode::Standard)
+                        }
+                        .map_err(from_core)?;
                         self.pending.push(id);
                     }
                     Step::Recv { from, p, len } => {
-                        let p = if *len == 0 { EMPTY.as_ptr() as *mut u8 } else { *p };
+                        let p = if *len == 0 {
+                            EMPTY.as_ptr() as *mut u8
+                        } else {
+                            *p
+                        };
                         // SAFETY: as above.
-                        let id = unsafe { e.irecv(p, *len, *from, self.tag, self.ctx) }.map_err(from_core)?;
+                        let id = unsafe { e.irecv(p, *len, *from, self.tag, self.ctx) }
+                            .map_err(from_core)?;
                         self.pending.push(id);
                     }
                     Step::Wait => {
@@ -254,7 +289,8 @@ impl Sched {
                 };
             }
             let p = &self.pending;
-            e.wait_until(COp::Wait, |e| p.iter().all(|id| e.is_done(*id))).map_err(from_core)?;
+            e.wait_until(COp::Wait, |e| p.iter().all(|id| e.is_done(*id)))
+                .map_err(from_core)?;
         }
     }
 }
@@ -289,7 +325,16 @@ pub(crate) fn begin(st: &mut State, ci: usize) -> (Box<Sched>, Ctx) {
     let c = st.comms[ci].as_mut().unwrap();
     let tag = c.coll_seq;
     c.coll_seq = (c.coll_seq + 1) & 0x3fff_ffff;
-    let (ctx, cx) = (c.coll, Ctx { n: c.size as usize, me: c.rank as usize, world: c.world.clone(), inter: c.remote.clone(), flat: crate::shmcoll::all_oversubscribed(&c.shm) });
+    let (ctx, cx) = (
+        c.coll,
+        Ctx {
+            n: c.size as usize,
+            me: c.rank as usize,
+            world: c.world.clone(),
+            inter: c.remote.clone(),
+            flat: crate::shmcoll::all_oversubscribed(&c.shm),
+        },
+    );
     let s = match st.spare.take() {
         Some(mut s) => {
             s.reset(ctx, tag);
@@ -311,7 +356,16 @@ fn finish(st: &mut State, mut s: Box<Sched>) -> R {
 
 /// A schedule over an explicit member list (world ranks) with an explicit context and tag.
 pub(crate) fn begin_group(ctx: u32, tag: i32, members: &[usize], me: usize) -> (Sched, Ctx) {
-    (Sched::new(ctx, tag), Ctx { n: members.len(), me, world: Some(members.to_vec()), inter: None, flat: false })
+    (
+        Sched::new(ctx, tag),
+        Ctx {
+            n: members.len(),
+            me,
+            world: Some(members.to_vec()),
+            inter: None,
+            flat: false,
+        },
+    )
 }
 
 // ------------------------------------------------------------------------------------------------ algorithms
@@ -376,7 +430,15 @@ fn bcast_s(s: &mut Sched, c: &Ctx, root: usize, buf: *mut u8, len: usize) {
 }
 
 /// Binomial reduce of `cnt` elements from `sbuf` to `rbuf` at `root`.
-fn reduce_s(s: &mut Sched, c: &Ctx, root: usize, sbuf: *const u8, rbuf: *mut u8, red: Red, cnt: usize) {
+fn reduce_s(
+    s: &mut Sched,
+    c: &Ctx,
+    root: usize,
+    sbuf: *const u8,
+    rbuf: *mut u8,
+    red: Red,
+    cnt: usize,
+) {
     let n = c.n;
     let bytes = cnt * red.elem;
     if n > 2 && n <= DIRECT_MAX_RANKS && bytes <= DIRECT_MAX_BYTES && cnt > 0 {
@@ -539,7 +601,11 @@ fn ring_allreduce(s: &mut Sched, c: &Ctx, src: *const u8, buf: *mut u8, red: Red
         unsafe {
             s.recv(prev, tmp, rl * e);
             // step 0 sends this rank's own input; later steps the partial sums it made
-            let from = if k == 0 { src.add(ss * e) } else { buf.add(ss * e) as *const u8 };
+            let from = if k == 0 {
+                src.add(ss * e)
+            } else {
+                buf.add(ss * e) as *const u8
+            };
             s.send(next, from, sl * e);
             s.wait();
             s.copy(src.add(rs * e), buf.add(rs * e), rl * e);
@@ -592,7 +658,8 @@ fn alltoall_s(s: &mut Sched, c: &Ctx, sb: &[(*const u8, usize)], rb: &[(*mut u8,
     s.copy(sb[me].0, rb[me].0, sb[me].1.min(rb[me].1));
     // Up to 8 ranks every exchange is posted at once whatever the size (whoever runs moves data: best
     // when ranks outnumber cores); beyond, pairwise rounds for large blocks keep the traffic bounded.
-    let big = n > DIRECT_MAX_RANKS && sb.iter().map(|b| b.1).max().unwrap_or(0) >= ALLTOALL_PAIRWISE_MIN;
+    let big =
+        n > DIRECT_MAX_RANKS && sb.iter().map(|b| b.1).max().unwrap_or(0) >= ALLTOALL_PAIRWISE_MIN;
     if !big {
         for k in 1..n {
             let from = (me + n - k) % n;
@@ -605,7 +672,11 @@ fn alltoall_s(s: &mut Sched, c: &Ctx, sb: &[(*const u8, usize)], rb: &[(*mut u8,
         s.wait();
     } else {
         for k in 1..n {
-            let (to, from) = if n.is_power_of_two() { (me ^ k, me ^ k) } else { ((me + k) % n, (me + n - k) % n) };
+            let (to, from) = if n.is_power_of_two() {
+                (me ^ k, me ^ k)
+            } else {
+                ((me + k) % n, (me + n - k) % n)
+            };
             s.recv(c.w(from), rb[from].0, rb[from].1);
             s.send(c.w(to), sb[to].0, sb[to].1);
             s.wait();
@@ -614,7 +685,15 @@ fn alltoall_s(s: &mut Sched, c: &Ctx, sb: &[(*const u8, usize)], rb: &[(*mut u8,
 }
 
 /// Inclusive (or exclusive) scan by recursive doubling; `rbuf` holds this rank's input for inclusive.
-fn scan_s(s: &mut Sched, c: &Ctx, sbuf: *const u8, rbuf: *mut u8, red: Red, cnt: usize, exclusive: bool) {
+fn scan_s(
+    s: &mut Sched,
+    c: &Ctx,
+    sbuf: *const u8,
+    rbuf: *mut u8,
+    red: Red,
+    cnt: usize,
+    exclusive: bool,
+) {
     let (n, me) = (c.n, c.me);
     let bytes = cnt * red.elem;
     let partial = s.tmp(bytes);
@@ -654,7 +733,12 @@ fn scan_s(s: &mut Sched, c: &Ctx, sbuf: *const u8, rbuf: *mut u8, red: Red, cnt:
 // ------------------------------------------------------------------------------------------------ staging
 
 /// A send-side buffer: contiguous pointer, or packed into a schedule temporary.
-unsafe fn src(s: &mut Sched, buf: *const c_void, count: c_int, dt: MPI_Datatype) -> R<(*const u8, usize)> {
+unsafe fn src(
+    s: &mut Sched,
+    buf: *const c_void,
+    count: c_int,
+    dt: MPI_Datatype,
+) -> R<(*const u8, usize)> {
     match datatype::layout(buf, count, dt)? {
         Lay::Contig(b) => Ok((buf as *const u8, b)),
         Lay::Packed { bytes } => {
@@ -668,7 +752,13 @@ unsafe fn src(s: &mut Sched, buf: *const c_void, count: c_int, dt: MPI_Datatype)
 struct Unp(Vec<(*mut u8, *mut u8, usize, usize, MPI_Datatype)>);
 
 /// A receive-side buffer: contiguous pointer, or a temporary unpacked at the end.
-unsafe fn dst(s: &mut Sched, u: &mut Unp, buf: *mut c_void, count: c_int, dt: MPI_Datatype) -> R<(*mut u8, usize)> {
+unsafe fn dst(
+    s: &mut Sched,
+    u: &mut Unp,
+    buf: *mut c_void,
+    count: c_int,
+    dt: MPI_Datatype,
+) -> R<(*mut u8, usize)> {
     match datatype::layout(buf, count, dt)? {
         Lay::Contig(b) => Ok((buf as *mut u8, b)),
         Lay::Packed { bytes } => {
@@ -687,7 +777,9 @@ fn finish_unpack(s: &mut Sched, u: Unp) {
     s.call(move || {
         for &(t, b, bytes, count, dt) in &list {
             // SAFETY: t is a schedule temporary of `bytes`; b the user's buffer.
-            unsafe { datatype::unpack_from(std::slice::from_raw_parts(t, bytes), bytes, b, count, dt)? };
+            unsafe {
+                datatype::unpack_from(std::slice::from_raw_parts(t, bytes), bytes, b, count, dt)?
+            };
         }
         Ok(())
     });
@@ -702,7 +794,10 @@ unsafe fn arr_i(p: *const c_int, n: usize) -> R<Vec<c_int>> {
 
 pub(crate) fn check_root(root: c_int, n: usize) -> R<usize> {
     if root < 0 || root as usize >= n {
-        err(MPI_ERR_ROOT, format!("root {root} is not in the communicator (size {n})"))
+        err(
+            MPI_ERR_ROOT,
+            format!("root {root} is not in the communicator (size {n})"),
+        )
     } else {
         Ok(root as usize)
     }
@@ -738,14 +833,24 @@ unsafe fn go(comm: MPI_Comm, req: *mut MPI_Request, nonblocking: bool, b: Build)
     Ok(())
 }
 
-unsafe fn bcast(buf: *mut c_void, count: c_int, dt: MPI_Datatype, root: c_int) -> impl FnMut(&mut State, &mut Sched, &Ctx) -> R {
+unsafe fn bcast(
+    buf: *mut c_void,
+    count: c_int,
+    dt: MPI_Datatype,
+    root: c_int,
+) -> impl FnMut(&mut State, &mut Sched, &Ctx) -> R {
     move |_st, s, c| {
         if let Some(x) = c.inter.as_deref() {
             return inter::bcast(s, x, buf, count, dt, root);
         }
         let root = check_root(root, c.n)?;
         let mut u = Unp(vec![]);
-        let (p, len) = if c.me == root { let (p, l) = src(s, buf, count, dt)?; (p as *mut u8, l) } else { dst(s, &mut u, buf, count, dt)? };
+        let (p, len) = if c.me == root {
+            let (p, l) = src(s, buf, count, dt)?;
+            (p as *mut u8, l)
+        } else {
+            dst(s, &mut u, buf, count, dt)?
+        };
         bcast_s(s, c, root, p, len);
         finish_unpack(s, u);
         Ok(())
@@ -759,7 +864,12 @@ fn red_bytes(red: &Red, cnt: usize) -> usize {
 
 /// A non-contiguous derived type made of one basic type under a predefined op: reduce it packed, as
 /// basic elements (the input is packed into a temporary, the result unpacked at the end).
-pub(crate) fn red_packed(st: &State, op: MPI_Op, dt: MPI_Datatype, count: c_int) -> R<Option<(Red, usize)>> {
+pub(crate) fn red_packed(
+    st: &State,
+    op: MPI_Op,
+    dt: MPI_Datatype,
+    count: c_int,
+) -> R<Option<(Red, usize)>> {
     if !datatype::is_derived(dt) || !(op::MPI_MAX..=op::MPI_NO_OP).contains(&op) || count < 0 {
         return Ok(None);
     }
@@ -771,21 +881,45 @@ pub(crate) fn red_packed(st: &State, op: MPI_Op, dt: MPI_Datatype, count: c_int)
     op::resolve(st, op, basic, n).map(Some)
 }
 
-unsafe fn packed_in(s: &mut Sched, buf: *const u8, count: c_int, dt: MPI_Datatype, bytes: usize) -> R<*const u8> {
+unsafe fn packed_in(
+    s: &mut Sched,
+    buf: *const u8,
+    count: c_int,
+    dt: MPI_Datatype,
+    bytes: usize,
+) -> R<*const u8> {
     Ok(s.keep(datatype::pack_vec(buf, count as usize, dt, bytes)?) as *const u8)
 }
 
-fn unpack_out(s: &mut Sched, t: *mut u8, buf: *mut c_void, bytes: usize, count: usize, dt: MPI_Datatype) {
+fn unpack_out(
+    s: &mut Sched,
+    t: *mut u8,
+    buf: *mut c_void,
+    bytes: usize,
+    count: usize,
+    dt: MPI_Datatype,
+) {
     finish_unpack(s, Unp(vec![(t, buf as *mut u8, bytes, count, dt)]));
 }
 
-unsafe fn reduce(sbuf: *const c_void, rbuf: *mut c_void, count: c_int, dt: MPI_Datatype, op: MPI_Op, root: c_int) -> impl FnMut(&mut State, &mut Sched, &Ctx) -> R {
+unsafe fn reduce(
+    sbuf: *const c_void,
+    rbuf: *mut c_void,
+    count: c_int,
+    dt: MPI_Datatype,
+    op: MPI_Op,
+    root: c_int,
+) -> impl FnMut(&mut State, &mut Sched, &Ctx) -> R {
     move |st, s, c| {
         if let Some(x) = c.inter.as_deref() {
             return inter::reduce(st, s, x, sbuf, rbuf, count, dt, op, root);
         }
         let root = check_root(root, c.n)?;
-        let input = if sbuf == IN_PLACE && c.me == root { rbuf as *const u8 } else { sbuf as *const u8 };
+        let input = if sbuf == IN_PLACE && c.me == root {
+            rbuf as *const u8
+        } else {
+            sbuf as *const u8
+        };
         if let Some((red, cnt)) = red_packed(st, op, dt, count)? {
             let bytes = red_bytes(&red, cnt);
             let inp = packed_in(s, input, count, dt, bytes)?;
@@ -806,14 +940,24 @@ unsafe fn reduce(sbuf: *const c_void, rbuf: *mut c_void, count: c_int, dt: MPI_D
     }
 }
 
-unsafe fn allreduce(sbuf: *const c_void, rbuf: *mut c_void, count: c_int, dt: MPI_Datatype, op: MPI_Op) -> impl FnMut(&mut State, &mut Sched, &Ctx) -> R {
+unsafe fn allreduce(
+    sbuf: *const c_void,
+    rbuf: *mut c_void,
+    count: c_int,
+    dt: MPI_Datatype,
+    op: MPI_Op,
+) -> impl FnMut(&mut State, &mut Sched, &Ctx) -> R {
     move |st, s, c| {
         if let Some(x) = c.inter.as_deref() {
             return inter::allreduce(st, s, c, x, sbuf, rbuf, count, dt, op);
         }
         if let Some((red, cnt)) = red_packed(st, op, dt, count)? {
             let bytes = red_bytes(&red, cnt);
-            let input = if sbuf == IN_PLACE { rbuf as *const u8 } else { sbuf as *const u8 };
+            let input = if sbuf == IN_PLACE {
+                rbuf as *const u8
+            } else {
+                sbuf as *const u8
+            };
             let inp = packed_in(s, input, count, dt, bytes)?;
             let out = s.tmp(bytes);
             allreduce_s(s, c, inp, out, red, cnt);
@@ -825,17 +969,33 @@ unsafe fn allreduce(sbuf: *const c_void, rbuf: *mut c_void, count: c_int, dt: MP
         if bytes > 0 && (rbuf.is_null() || sbuf.is_null()) {
             return err(MPI_ERR_BUFFER, "NULL buffer");
         }
-        let src = if sbuf == IN_PLACE { rbuf as *const u8 } else { sbuf as *const u8 };
+        let src = if sbuf == IN_PLACE {
+            rbuf as *const u8
+        } else {
+            sbuf as *const u8
+        };
         allreduce_s(s, c, src, rbuf as *mut u8, red, cnt);
         Ok(())
     }
 }
 
 /// Gather/gatherv: `rc`/`displs` None means fixed `rcount` blocks.
-unsafe fn gatherv(sbuf: *const c_void, scount: c_int, stype: MPI_Datatype, rbuf: *mut c_void, rcounts: Option<*const c_int>, rcount: c_int, displs: Option<*const c_int>, rtype: MPI_Datatype, root: c_int) -> impl FnMut(&mut State, &mut Sched, &Ctx) -> R {
+unsafe fn gatherv(
+    sbuf: *const c_void,
+    scount: c_int,
+    stype: MPI_Datatype,
+    rbuf: *mut c_void,
+    rcounts: Option<*const c_int>,
+    rcount: c_int,
+    displs: Option<*const c_int>,
+    rtype: MPI_Datatype,
+    root: c_int,
+) -> impl FnMut(&mut State, &mut Sched, &Ctx) -> R {
     move |_st, s, c| {
         if let Some(x) = c.inter.as_deref() {
-            return inter::gatherv(s, x, sbuf, scount, stype, rbuf, rcounts, rcount, displs, rtype, root);
+            return inter::gatherv(
+                s, x, sbuf, scount, stype, rbuf, rcounts, rcount, displs, rtype, root,
+            );
         }
         let root = check_root(root, c.n)?;
         if c.me != root {
@@ -845,14 +1005,27 @@ unsafe fn gatherv(sbuf: *const c_void, scount: c_int, stype: MPI_Datatype, rbuf:
             return Ok(());
         }
         let (ext, _) = datatype::ext_size(rtype)?;
-        let counts = match rcounts { Some(p) => arr_i(p, c.n)?, None => vec![rcount; c.n] };
-        let disp = match displs { Some(p) => arr_i(p, c.n)?, None => (0..c.n as c_int).map(|i| i * rcount).collect() };
+        let counts = match rcounts {
+            Some(p) => arr_i(p, c.n)?,
+            None => vec![rcount; c.n],
+        };
+        let disp = match displs {
+            Some(p) => arr_i(p, c.n)?,
+            None => (0..c.n as c_int).map(|i| i * rcount).collect(),
+        };
         let mut u = Unp(vec![]);
         for i in 0..c.n {
             let b = (rbuf as *mut u8).wrapping_offset(disp[i] as isize * ext) as *mut c_void;
             if i == root {
                 if sbuf != IN_PLACE {
-                    datatype::local_copy(sbuf as *const u8, scount.max(0) as usize, stype, b as *mut u8, counts[i].max(0) as usize, rtype)?;
+                    datatype::local_copy(
+                        sbuf as *const u8,
+                        scount.max(0) as usize,
+                        stype,
+                        b as *mut u8,
+                        counts[i].max(0) as usize,
+                        rtype,
+                    )?;
                 }
                 continue;
             }
@@ -865,10 +1038,22 @@ unsafe fn gatherv(sbuf: *const c_void, scount: c_int, stype: MPI_Datatype, rbuf:
     }
 }
 
-unsafe fn scatterv(sbuf: *const c_void, scounts: Option<*const c_int>, scount: c_int, displs: Option<*const c_int>, stype: MPI_Datatype, rbuf: *mut c_void, rcount: c_int, rtype: MPI_Datatype, root: c_int) -> impl FnMut(&mut State, &mut Sched, &Ctx) -> R {
+unsafe fn scatterv(
+    sbuf: *const c_void,
+    scounts: Option<*const c_int>,
+    scount: c_int,
+    displs: Option<*const c_int>,
+    stype: MPI_Datatype,
+    rbuf: *mut c_void,
+    rcount: c_int,
+    rtype: MPI_Datatype,
+    root: c_int,
+) -> impl FnMut(&mut State, &mut Sched, &Ctx) -> R {
     move |_st, s, c| {
         if let Some(x) = c.inter.as_deref() {
-            return inter::scatterv(s, x, sbuf, scounts, scount, displs, stype, rbuf, rcount, rtype, root);
+            return inter::scatterv(
+                s, x, sbuf, scounts, scount, displs, stype, rbuf, rcount, rtype, root,
+            );
         }
         let root = check_root(root, c.n)?;
         if c.me != root {
@@ -880,13 +1065,26 @@ unsafe fn scatterv(sbuf: *const c_void, scounts: Option<*const c_int>, scount: c
             return Ok(());
         }
         let (ext, _) = datatype::ext_size(stype)?;
-        let counts = match scounts { Some(p) => arr_i(p, c.n)?, None => vec![scount; c.n] };
-        let disp = match displs { Some(p) => arr_i(p, c.n)?, None => (0..c.n as c_int).map(|i| i * scount).collect() };
+        let counts = match scounts {
+            Some(p) => arr_i(p, c.n)?,
+            None => vec![scount; c.n],
+        };
+        let disp = match displs {
+            Some(p) => arr_i(p, c.n)?,
+            None => (0..c.n as c_int).map(|i| i * scount).collect(),
+        };
         for i in 0..c.n {
             let b = (sbuf as *const u8).wrapping_offset(disp[i] as isize * ext) as *const c_void;
             if i == root {
                 if rbuf as *const c_void != IN_PLACE {
-                    datatype::local_copy(b as *const u8, counts[i].max(0) as usize, stype, rbuf as *mut u8, rcount.max(0) as usize, rtype)?;
+                    datatype::local_copy(
+                        b as *const u8,
+                        counts[i].max(0) as usize,
+                        stype,
+                        rbuf as *mut u8,
+                        rcount.max(0) as usize,
+                        rtype,
+                    )?;
                 }
                 continue;
             }
@@ -898,14 +1096,31 @@ unsafe fn scatterv(sbuf: *const c_void, scounts: Option<*const c_int>, scount: c
     }
 }
 
-unsafe fn allgatherv(sbuf: *const c_void, scount: c_int, stype: MPI_Datatype, rbuf: *mut c_void, rcounts: Option<*const c_int>, rcount: c_int, displs: Option<*const c_int>, rtype: MPI_Datatype) -> impl FnMut(&mut State, &mut Sched, &Ctx) -> R {
+unsafe fn allgatherv(
+    sbuf: *const c_void,
+    scount: c_int,
+    stype: MPI_Datatype,
+    rbuf: *mut c_void,
+    rcounts: Option<*const c_int>,
+    rcount: c_int,
+    displs: Option<*const c_int>,
+    rtype: MPI_Datatype,
+) -> impl FnMut(&mut State, &mut Sched, &Ctx) -> R {
     move |_st, s, c| {
         if let Some(x) = c.inter.as_deref() {
-            return inter::allgatherv(s, x, sbuf, scount, stype, rbuf, rcounts, rcount, displs, rtype);
+            return inter::allgatherv(
+                s, x, sbuf, scount, stype, rbuf, rcounts, rcount, displs, rtype,
+            );
         }
         let (ext, _) = datatype::ext_size(rtype)?;
-        let counts = match rcounts { Some(p) => arr_i(p, c.n)?, None => vec![rcount; c.n] };
-        let disp = match displs { Some(p) => arr_i(p, c.n)?, None => (0..c.n as c_int).map(|i| i * rcount).collect() };
+        let counts = match rcounts {
+            Some(p) => arr_i(p, c.n)?,
+            None => vec![rcount; c.n],
+        };
+        let disp = match displs {
+            Some(p) => arr_i(p, c.n)?,
+            None => (0..c.n as c_int).map(|i| i * rcount).collect(),
+        };
         let mut u = Unp(vec![]);
         let mut blocks = Vec::with_capacity(c.n);
         for i in 0..c.n {
@@ -913,7 +1128,14 @@ unsafe fn allgatherv(sbuf: *const c_void, scount: c_int, stype: MPI_Datatype, rb
             let (p, len) = dst(s, &mut u, b, counts[i], rtype)?;
             if i == c.me {
                 if sbuf != IN_PLACE {
-                    datatype::local_copy(sbuf as *const u8, scount.max(0) as usize, stype, b as *mut u8, counts[i].max(0) as usize, rtype)?;
+                    datatype::local_copy(
+                        sbuf as *const u8,
+                        scount.max(0) as usize,
+                        stype,
+                        b as *mut u8,
+                        counts[i].max(0) as usize,
+                        rtype,
+                    )?;
                 }
                 if p != b as *mut u8 {
                     // staged: pack our own block into the staging buffer
@@ -931,7 +1153,16 @@ unsafe fn allgatherv(sbuf: *const c_void, scount: c_int, stype: MPI_Datatype, rb
 
 /// Alltoall(v,w). `w`: per-peer datatypes and byte displacements.
 #[allow(clippy::type_complexity)]
-unsafe fn alltoallw(sbuf: *const c_void, sc: Vec<c_int>, sd: Vec<isize>, st_: Vec<MPI_Datatype>, rbuf: *mut c_void, rc: Vec<c_int>, rd: Vec<isize>, rt: Vec<MPI_Datatype>) -> impl FnMut(&mut State, &mut Sched, &Ctx) -> R {
+unsafe fn alltoallw(
+    sbuf: *const c_void,
+    sc: Vec<c_int>,
+    sd: Vec<isize>,
+    st_: Vec<MPI_Datatype>,
+    rbuf: *mut c_void,
+    rc: Vec<c_int>,
+    rd: Vec<isize>,
+    rt: Vec<MPI_Datatype>,
+) -> impl FnMut(&mut State, &mut Sched, &Ctx) -> R {
     move |_st, s, c| {
         if let Some(x) = c.inter.as_deref() {
             return inter::alltoallw(s, x, sbuf, &sc, &sd, &st_, rbuf, &rc, &rd, &rt);
@@ -947,8 +1178,19 @@ unsafe fn alltoallw(sbuf: *const c_void, sc: Vec<c_int>, sd: Vec<isize>, st_: Ve
             for i in 0..n {
                 let b = (rbuf as *const u8).wrapping_offset(rd[i]) as *const c_void;
                 let (p, len) = match datatype::layout(b, rc[i], rt[i])? {
-                    Lay::Contig(l) => (s.keep(std::slice::from_raw_parts(b as *const u8, l).to_vec()) as *const u8, l),
-                    Lay::Packed { bytes } => (s.keep(datatype::pack_vec(b as *const u8, rc[i] as usize, rt[i], bytes)?) as *const u8, bytes),
+                    Lay::Contig(l) => (
+                        s.keep(std::slice::from_raw_parts(b as *const u8, l).to_vec()) as *const u8,
+                        l,
+                    ),
+                    Lay::Packed { bytes } => (
+                        s.keep(datatype::pack_vec(
+                            b as *const u8,
+                            rc[i] as usize,
+                            rt[i],
+                            bytes,
+                        )?) as *const u8,
+                        bytes,
+                    ),
                 };
                 saved.push((p, len));
             }
@@ -970,31 +1212,65 @@ unsafe fn alltoallw(sbuf: *const c_void, sc: Vec<c_int>, sd: Vec<isize>, st_: Ve
 }
 
 /// MPI_Alltoall: predefined types go straight to the algorithm; anything else through the alltoallw path.
-unsafe fn alltoall(sbuf: *const c_void, scount: c_int, stype: MPI_Datatype, rbuf: *mut c_void, rcount: c_int, rtype: MPI_Datatype) -> impl FnMut(&mut State, &mut Sched, &Ctx) -> R {
+unsafe fn alltoall(
+    sbuf: *const c_void,
+    scount: c_int,
+    stype: MPI_Datatype,
+    rbuf: *mut c_void,
+    rcount: c_int,
+    rtype: MPI_Datatype,
+) -> impl FnMut(&mut State, &mut Sched, &Ctx) -> R {
     move |st, s, c| {
         let n = c.inter.as_ref().map_or(c.n, |x| x.len());
-        if sbuf != IN_PLACE && c.inter.is_none() && !datatype::is_derived(stype) && !datatype::is_derived(rtype) {
+        if sbuf != IN_PLACE
+            && c.inter.is_none()
+            && !datatype::is_derived(stype)
+            && !datatype::is_derived(rtype)
+        {
             let sb = msg_bytes(sbuf, scount, stype)?;
             let rb = msg_bytes(rbuf, rcount, rtype)?;
-            let sv: Vec<(*const u8, usize)> = (0..n).map(|i| ((sbuf as *const u8).wrapping_add(i * sb), sb)).collect();
-            let rv: Vec<(*mut u8, usize)> = (0..n).map(|i| ((rbuf as *mut u8).wrapping_add(i * rb), rb)).collect();
+            let sv: Vec<(*const u8, usize)> = (0..n)
+                .map(|i| ((sbuf as *const u8).wrapping_add(i * sb), sb))
+                .collect();
+            let rv: Vec<(*mut u8, usize)> = (0..n)
+                .map(|i| ((rbuf as *mut u8).wrapping_add(i * rb), rb))
+                .collect();
             alltoall_s(s, c, &sv, &rv);
             return Ok(());
         }
-        let fixed = |count: c_int, dt: MPI_Datatype| -> R<(Vec<c_int>, Vec<isize>, Vec<MPI_Datatype>)> {
-            let (ext, _) = datatype::ext_size(dt)?;
-            Ok((vec![count; n], (0..n).map(|i| i as isize * count as isize * ext).collect(), vec![dt; n]))
-        };
+        let fixed =
+            |count: c_int, dt: MPI_Datatype| -> R<(Vec<c_int>, Vec<isize>, Vec<MPI_Datatype>)> {
+                let (ext, _) = datatype::ext_size(dt)?;
+                Ok((
+                    vec![count; n],
+                    (0..n).map(|i| i as isize * count as isize * ext).collect(),
+                    vec![dt; n],
+                ))
+            };
         let r = fixed(rcount, rtype)?;
-        let sx = if sbuf == IN_PLACE { r.clone() } else { fixed(scount, stype)? };
+        let sx = if sbuf == IN_PLACE {
+            r.clone()
+        } else {
+            fixed(scount, stype)?
+        };
         let mut g = alltoallw(sbuf, sx.0, sx.1, sx.2, rbuf, r.0, r.1, r.2);
         g(st, s, c)
     }
 }
 
-unsafe fn reduce_scatter(sbuf: *const c_void, rbuf: *mut c_void, rcounts: Option<*const c_int>, rcount: c_int, dt: MPI_Datatype, op: MPI_Op) -> impl FnMut(&mut State, &mut Sched, &Ctx) -> R {
+unsafe fn reduce_scatter(
+    sbuf: *const c_void,
+    rbuf: *mut c_void,
+    rcounts: Option<*const c_int>,
+    rcount: c_int,
+    dt: MPI_Datatype,
+    op: MPI_Op,
+) -> impl FnMut(&mut State, &mut Sched, &Ctx) -> R {
     move |st, s, c| {
-        let counts = match rcounts { Some(p) => arr_i(p, c.n)?, None => vec![rcount; c.n] };
+        let counts = match rcounts {
+            Some(p) => arr_i(p, c.n)?,
+            None => vec![rcount; c.n],
+        };
         if let Some(x) = &c.inter {
             return inter::reduce_scatter(st, s, c, x, sbuf, rbuf, &counts, dt, op);
         }
@@ -1007,7 +1283,11 @@ unsafe fn reduce_scatter(sbuf: *const c_void, rbuf: *mut c_void, rcounts: Option
         let per = if total > 0 { cnt / total as usize } else { 1 };
         let bytes = red_bytes(&red, cnt);
         let tmp = s.tmp(bytes);
-        let mut input = if sbuf == IN_PLACE { rbuf as *const u8 } else { sbuf as *const u8 };
+        let mut input = if sbuf == IN_PLACE {
+            rbuf as *const u8
+        } else {
+            sbuf as *const u8
+        };
         if packed.is_some() {
             input = packed_in(s, input, total, dt, bytes)?;
         }
@@ -1015,22 +1295,47 @@ unsafe fn reduce_scatter(sbuf: *const c_void, rbuf: *mut c_void, rcounts: Option
         let off: usize = counts[..c.me].iter().map(|&x| x as usize).sum();
         let mine = counts[c.me] as usize * per * red.elem;
         if packed.is_some() {
-            unpack_out(s, tmp.wrapping_add(off * per * red.elem), rbuf, mine, counts[c.me] as usize, dt);
+            unpack_out(
+                s,
+                tmp.wrapping_add(off * per * red.elem),
+                rbuf,
+                mine,
+                counts[c.me] as usize,
+                dt,
+            );
         } else {
-            s.copy(tmp.wrapping_add(off * per * red.elem), rbuf as *mut u8, mine);
+            s.copy(
+                tmp.wrapping_add(off * per * red.elem),
+                rbuf as *mut u8,
+                mine,
+            );
         }
         Ok(())
     }
 }
 
-unsafe fn scan(sbuf: *const c_void, rbuf: *mut c_void, count: c_int, dt: MPI_Datatype, op: MPI_Op, exclusive: bool) -> impl FnMut(&mut State, &mut Sched, &Ctx) -> R {
+unsafe fn scan(
+    sbuf: *const c_void,
+    rbuf: *mut c_void,
+    count: c_int,
+    dt: MPI_Datatype,
+    op: MPI_Op,
+    exclusive: bool,
+) -> impl FnMut(&mut State, &mut Sched, &Ctx) -> R {
     move |st, s, c| {
         if c.inter.is_some() {
-            return err(MPI_ERR_COMM, "MPI_Scan and MPI_Exscan are not defined on intercommunicators");
+            return err(
+                MPI_ERR_COMM,
+                "MPI_Scan and MPI_Exscan are not defined on intercommunicators",
+            );
         }
         if let Some((red, cnt)) = red_packed(st, op, dt, count)? {
             let bytes = red_bytes(&red, cnt);
-            let input = if sbuf == IN_PLACE { rbuf as *const u8 } else { sbuf as *const u8 };
+            let input = if sbuf == IN_PLACE {
+                rbuf as *const u8
+            } else {
+                sbuf as *const u8
+            };
             let inp = packed_in(s, input, count, dt, bytes)?;
             let out = s.tmp(bytes);
             if exclusive {
@@ -1063,7 +1368,18 @@ pub(crate) fn neighbors(st: &State, ci: usize) -> R<(Vec<c_int>, Vec<c_int>)> {
 }
 
 #[allow(clippy::type_complexity)]
-unsafe fn neighbor_w(sbuf: *const c_void, sc: Vec<c_int>, sd: Vec<isize>, stp: Vec<MPI_Datatype>, rbuf: *mut c_void, rc: Vec<c_int>, rd: Vec<isize>, rt: Vec<MPI_Datatype>, srcs: Vec<c_int>, dsts: Vec<c_int>) -> impl FnMut(&mut State, &mut Sched, &Ctx) -> R {
+unsafe fn neighbor_w(
+    sbuf: *const c_void,
+    sc: Vec<c_int>,
+    sd: Vec<isize>,
+    stp: Vec<MPI_Datatype>,
+    rbuf: *mut c_void,
+    rc: Vec<c_int>,
+    rd: Vec<isize>,
+    rt: Vec<MPI_Datatype>,
+    srcs: Vec<c_int>,
+    dsts: Vec<c_int>,
+) -> impl FnMut(&mut State, &mut Sched, &Ctx) -> R {
     move |_st, s, c| {
         let mut u = Unp(vec![]);
         for (i, &r) in srcs.iter().enumerate() {
@@ -1100,9 +1416,22 @@ pub(crate) fn barrier(st: &mut State, comm: MPI_Comm) -> R {
 }
 
 /// Allreduce of i32 values with MPI_MAX over an explicit member list (communicator construction).
-pub(crate) fn allreduce_max_group(st: &mut State, ctx: u32, tag: i32, members: &[usize], me: usize, vals: &mut [i32]) -> R {
+pub(crate) fn allreduce_max_group(
+    st: &mut State,
+    ctx: u32,
+    tag: i32,
+    members: &[usize],
+    me: usize,
+    vals: &mut [i32],
+) -> R {
     let (mut s, c) = begin_group(ctx, tag, members, me);
-    let red = Red { op: op::MPI_MAX, dt: 0x4c00_0405, elem: 4, user: None, commute: true };
+    let red = Red {
+        op: op::MPI_MAX,
+        dt: 0x4c00_0405,
+        elem: 4,
+        user: None,
+        commute: true,
+    };
     let p = vals.as_mut_ptr() as *mut u8;
     allreduce_s(&mut s, &c, p, p, red, vals.len());
     s.run(&mut st.fab.engine())
@@ -1115,7 +1444,9 @@ pub(crate) fn allgather_ints(st: &mut State, ci: usize, mine: &[i32]) -> R<Vec<i
     let mut out = vec![0i32; k * c.n];
     out[c.me * k..c.me * k + k].copy_from_slice(mine);
     let base = out.as_mut_ptr() as *mut u8;
-    let blocks: Vec<(*mut u8, usize)> = (0..c.n).map(|i| (base.wrapping_add(i * k * 4), k * 4)).collect();
+    let blocks: Vec<(*mut u8, usize)> = (0..c.n)
+        .map(|i| (base.wrapping_add(i * k * 4), k * 4))
+        .collect();
     allgather_s(&mut s, &c, &blocks);
     finish(st, s)?;
     Ok(out)
@@ -1123,7 +1454,15 @@ pub(crate) fn allgather_ints(st: &mut State, ci: usize, mine: &[i32]) -> R<Vec<i
 
 // ------------------------------------------------------------------------------------------------ entry points
 
-unsafe fn v_args(st: &mut State, comm: MPI_Comm, counts: *const c_int, displs: *const c_int, types: Option<*const MPI_Datatype>, dt: MPI_Datatype, bytes_displs: bool) -> R<(Vec<c_int>, Vec<isize>, Vec<MPI_Datatype>)> {
+unsafe fn v_args(
+    st: &mut State,
+    comm: MPI_Comm,
+    counts: *const c_int,
+    displs: *const c_int,
+    types: Option<*const MPI_Datatype>,
+    dt: MPI_Datatype,
+    bytes_displs: bool,
+) -> R<(Vec<c_int>, Vec<isize>, Vec<MPI_Datatype>)> {
     let n = st.comm(comm)?.1.peer_size() as usize;
     let c = arr_i(counts, n)?;
     let d = arr_i(displs, n)?;
@@ -1147,12 +1486,26 @@ unsafe fn v_args(st: &mut State, comm: MPI_Comm, counts: *const c_int, displs: *
     Ok((c, bd, t))
 }
 
-
-unsafe fn nbr_args(st: &mut State, comm: MPI_Comm, count: c_int, dt: MPI_Datatype, counts: *const c_int, displs: *const c_int, types: Option<*const MPI_Datatype>, bytes: bool, k: usize, fixed: bool) -> R<(Vec<c_int>, Vec<isize>, Vec<MPI_Datatype>)> {
+unsafe fn nbr_args(
+    st: &mut State,
+    comm: MPI_Comm,
+    count: c_int,
+    dt: MPI_Datatype,
+    counts: *const c_int,
+    displs: *const c_int,
+    types: Option<*const MPI_Datatype>,
+    bytes: bool,
+    k: usize,
+    fixed: bool,
+) -> R<(Vec<c_int>, Vec<isize>, Vec<MPI_Datatype>)> {
     let _ = st.comm(comm)?;
     if fixed {
         let (ext, _) = datatype::ext_size(dt)?;
-        return Ok((vec![count; k], (0..k).map(|i| i as isize * count as isize * ext).collect(), vec![dt; k]));
+        return Ok((
+            vec![count; k],
+            (0..k).map(|i| i as isize * count as isize * ext).collect(),
+            vec![dt; k],
+        ));
     }
     let c = arr_i(counts, k)?;
     let d = arr_i(displs, k)?;
@@ -1162,7 +1515,11 @@ unsafe fn nbr_args(st: &mut State, comm: MPI_Comm, count: c_int, dt: MPI_Datatyp
     };
     let mut bd = Vec::with_capacity(k);
     for i in 0..k {
-        bd.push(if bytes { d[i] as isize } else { d[i] as isize * datatype::ext_size(t[i])?.0 });
+        bd.push(if bytes {
+            d[i] as isize
+        } else {
+            d[i] as isize * datatype::ext_size(t[i])?.0
+        });
     }
     Ok((c, bd, t))
 }
@@ -1259,7 +1616,17 @@ macro_rules! a2a_pair {
     )*};
 }
 
-unsafe fn six(s: (Vec<c_int>, Vec<isize>, Vec<MPI_Datatype>), r: (Vec<c_int>, Vec<isize>, Vec<MPI_Datatype>)) -> (Vec<c_int>, Vec<isize>, Vec<MPI_Datatype>, Vec<c_int>, Vec<isize>, Vec<MPI_Datatype>) {
+unsafe fn six(
+    s: (Vec<c_int>, Vec<isize>, Vec<MPI_Datatype>),
+    r: (Vec<c_int>, Vec<isize>, Vec<MPI_Datatype>),
+) -> (
+    Vec<c_int>,
+    Vec<isize>,
+    Vec<MPI_Datatype>,
+    Vec<c_int>,
+    Vec<isize>,
+    Vec<MPI_Datatype>,
+) {
     (s.0, s.1, s.2, r.0, r.1, r.2)
 }
 

@@ -29,7 +29,14 @@ pub const MPI_GRAPH: c_int = 1;
 pub const MPI_CART: c_int = 2;
 pub const MPI_DIST_GRAPH: c_int = 3;
 
-pub type CopyFn = unsafe extern "C" fn(MPI_Comm, c_int, *mut c_void, *mut c_void, *mut c_void, *mut c_int) -> c_int;
+pub type CopyFn = unsafe extern "C" fn(
+    MPI_Comm,
+    c_int,
+    *mut c_void,
+    *mut c_void,
+    *mut c_void,
+    *mut c_int,
+) -> c_int;
 pub type DeleteFn = unsafe extern "C" fn(MPI_Comm, c_int, *mut c_void, *mut c_void) -> c_int;
 
 /// An attribute key.
@@ -43,10 +50,21 @@ pub(crate) struct Keyval {
 /// A virtual topology.
 #[derive(Clone, Debug)]
 pub(crate) enum Topo {
-    Cart { dims: Vec<c_int>, periods: Vec<c_int> },
-    DistGraph { src: Vec<c_int>, sw: Option<Vec<c_int>>, dst: Vec<c_int>, dw: Option<Vec<c_int>> },
+    Cart {
+        dims: Vec<c_int>,
+        periods: Vec<c_int>,
+    },
+    DistGraph {
+        src: Vec<c_int>,
+        sw: Option<Vec<c_int>>,
+        dst: Vec<c_int>,
+        dw: Option<Vec<c_int>>,
+    },
     /// MPI_Graph_create: `index`/`edges` as the program gave them (see `graph.rs`).
-    Graph { index: Vec<c_int>, edges: Vec<c_int> },
+    Graph {
+        index: Vec<c_int>,
+        edges: Vec<c_int>,
+    },
 }
 
 fn members(c: &Comm) -> Vec<usize> {
@@ -140,11 +158,24 @@ unsafe fn copy_attrs(st: &mut State, ci: usize) -> R<Vec<(c_int, *mut c_void)>> 
     let attrs = st.comms[ci].as_ref().unwrap().attrs.clone();
     let mut out = Vec::new();
     for (k, v) in attrs {
-        let Some(Some(kv)) = st.keyvals.get((k as u32 & 0x00ff_ffff) as usize - 1).copied() else { continue };
+        let Some(Some(kv)) = st
+            .keyvals
+            .get((k as u32 & 0x00ff_ffff) as usize - 1)
+            .copied()
+        else {
+            continue;
+        };
         if let Some(f) = kv.copy {
             let mut newv: *mut c_void = std::ptr::null_mut();
             let mut flag: c_int = 0;
-            let rc = f(old, k, kv.extra, v, &mut newv as *mut *mut c_void as *mut c_void, &mut flag);
+            let rc = f(
+                old,
+                k,
+                kv.extra,
+                v,
+                &mut newv as *mut *mut c_void as *mut c_void,
+                &mut flag,
+            );
             if rc != MPI_SUCCESS {
                 return err(rc, "attribute copy callback failed");
             }
@@ -162,14 +193,31 @@ pub(crate) unsafe fn delete_obj_attr(st: &mut State, h: c_int, k: c_int, v: *mut
 }
 
 /// Run the copy callbacks of `attrs` of object `old` (datatype duplication).
-pub(crate) unsafe fn copy_obj_attrs(st: &mut State, old: c_int, attrs: &[(c_int, *mut c_void)]) -> R<Vec<(c_int, *mut c_void)>> {
+pub(crate) unsafe fn copy_obj_attrs(
+    st: &mut State,
+    old: c_int,
+    attrs: &[(c_int, *mut c_void)],
+) -> R<Vec<(c_int, *mut c_void)>> {
     let mut out = Vec::new();
     for &(k, v) in attrs {
-        let Some(Some(kv)) = st.keyvals.get(((k as u32 & 0x00ff_ffff) as usize).wrapping_sub(1)).copied() else { continue };
+        let Some(Some(kv)) = st
+            .keyvals
+            .get(((k as u32 & 0x00ff_ffff) as usize).wrapping_sub(1))
+            .copied()
+        else {
+            continue;
+        };
         if let Some(f) = kv.copy {
             let mut newv: *mut c_void = std::ptr::null_mut();
             let mut flag: c_int = 0;
-            let rc = f(old, k, kv.extra, v, &mut newv as *mut *mut c_void as *mut c_void, &mut flag);
+            let rc = f(
+                old,
+                k,
+                kv.extra,
+                v,
+                &mut newv as *mut *mut c_void as *mut c_void,
+                &mut flag,
+            );
             if rc != MPI_SUCCESS {
                 return err(rc, "attribute copy callback failed");
             }
@@ -182,7 +230,11 @@ pub(crate) unsafe fn copy_obj_attrs(st: &mut State, old: c_int, attrs: &[(c_int,
 }
 
 unsafe fn delete_attr(st: &mut State, h: MPI_Comm, k: c_int, v: *mut c_void) -> R {
-    if let Some(Some(kv)) = st.keyvals.get(((k as u32 & 0x00ff_ffff) as usize).wrapping_sub(1)).copied() {
+    if let Some(Some(kv)) = st
+        .keyvals
+        .get(((k as u32 & 0x00ff_ffff) as usize).wrapping_sub(1))
+        .copied()
+    {
         if let Some(f) = kv.delete {
             let rc = f(h, k, v, kv.extra);
             if rc != MPI_SUCCESS {
@@ -211,7 +263,10 @@ unsafe fn dup(st: &mut State, comm: MPI_Comm, newcomm: *mut MPI_Comm) -> R {
 
 /// Split communicator `ci` by (color, key); returns the new handle (MPI_COMM_NULL for MPI_UNDEFINED).
 pub(crate) fn split(st: &mut State, ci: usize, color: c_int, key: c_int) -> R<MPI_Comm> {
-    crate::intercomm::intra_only(st.comms[ci].as_ref().unwrap(), "splitting (MPI_Comm_split, MPI_Comm_split_type, MPI_Cart_create, MPI_Cart_sub)")?;
+    crate::intercomm::intra_only(
+        st.comms[ci].as_ref().unwrap(),
+        "splitting (MPI_Comm_split, MPI_Comm_split_type, MPI_Cart_create, MPI_Cart_sub)",
+    )?;
     let recs = coll::allgather_ints(st, ci, &[color, key, st.next_ctx as i32])?;
     let ctx = recs.chunks(3).map(|r| r[2]).max().unwrap() as u32;
     st.next_ctx = ctx + 2;
@@ -219,7 +274,12 @@ pub(crate) fn split(st: &mut State, ci: usize, color: c_int, key: c_int) -> R<MP
         return Ok(MPI_COMM_NULL);
     }
     let c = st.comms[ci].as_ref().unwrap();
-    let mut mine: Vec<(c_int, usize)> = recs.chunks(3).enumerate().filter(|(_, r)| r[0] == color).map(|(i, r)| (r[1], i)).collect();
+    let mut mine: Vec<(c_int, usize)> = recs
+        .chunks(3)
+        .enumerate()
+        .filter(|(_, r)| r[0] == color)
+        .map(|(i, r)| (r[1], i))
+        .collect();
     mine.sort();
     let world: Vec<usize> = mine.iter().map(|&(_, i)| c.to_world(i as i32)).collect();
     let me = mine.iter().position(|&(_, i)| i as i32 == c.rank).unwrap() as i32;
@@ -246,7 +306,10 @@ fn cart_rank(dims: &[c_int], periods: &[c_int], coords: &[c_int]) -> R<c_int> {
             if periods[i] != 0 {
                 x = x.rem_euclid(dims[i]);
             } else {
-                return err(MPI_ERR_ARG, format!("coordinate {x} out of range in dimension {i}"));
+                return err(
+                    MPI_ERR_ARG,
+                    format!("coordinate {x} out of range in dimension {i}"),
+                );
             }
         }
         r = r * dims[i] + x;
@@ -327,11 +390,18 @@ fn dims_create(nnodes: c_int, dims: &mut [c_int]) -> R {
         return err(MPI_ERR_DIMS, "negative dimension");
     }
     if fixed == 0 || nnodes as i64 % fixed != 0 {
-        return err(MPI_ERR_DIMS, format!("{nnodes} nodes cannot be divided over the fixed dimensions"));
+        return err(
+            MPI_ERR_DIMS,
+            format!("{nnodes} nodes cannot be divided over the fixed dimensions"),
+        );
     }
     let free: Vec<usize> = (0..dims.len()).filter(|&i| dims[i] == 0).collect();
     if free.is_empty() {
-        return if fixed == nnodes as i64 { Ok(()) } else { err(MPI_ERR_DIMS, "dimensions do not multiply to nnodes") };
+        return if fixed == nnodes as i64 {
+            Ok(())
+        } else {
+            err(MPI_ERR_DIMS, "dimensions do not multiply to nnodes")
+        };
     }
     let mut rest = nnodes as i64 / fixed;
     let mut f = Vec::new();
@@ -366,12 +436,21 @@ unsafe fn cstr(p: *const c_char) -> String {
     }
 }
 
-pub(crate) unsafe fn keyval_create(copy: Option<CopyFn>, delete: Option<DeleteFn>, keyval: *mut c_int, extra: *mut c_void) -> R {
+pub(crate) unsafe fn keyval_create(
+    copy: Option<CopyFn>,
+    delete: Option<DeleteFn>,
+    keyval: *mut c_int,
+    extra: *mut c_void,
+) -> R {
     let st = state()?;
     if keyval.is_null() {
         return err(MPI_ERR_ARG, "keyval is NULL");
     }
-    st.keyvals.push(Some(Keyval { copy, delete, extra }));
+    st.keyvals.push(Some(Keyval {
+        copy,
+        delete,
+        extra,
+    }));
     *keyval = (KEYVAL_BASE | st.keyvals.len() as u32) as c_int;
     Ok(())
 }
@@ -379,7 +458,10 @@ pub(crate) unsafe fn keyval_create(copy: Option<CopyFn>, delete: Option<DeleteFn
 pub(crate) fn user_key(st: &State, k: c_int) -> R<usize> {
     let u = k as u32;
     let i = (u & 0x00ff_ffff) as usize;
-    if u & 0xff00_0000 == KEYVAL_BASE && i >= 1 && st.keyvals.get(i - 1).is_some_and(|x| x.is_some()) {
+    if u & 0xff00_0000 == KEYVAL_BASE
+        && i >= 1
+        && st.keyvals.get(i - 1).is_some_and(|x| x.is_some())
+    {
         Ok(i - 1)
     } else {
         err(MPI_ERR_KEYVAL, format!("invalid attribute key {k:#x}"))
@@ -390,7 +472,13 @@ unsafe fn set_attr(comm: MPI_Comm, keyval: c_int, val: *mut c_void) -> R {
     let st = state()?;
     let (ci, _) = st.comm(comm)?;
     user_key(st, keyval)?;
-    let old = st.comms[ci].as_ref().unwrap().attrs.iter().find(|a| a.0 == keyval).map(|a| a.1);
+    let old = st.comms[ci]
+        .as_ref()
+        .unwrap()
+        .attrs
+        .iter()
+        .find(|a| a.0 == keyval)
+        .map(|a| a.1);
     if let Some(v) = old {
         delete_attr(st, comm, keyval, v)?;
     }
@@ -417,13 +505,25 @@ unsafe fn del_attr(comm: MPI_Comm, keyval: c_int) -> R {
 }
 
 /// User attribute lookup (predefined keys are answered by env.rs).
-pub(crate) fn get_user_attr(st: &mut State, comm: MPI_Comm, keyval: c_int) -> R<Option<Option<*mut c_void>>> {
+pub(crate) fn get_user_attr(
+    st: &mut State,
+    comm: MPI_Comm,
+    keyval: c_int,
+) -> R<Option<Option<*mut c_void>>> {
     if (keyval as u32) & 0xff00_0000 != KEYVAL_BASE {
         return Ok(None);
     }
     let (ci, _) = st.comm(comm)?;
     user_key(st, keyval)?;
-    Ok(Some(st.comms[ci].as_ref().unwrap().attrs.iter().find(|a| a.0 == keyval).map(|a| a.1)))
+    Ok(Some(
+        st.comms[ci]
+            .as_ref()
+            .unwrap()
+            .attrs
+            .iter()
+            .find(|a| a.0 == keyval)
+            .map(|a| a.1),
+    ))
 }
 
 unsafe fn free_comm(st: &mut State, comm: *mut MPI_Comm) -> R {
@@ -440,7 +540,10 @@ unsafe fn free_comm(st: &mut State, comm: *mut MPI_Comm) -> R {
         delete_attr(st, h, *k, *v)?;
     }
     // Shared-memory collectives are blocking, so none is in flight: let go of the areas now.
-    let shm = std::mem::replace(&mut st.comms[ci].as_mut().unwrap().shm, crate::shmcoll::Shm::Off);
+    let shm = std::mem::replace(
+        &mut st.comms[ci].as_mut().unwrap().shm,
+        crate::shmcoll::Shm::Off,
+    );
     crate::shmcoll::release(st, shm);
     // Pending requests on the communicator keep its index alive: free lazily only when none refers to it.
     if st.reqs.iter().any(|r| r.live && r.comm == ci) {

@@ -76,10 +76,20 @@ pub(crate) fn is_derived(dt: MPI_Datatype) -> bool {
 fn predefined(dt: MPI_Datatype) -> R<Dtype> {
     let size = type_extent(dt)?;
     let basic_align = match dt as u32 & 0xff {
-        0x1e | 0x22 | 0x28 | 0x2a | 0x40 | 0x41 | 0x34 | 0x35 | 0x16 | 0x20 | 0x21 | 0x23 => size / 2,
+        0x1e | 0x22 | 0x28 | 0x2a | 0x40 | 0x41 | 0x34 | 0x35 | 0x16 | 0x20 | 0x21 | 0x23 => {
+            size / 2
+        }
         _ => size,
     };
-    let align = if is_pair(dt) { if size >= 16 { 8 } else { 4 } } else { basic_align.clamp(1, 16) };
+    let align = if is_pair(dt) {
+        if size >= 16 {
+            8
+        } else {
+            4
+        }
+    } else {
+        basic_align.clamp(1, 16)
+    };
     let align = if dt == MPI_LONG_DOUBLE_INT { 16 } else { align };
     Ok(Dtype {
         blocks: if size > 0 { vec![(0, size)] } else { vec![] },
@@ -105,7 +115,11 @@ fn predefined(dt: MPI_Datatype) -> R<Dtype> {
 pub(crate) const MPI_LONG_DOUBLE_INT: MPI_Datatype = 0x8c00_0004u32 as c_int;
 
 pub(crate) fn is_pair(dt: MPI_Datatype) -> bool {
-    (dt as u32) & 0xffff_fff8 == 0x8c00_0000 || matches!(dt as u32 & 0xffff_00ff, 0x4c00_0016 | 0x4c00_0020 | 0x4c00_0021 | 0x4c00_0023)
+    (dt as u32) & 0xffff_fff8 == 0x8c00_0000
+        || matches!(
+            dt as u32 & 0xffff_00ff,
+            0x4c00_0016 | 0x4c00_0020 | 0x4c00_0021 | 0x4c00_0023
+        )
 }
 
 /// The description of any datatype (cloned: only for constructors and slow paths).
@@ -167,7 +181,19 @@ struct Build {
 
 impl Build {
     fn new() -> Build {
-        Build { blocks: Vec::new(), size: 0, lb: 0, ub: 0, tlb: 0, tub: 0, any: false, align: 1, basic: None, mixed: false, nbasic: 0 }
+        Build {
+            blocks: Vec::new(),
+            size: 0,
+            lb: 0,
+            ub: 0,
+            tlb: 0,
+            tub: 0,
+            any: false,
+            align: 1,
+            basic: None,
+            mixed: false,
+            nbasic: 0,
+        }
     }
 
     /// Place `n` consecutive elements of `c` at byte displacement `d`.
@@ -177,7 +203,11 @@ impl Build {
         }
         let ext = c.extent();
         let (lo, hi) = (d + c.lb, d + c.lb + ext * (n as isize - 1) + ext);
-        let (lo, hi) = if ext >= 0 { (lo, hi) } else { (d + c.lb + ext * (n as isize - 1), d + c.ub) };
+        let (lo, hi) = if ext >= 0 {
+            (lo, hi)
+        } else {
+            (d + c.lb + ext * (n as isize - 1), d + c.ub)
+        };
         let (tlo, thi) = if ext >= 0 {
             (d + c.true_lb, d + ext * (n as isize - 1) + c.true_ub)
         } else {
@@ -230,7 +260,13 @@ impl Build {
         self.blocks.push((o, l));
     }
 
-    fn finish(self, combiner: c_int, ints: Vec<c_int>, aints: Vec<MPI_Aint>, types: Vec<MPI_Datatype>) -> Dtype {
+    fn finish(
+        self,
+        combiner: c_int,
+        ints: Vec<c_int>,
+        aints: Vec<MPI_Aint>,
+        types: Vec<MPI_Datatype>,
+    ) -> Dtype {
         let mut d = Dtype {
             contig: false,
             blocks: self.blocks,
@@ -240,7 +276,11 @@ impl Build {
             true_lb: self.tlb,
             true_ub: self.tub,
             align: self.align,
-            basic: if self.mixed { MPI_DATATYPE_NULL } else { self.basic.unwrap_or(MPI_DATATYPE_NULL) },
+            basic: if self.mixed {
+                MPI_DATATYPE_NULL
+            } else {
+                self.basic.unwrap_or(MPI_DATATYPE_NULL)
+            },
             nbasic: self.nbasic,
             committed: false,
             name: String::new(),
@@ -308,14 +348,28 @@ unsafe fn out_type(newtype: *mut MPI_Datatype) -> R<()> {
 }
 
 /// Offsets of the elements of a subarray, in memory order.
-fn subarray_offsets(sizes: &[usize], subs: &[usize], starts: &[usize], order: c_int, ext: isize) -> R<Vec<isize>> {
+fn subarray_offsets(
+    sizes: &[usize],
+    subs: &[usize],
+    starts: &[usize],
+    order: c_int,
+    ext: isize,
+) -> R<Vec<isize>> {
     let n = sizes.len();
     for i in 0..n {
         if subs[i] == 0 || sizes[i] == 0 || starts[i] + subs[i] > sizes[i] {
-            return err(MPI_ERR_ARG, format!("subarray dimension {i}: size {} subsize {} start {}", sizes[i], subs[i], starts[i]));
+            return err(
+                MPI_ERR_ARG,
+                format!(
+                    "subarray dimension {i}: size {} subsize {} start {}",
+                    sizes[i], subs[i], starts[i]
+                ),
+            );
         }
     }
-    let lists: Vec<Vec<usize>> = (0..n).map(|i| (starts[i]..starts[i] + subs[i]).collect()).collect();
+    let lists: Vec<Vec<usize>> = (0..n)
+        .map(|i| (starts[i]..starts[i] + subs[i]).collect())
+        .collect();
     Ok(grid_offsets(sizes, &lists, order, ext))
 }
 
@@ -323,7 +377,11 @@ fn subarray_offsets(sizes: &[usize], subs: &[usize], starts: &[usize], order: c_
 fn grid_offsets(sizes: &[usize], lists: &[Vec<usize>], order: c_int, ext: isize) -> Vec<isize> {
     let n = sizes.len();
     // Dimension order from slowest to fastest.
-    let dims: Vec<usize> = if order == MPI_ORDER_C { (0..n).collect() } else { (0..n).rev().collect() };
+    let dims: Vec<usize> = if order == MPI_ORDER_C {
+        (0..n).collect()
+    } else {
+        (0..n).rev().collect()
+    };
     let mut stride = vec![0isize; n];
     let mut s = ext;
     for &d in dims.iter().rev() {
@@ -346,7 +404,14 @@ fn grid_offsets(sizes: &[usize], lists: &[Vec<usize>], order: c_int, ext: isize)
     out
 }
 
-fn from_offsets(old: &Dtype, offs: &[isize], extent: isize, combiner: c_int, ints: Vec<c_int>, types: Vec<MPI_Datatype>) -> Dtype {
+fn from_offsets(
+    old: &Dtype,
+    offs: &[isize],
+    extent: isize,
+    combiner: c_int,
+    ints: Vec<c_int>,
+    types: Vec<MPI_Datatype>,
+) -> Dtype {
     let mut b = Build::new();
     for &o in offs {
         b.place(old, o, 1);
@@ -428,7 +493,12 @@ pub(crate) struct Xfer {
 }
 
 /// Pack `count` elements of `dt` at `buf` into a new vector.
-pub(crate) unsafe fn pack_vec(buf: *const u8, count: usize, dt: MPI_Datatype, bytes: usize) -> R<Vec<u8>> {
+pub(crate) unsafe fn pack_vec(
+    buf: *const u8,
+    count: usize,
+    dt: MPI_Datatype,
+    bytes: usize,
+) -> R<Vec<u8>> {
     let st = state()?;
     let d = get(st, dt)?;
     let mut v = vec![0u8; bytes];
@@ -437,7 +507,13 @@ pub(crate) unsafe fn pack_vec(buf: *const u8, count: usize, dt: MPI_Datatype, by
 }
 
 /// Unpack the first `nbytes` of `tmp` into (buf, count, dt).
-pub(crate) unsafe fn unpack_from(tmp: &[u8], nbytes: usize, buf: *mut u8, count: usize, dt: MPI_Datatype) -> R {
+pub(crate) unsafe fn unpack_from(
+    tmp: &[u8],
+    nbytes: usize,
+    buf: *mut u8,
+    count: usize,
+    dt: MPI_Datatype,
+) -> R {
     let st = state()?;
     let d = get(st, dt)?;
     unpack(d, tmp.as_ptr(), nbytes.min(tmp.len()), buf, count);
@@ -445,7 +521,14 @@ pub(crate) unsafe fn unpack_from(tmp: &[u8], nbytes: usize, buf: *mut u8, count:
 }
 
 /// Copy (sbuf, scount, stype) into (rbuf, rcount, rtype) locally (type signatures assumed to match).
-pub(crate) unsafe fn local_copy(sbuf: *const u8, scount: usize, stype: MPI_Datatype, rbuf: *mut u8, rcount: usize, rtype: MPI_Datatype) -> R {
+pub(crate) unsafe fn local_copy(
+    sbuf: *const u8,
+    scount: usize,
+    stype: MPI_Datatype,
+    rbuf: *mut u8,
+    rcount: usize,
+    rtype: MPI_Datatype,
+) -> R {
     let sl = layout(sbuf as *const c_void, scount as c_int, stype)?;
     let rl = layout(rbuf as *const c_void, rcount as c_int, rtype)?;
     match (sl, rl) {
@@ -459,7 +542,10 @@ pub(crate) unsafe fn local_copy(sbuf: *const u8, scount: usize, stype: MPI_Datat
         }
         (Lay::Contig(a), Lay::Packed { bytes }) => {
             if a > bytes {
-                return err(MPI_ERR_TRUNCATE, format!("{a} bytes into a buffer of {bytes}"));
+                return err(
+                    MPI_ERR_TRUNCATE,
+                    format!("{a} bytes into a buffer of {bytes}"),
+                );
             }
             let v = std::slice::from_raw_parts(sbuf, a).to_vec();
             unpack_from(&v, a, rbuf, rcount, rtype)?;
@@ -469,13 +555,19 @@ pub(crate) unsafe fn local_copy(sbuf: *const u8, scount: usize, stype: MPI_Datat
             match rl {
                 Lay::Contig(b) => {
                     if bytes > b {
-                        return err(MPI_ERR_TRUNCATE, format!("{bytes} bytes into a buffer of {b}"));
+                        return err(
+                            MPI_ERR_TRUNCATE,
+                            format!("{bytes} bytes into a buffer of {b}"),
+                        );
                     }
                     std::ptr::copy_nonoverlapping(v.as_ptr(), rbuf, bytes);
                 }
                 Lay::Packed { bytes: b } => {
                     if bytes > b {
-                        return err(MPI_ERR_TRUNCATE, format!("{bytes} bytes into a buffer of {b}"));
+                        return err(
+                            MPI_ERR_TRUNCATE,
+                            format!("{bytes} bytes into a buffer of {b}"),
+                        );
                     }
                     unpack_from(&v, bytes, rbuf, rcount, rtype)?;
                 }
@@ -487,11 +579,21 @@ pub(crate) unsafe fn local_copy(sbuf: *const u8, scount: usize, stype: MPI_Datat
 
 // ------------------------------------------------------------------------------------------------ darray
 
-fn darray_indices(gsize: usize, distrib: c_int, darg: c_int, psize: usize, coord: usize) -> R<Vec<usize>> {
+fn darray_indices(
+    gsize: usize,
+    distrib: c_int,
+    darg: c_int,
+    psize: usize,
+    coord: usize,
+) -> R<Vec<usize>> {
     Ok(match distrib {
         MPI_DISTRIBUTE_NONE => (0..gsize).collect(),
         MPI_DISTRIBUTE_BLOCK => {
-            let b = if darg == MPI_DISTRIBUTE_DFLT_DARG { gsize.div_ceil(psize) } else { darg as usize };
+            let b = if darg == MPI_DISTRIBUTE_DFLT_DARG {
+                gsize.div_ceil(psize)
+            } else {
+                darg as usize
+            };
             if b * psize < gsize {
                 return err(MPI_ERR_ARG, "darray block size too small");
             }
@@ -500,7 +602,11 @@ fn darray_indices(gsize: usize, distrib: c_int, darg: c_int, psize: usize, coord
             (lo..hi).collect()
         }
         MPI_DISTRIBUTE_CYCLIC => {
-            let b = if darg == MPI_DISTRIBUTE_DFLT_DARG { 1 } else { darg as usize };
+            let b = if darg == MPI_DISTRIBUTE_DFLT_DARG {
+                1
+            } else {
+                darg as usize
+            };
             (0..gsize).filter(|i| (i / b) % psize == coord).collect()
         }
         _ => return err(MPI_ERR_ARG, format!("invalid distribution {distrib}")),
@@ -532,18 +638,50 @@ unsafe fn name_of(s: *const c_char) -> String {
 /// Name of a predefined datatype (for Type_get_name).
 fn predefined_name(dt: MPI_Datatype) -> &'static str {
     match dt as u32 {
-        0x4c000101 => "MPI_CHAR", 0x4c000118 => "MPI_SIGNED_CHAR", 0x4c000102 => "MPI_UNSIGNED_CHAR", 0x4c00010d => "MPI_BYTE",
-        0x4c00040e => "MPI_WCHAR", 0x4c000203 => "MPI_SHORT", 0x4c000204 => "MPI_UNSIGNED_SHORT", 0x4c000405 => "MPI_INT",
-        0x4c000406 => "MPI_UNSIGNED", 0x4c000807 => "MPI_LONG", 0x4c000808 => "MPI_UNSIGNED_LONG", 0x4c00040a => "MPI_FLOAT",
-        0x4c00080b => "MPI_DOUBLE", 0x4c00100c => "MPI_LONG_DOUBLE", 0x4c000809 => "MPI_LONG_LONG_INT",
-        0x4c000819 => "MPI_UNSIGNED_LONG_LONG", 0x4c00010f => "MPI_PACKED", 0x8c000000 => "MPI_FLOAT_INT",
-        0x8c000001 => "MPI_DOUBLE_INT", 0x8c000002 => "MPI_LONG_INT", 0x8c000003 => "MPI_SHORT_INT", 0x4c000816 => "MPI_2INT",
-        0x8c000004 => "MPI_LONG_DOUBLE_INT", 0x4c000137 => "MPI_INT8_T", 0x4c000238 => "MPI_INT16_T", 0x4c000439 => "MPI_INT32_T",
-        0x4c00083a => "MPI_INT64_T", 0x4c00013b => "MPI_UINT8_T", 0x4c00023c => "MPI_UINT16_T", 0x4c00043d => "MPI_UINT32_T",
-        0x4c00083e => "MPI_UINT64_T", 0x4c00013f => "MPI_C_BOOL", 0x4c000843 => "MPI_AINT", 0x4c000844 => "MPI_OFFSET",
-        0x4c000845 => "MPI_COUNT", 0x4c00041b => "MPI_INTEGER", 0x4c00041c => "MPI_REAL", 0x4c00081f => "MPI_DOUBLE_PRECISION",
-        0x4c00081e => "MPI_COMPLEX", 0x4c001022 => "MPI_DOUBLE_COMPLEX", 0x4c00041d => "MPI_LOGICAL", 0x4c00011a => "MPI_CHARACTER",
-        0x4c000840 => "MPI_C_FLOAT_COMPLEX", 0x4c001041 => "MPI_C_DOUBLE_COMPLEX",
+        0x4c000101 => "MPI_CHAR",
+        0x4c000118 => "MPI_SIGNED_CHAR",
+        0x4c000102 => "MPI_UNSIGNED_CHAR",
+        0x4c00010d => "MPI_BYTE",
+        0x4c00040e => "MPI_WCHAR",
+        0x4c000203 => "MPI_SHORT",
+        0x4c000204 => "MPI_UNSIGNED_SHORT",
+        0x4c000405 => "MPI_INT",
+        0x4c000406 => "MPI_UNSIGNED",
+        0x4c000807 => "MPI_LONG",
+        0x4c000808 => "MPI_UNSIGNED_LONG",
+        0x4c00040a => "MPI_FLOAT",
+        0x4c00080b => "MPI_DOUBLE",
+        0x4c00100c => "MPI_LONG_DOUBLE",
+        0x4c000809 => "MPI_LONG_LONG_INT",
+        0x4c000819 => "MPI_UNSIGNED_LONG_LONG",
+        0x4c00010f => "MPI_PACKED",
+        0x8c000000 => "MPI_FLOAT_INT",
+        0x8c000001 => "MPI_DOUBLE_INT",
+        0x8c000002 => "MPI_LONG_INT",
+        0x8c000003 => "MPI_SHORT_INT",
+        0x4c000816 => "MPI_2INT",
+        0x8c000004 => "MPI_LONG_DOUBLE_INT",
+        0x4c000137 => "MPI_INT8_T",
+        0x4c000238 => "MPI_INT16_T",
+        0x4c000439 => "MPI_INT32_T",
+        0x4c00083a => "MPI_INT64_T",
+        0x4c00013b => "MPI_UINT8_T",
+        0x4c00023c => "MPI_UINT16_T",
+        0x4c00043d => "MPI_UINT32_T",
+        0x4c00083e => "MPI_UINT64_T",
+        0x4c00013f => "MPI_C_BOOL",
+        0x4c000843 => "MPI_AINT",
+        0x4c000844 => "MPI_OFFSET",
+        0x4c000845 => "MPI_COUNT",
+        0x4c00041b => "MPI_INTEGER",
+        0x4c00041c => "MPI_REAL",
+        0x4c00081f => "MPI_DOUBLE_PRECISION",
+        0x4c00081e => "MPI_COMPLEX",
+        0x4c001022 => "MPI_DOUBLE_COMPLEX",
+        0x4c00041d => "MPI_LOGICAL",
+        0x4c00011a => "MPI_CHARACTER",
+        0x4c000840 => "MPI_C_FLOAT_COMPLEX",
+        0x4c001041 => "MPI_C_DOUBLE_COMPLEX",
         _ => "",
     }
 }
@@ -1060,7 +1198,10 @@ unsafe fn check_datarep(datarep: *const c_char) -> R {
     }
     let d = std::ffi::CStr::from_ptr(datarep).to_string_lossy();
     if d != "external32" {
-        return err(MPI_ERR_ARG, format!("data representation \"{d}\" is not supported (only \"external32\")"));
+        return err(
+            MPI_ERR_ARG,
+            format!("data representation \"{d}\" is not supported (only \"external32\")"),
+        );
     }
     Ok(())
 }
@@ -1104,11 +1245,16 @@ unsafe fn swap_external(d: &Dtype, p: *mut u8, bytes: usize) -> R {
 /// bytes that need no swap.
 fn basic_units(dt: MPI_Datatype, size: usize) -> Vec<(usize, usize)> {
     let members: &[usize] = match dt as u32 {
-        0x8c00_0000 => &[4, 4],             // MPI_FLOAT_INT
+        0x8c00_0000 => &[4, 4],               // MPI_FLOAT_INT
         0x8c00_0001 | 0x8c00_0002 => &[8, 4], // MPI_DOUBLE_INT, MPI_LONG_INT
-        0x8c00_0003 => &[2, 0, 4],          // MPI_SHORT_INT (short, 2 padding bytes, int)
-        0x8c00_0004 => &[16, 4],            // MPI_LONG_DOUBLE_INT
-        _ if is_pair(dt) || matches!(dt as u32 & 0xff, 0x1e | 0x22 | 0x28 | 0x2a | 0x40 | 0x41 | 0x34 | 0x35 | 0x42) => {
+        0x8c00_0003 => &[2, 0, 4],            // MPI_SHORT_INT (short, 2 padding bytes, int)
+        0x8c00_0004 => &[16, 4],              // MPI_LONG_DOUBLE_INT
+        _ if is_pair(dt)
+            || matches!(
+                dt as u32 & 0xff,
+                0x1e | 0x22 | 0x28 | 0x2a | 0x40 | 0x41 | 0x34 | 0x35 | 0x42
+            ) =>
+        {
             return vec![(size / 2, 2)];
         }
         _ => return vec![(size, 1)],
@@ -1164,7 +1310,11 @@ fn elem_units(st: &State, d: &Dtype, out: &mut Vec<(usize, usize)>) -> R {
             let td = get(st, t)?;
             if td.basic != MPI_DATATYPE_NULL {
                 let bs = type_extent(td.basic)?;
-                push_reps(out, &basic_units(td.basic, bs), reps * (td.size / bs.max(1)));
+                push_reps(
+                    out,
+                    &basic_units(td.basic, bs),
+                    reps * (td.size / bs.max(1)),
+                );
             } else {
                 let mut one = Vec::new();
                 elem_units(st, td, &mut one)?;
@@ -1179,11 +1329,18 @@ fn elem_units(st: &State, d: &Dtype, out: &mut Vec<(usize, usize)>) -> R {
     if d.combiner == MPI_COMBINER_STRUCT {
         let n = d.types.len();
         for i in 0..n {
-            member(d.types[i], d.ints.get(1 + i).copied().unwrap_or(0).max(0) as usize, out)?;
+            member(
+                d.types[i],
+                d.ints.get(1 + i).copied().unwrap_or(0).max(0) as usize,
+                out,
+            )?;
         }
     } else {
         let Some(&t) = d.types.first() else {
-            return err(MPI_ERR_TYPE, "MPI_Pack_external: datatype without a member type");
+            return err(
+                MPI_ERR_TYPE,
+                "MPI_Pack_external: datatype without a member type",
+            );
         };
         let (_, ts) = ext_size(t)?;
         member(t, d.size / ts.max(1), out)?;
@@ -1200,7 +1357,11 @@ pub(crate) fn elements_of(dt: MPI_Datatype, bytes: i64) -> R<Option<i64>> {
     }
     let whole = bytes / d.size as i64;
     let rest = bytes % d.size as i64;
-    let per = if is_derived(dt) { d.nbasic as i64 } else { type_elements(dt) as i64 };
+    let per = if is_derived(dt) {
+        d.nbasic as i64
+    } else {
+        type_elements(dt) as i64
+    };
     if rest == 0 {
         return Ok(Some(whole * per));
     }
@@ -1216,10 +1377,16 @@ pub(crate) fn elements_of(dt: MPI_Datatype, bytes: i64) -> R<Option<i64>> {
 unsafe fn type_attr_slot(st: &mut State, dt: MPI_Datatype) -> R<&mut Vec<(c_int, *mut c_void)>> {
     if !is_derived(dt) {
         type_extent(dt)?;
-        return err(MPI_ERR_TYPE, "attributes on predefined datatypes are not supported");
+        return err(
+            MPI_ERR_TYPE,
+            "attributes on predefined datatypes are not supported",
+        );
     }
     get(st, dt)?;
-    Ok(&mut st.types[(dt as u32 & 0x03ff_ffff) as usize].as_mut().unwrap().attrs)
+    Ok(&mut st.types[(dt as u32 & 0x03ff_ffff) as usize]
+        .as_mut()
+        .unwrap()
+        .attrs)
 }
 
 mpi_api! {

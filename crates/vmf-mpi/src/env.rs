@@ -1,8 +1,8 @@
 //! Environment management: init/finalize, threads, time, names, versions, memory, error handlers, error
 //! classes and strings, communicator queries and attributes, and the exported data symbols.
 use crate::*;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::ffi::{c_char, c_double, c_int, c_void, CStr};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 // ------------------------------------------------------------------------------------------------ data
 
@@ -25,10 +25,12 @@ pub static MPI_UNWEIGHTED: CPtr = CPtr(&UNWEIGHTED_OBJ);
 pub static MPI_WEIGHTS_EMPTY: CPtr = CPtr(&WEIGHTS_EMPTY_OBJ);
 /// `MPI_F_STATUS_IGNORE` (for the Fortran interface of the next issue).
 #[no_mangle]
-pub static MPI_F_STATUS_IGNORE: CPtr = CPtr(&F_STATUS_IGNORE_OBJ as *const [c_int; 5] as *const c_int);
+pub static MPI_F_STATUS_IGNORE: CPtr =
+    CPtr(&F_STATUS_IGNORE_OBJ as *const [c_int; 5] as *const c_int);
 /// `MPI_F_STATUSES_IGNORE`.
 #[no_mangle]
-pub static MPI_F_STATUSES_IGNORE: CPtr = CPtr(&F_STATUSES_IGNORE_OBJ as *const [c_int; 5] as *const c_int);
+pub static MPI_F_STATUSES_IGNORE: CPtr =
+    CPtr(&F_STATUSES_IGNORE_OBJ as *const [c_int; 5] as *const c_int);
 
 /// `MPI_DUP_FN` (MPICH names it `MPIR_Dup_fn`): copy the attribute value and set the flag.
 ///
@@ -66,7 +68,11 @@ pub fn error_string(code: c_int) -> String {
         if let Some((_, s)) = user_errs().strings.iter().rev().find(|(c, _)| *c == code) {
             return s.clone();
         }
-        return if valid_code(code) { String::new() } else { format!("unknown error code {code}") };
+        return if valid_code(code) {
+            String::new()
+        } else {
+            format!("unknown error code {code}")
+        };
     }
     let s = match code {
         0 => "no error",
@@ -178,7 +184,10 @@ fn errhandler_ok(st: &State, eh: MPI_Errhandler) -> bool {
         || eh == MPI_ERRORS_RETURN
         || eh == MPI_ERRORS_ABORT
         || ((eh as u32) & 0xfc00_0000 == EH_BASE
-            && st.errhandlers.get(((eh as u32) & 0x03ff_ffff) as usize).is_some_and(|f| f.is_some()))
+            && st
+                .errhandlers
+                .get(((eh as u32) & 0x03ff_ffff) as usize)
+                .is_some_and(|f| f.is_some()))
 }
 
 // ------------------------------------------------------------------------------------------------ init
@@ -189,7 +198,10 @@ fn do_init(required: c_int, provided: *mut c_int) -> R {
         PHASE_DONE => return err(MPI_ERR_OTHER, "MPI_Init called after MPI_Finalize"),
         _ => {}
     }
-    let fab = Fabric::init().map_err(|e| MpiErr { code: MPI_ERR_OTHER, msg: e.to_string() })?;
+    let fab = Fabric::init().map_err(|e| MpiErr {
+        code: MPI_ERR_OTHER,
+        msg: e.to_string(),
+    })?;
     let (rank, size) = (fab.rank(), fab.size());
     let mut world = Comm::new(16, rank as i32, None, size as i32, MPI_ERRORS_ARE_FATAL);
     world.name = "MPI_COMM_WORLD".into();
@@ -221,7 +233,10 @@ fn do_init(required: c_int, provided: *mut c_int) -> R {
     // SAFETY: serialised calls (crate contract).
     unsafe {
         ATTR_UNIVERSE_SIZE = size as c_int;
-        if let Ok(a) = std::env::var("PMI_APPNUM").unwrap_or_default().parse::<c_int>() {
+        if let Ok(a) = std::env::var("PMI_APPNUM")
+            .unwrap_or_default()
+            .parse::<c_int>()
+        {
             ATTR_APPNUM = a;
         }
         *G.st.get() = Some(st);

@@ -18,12 +18,20 @@ pub(crate) fn neighbors_of<'a>(index: &[c_int], edges: &'a [c_int], rank: c_int)
 }
 
 /// Check a graph description over a communicator of `size` ranks; returns (index, edges).
-unsafe fn graph_args(size: c_int, nnodes: c_int, index: *const c_int, edges: *const c_int) -> R<(Vec<c_int>, Vec<c_int>)> {
+unsafe fn graph_args(
+    size: c_int,
+    nnodes: c_int,
+    index: *const c_int,
+    edges: *const c_int,
+) -> R<(Vec<c_int>, Vec<c_int>)> {
     if nnodes < 0 {
         return err(MPI_ERR_ARG, format!("nnodes {nnodes} is negative"));
     }
     if nnodes > size {
-        return err(MPI_ERR_ARG, format!("graph of {nnodes} nodes does not fit in {size} ranks"));
+        return err(
+            MPI_ERR_ARG,
+            format!("graph of {nnodes} nodes does not fit in {size} ranks"),
+        );
     }
     let idx = ints(index, nnodes)?;
     let mut prev = 0;
@@ -35,7 +43,10 @@ unsafe fn graph_args(size: c_int, nnodes: c_int, index: *const c_int, edges: *co
     }
     let e = ints(edges, idx.last().copied().unwrap_or(0))?;
     if let Some((k, &x)) = e.iter().enumerate().find(|(_, &x)| x < 0 || x >= nnodes) {
-        return err(MPI_ERR_ARG, format!("edges[{k}] = {x} is not a node of the graph (0..{nnodes})"));
+        return err(
+            MPI_ERR_ARG,
+            format!("edges[{k}] = {x} is not a node of the graph (0..{nnodes})"),
+        );
     }
     Ok((idx, e))
 }
@@ -45,13 +56,19 @@ fn graph(st: &mut State, comm: MPI_Comm) -> R<(&Vec<c_int>, &Vec<c_int>, c_int)>
     let c = st.comm(comm)?.1;
     match &c.topo {
         Some(Topo::Graph { index, edges }) => Ok((index, edges, c.size)),
-        _ => err(MPI_ERR_TOPOLOGY, "communicator has no graph topology (MPI_Graph_create)"),
+        _ => err(
+            MPI_ERR_TOPOLOGY,
+            "communicator has no graph topology (MPI_Graph_create)",
+        ),
     }
 }
 
 fn node(rank: c_int, nnodes: usize) -> R<c_int> {
     if rank < 0 || rank as usize >= nnodes {
-        err(MPI_ERR_RANK, format!("rank {rank} is not a node of the graph (0..{nnodes})"))
+        err(
+            MPI_ERR_RANK,
+            format!("rank {rank} is not a node of the graph (0..{nnodes})"),
+        )
     } else {
         Ok(rank)
     }

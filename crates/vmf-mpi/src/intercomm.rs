@@ -26,7 +26,10 @@ pub const MPI_ROOT: c_int = -3;
 /// Fail with MPI_ERR_COMM when `c` is an intercommunicator and `what` is only defined on intracommunicators.
 pub(crate) fn intra_only(c: &Comm, what: &str) -> R {
     if c.remote.is_some() {
-        err(MPI_ERR_COMM, format!("{what} is not supported on an intercommunicator"))
+        err(
+            MPI_ERR_COMM,
+            format!("{what} is not supported on an intercommunicator"),
+        )
     } else {
         Ok(())
     }
@@ -57,19 +60,43 @@ fn next_tag(st: &mut State, ci: usize) -> i32 {
 }
 
 /// Send `data` to each of `to` and receive `n` ints from each of `from` (world ranks), on `ctx`/`tag`.
-fn exchange(st: &mut State, ctx: u32, tag: i32, to: &[usize], data: &[i32], from: &[usize], n: usize) -> R<Vec<Vec<i32>>> {
+fn exchange(
+    st: &mut State,
+    ctx: u32,
+    tag: i32,
+    to: &[usize],
+    data: &[i32],
+    from: &[usize],
+    n: usize,
+) -> R<Vec<Vec<i32>>> {
     let mut e = st.fab.engine();
     let mut out: Vec<Vec<i32>> = from.iter().map(|_| vec![0i32; n]).collect();
     let mut ids = Vec::new();
     for (k, &f) in from.iter().enumerate() {
         // SAFETY: `out[k]` has n ints and lives until the receive completes below.
-        ids.push(unsafe { e.irecv(out[k].as_mut_ptr() as *mut u8, 4 * n, f as i64, tag, ctx) }.map_err(from_core)?);
+        ids.push(
+            unsafe { e.irecv(out[k].as_mut_ptr() as *mut u8, 4 * n, f as i64, tag, ctx) }
+                .map_err(from_core)?,
+        );
     }
     for &t in to {
         // SAFETY: `data` outlives the send (completed below).
-        ids.push(unsafe { e.isend(data.as_ptr() as *const u8, 4 * data.len(), t as i64, tag, ctx, SendMode::Standard) }.map_err(from_core)?);
+        ids.push(
+            unsafe {
+                e.isend(
+                    data.as_ptr() as *const u8,
+                    4 * data.len(),
+                    t as i64,
+                    tag,
+                    ctx,
+                    SendMode::Standard,
+                )
+            }
+            .map_err(from_core)?,
+        );
     }
-    e.wait_until(COp::Wait, |e| ids.iter().all(|id| e.is_done(*id))).map_err(from_core)?;
+    e.wait_until(COp::Wait, |e| ids.iter().all(|id| e.is_done(*id)))
+        .map_err(from_core)?;
     let mut first = None;
     for id in ids {
         if let (_, Some(x)) = e.take_full(id).map_err(from_core)? {
@@ -84,7 +111,16 @@ fn exchange(st: &mut State, ctx: u32, tag: i32, to: &[usize], data: &[i32], from
 
 /// Leader `lw` (world rank) of a group of world ranks `group` broadcasts `v` (length `n`; significant at
 /// the leader) on `ctx`/`tag`.
-fn leader_bcast(st: &mut State, ctx: u32, tag: i32, group: &[usize], lw: usize, me: usize, v: &[i32], n: usize) -> R<Vec<i32>> {
+fn leader_bcast(
+    st: &mut State,
+    ctx: u32,
+    tag: i32,
+    group: &[usize],
+    lw: usize,
+    me: usize,
+    v: &[i32],
+    n: usize,
+) -> R<Vec<i32>> {
     if me == lw {
         let others: Vec<usize> = group.iter().copied().filter(|&w| w != lw).collect();
         exchange(st, ctx, tag, &others, v, &[], 0)?;
@@ -94,7 +130,14 @@ fn leader_bcast(st: &mut State, ctx: u32, tag: i32, group: &[usize], lw: usize, 
     }
 }
 
-unsafe fn intercomm_create(local_comm: MPI_Comm, local_leader: c_int, peer_comm: MPI_Comm, remote_leader: c_int, tag: c_int, newintercomm: *mut MPI_Comm) -> R {
+unsafe fn intercomm_create(
+    local_comm: MPI_Comm,
+    local_leader: c_int,
+    peer_comm: MPI_Comm,
+    remote_leader: c_int,
+    tag: c_int,
+    newintercomm: *mut MPI_Comm,
+) -> R {
     let st = state()?;
     if newintercomm.is_null() {
         return err(MPI_ERR_ARG, "newintercomm is NULL");
@@ -102,7 +145,13 @@ unsafe fn intercomm_create(local_comm: MPI_Comm, local_leader: c_int, peer_comm:
     let (lci, lc) = st.comm(local_comm)?;
     intra_only(lc, "MPI_Intercomm_create's local_comm")?;
     if local_leader < 0 || local_leader >= lc.size {
-        return err(MPI_ERR_RANK, format!("local_leader {local_leader} is not in local_comm (size {})", lc.size));
+        return err(
+            MPI_ERR_RANK,
+            format!(
+                "local_leader {local_leader} is not in local_comm (size {})",
+                lc.size
+            ),
+        );
     }
     if tag < 0 {
         return err(MPI_ERR_TAG, format!("tag {tag} is invalid"));
@@ -123,20 +172,33 @@ unsafe fn intercomm_create(local_comm: MPI_Comm, local_leader: c_int, peer_comm:
             let (_, pc) = st.comm(peer_comm)?;
             intra_only(pc, "MPI_Intercomm_create's peer_comm")?;
             if remote_leader < 0 || remote_leader >= pc.size {
-                return err(MPI_ERR_RANK, format!("remote_leader {remote_leader} is not in peer_comm (size {})", pc.size));
+                return err(
+                    MPI_ERR_RANK,
+                    format!(
+                        "remote_leader {remote_leader} is not in peer_comm (size {})",
+                        pc.size
+                    ),
+                );
             }
             let (pw, pctx) = (pc.to_world(remote_leader), pc.coll);
             if pw == me {
-                return err(MPI_ERR_RANK, "remote_leader is this process: the two groups must be disjoint");
+                return err(
+                    MPI_ERR_RANK,
+                    "remote_leader is this process: the two groups must be disjoint",
+                );
             }
             let ptag = 0x4000_0000 | (tag & 0x3fff_ffff);
-            let hdr = exchange(st, pctx, ptag, &[pw], &[lmax, local.len() as i32], &[pw], 2)?.pop().unwrap();
+            let hdr = exchange(st, pctx, ptag, &[pw], &[lmax, local.len() as i32], &[pw], 2)?
+                .pop()
+                .unwrap();
             let (rmax, nr) = (hdr[0], hdr[1]);
             if nr <= 0 {
                 return err(MPI_ERR_OTHER, "the remote leader reported an empty group");
             }
             let mine: Vec<i32> = local.iter().map(|&w| w as i32).collect();
-            let list = exchange(st, pctx, ptag, &[pw], &mine, &[pw], nr as usize)?.pop().unwrap();
+            let list = exchange(st, pctx, ptag, &[pw], &mine, &[pw], nr as usize)?
+                .pop()
+                .unwrap();
             if list.iter().any(|&w| w < 0 || local.contains(&(w as usize))) {
                 return err(MPI_ERR_COMM, "the local and remote groups overlap (intercommunicator groups must be disjoint)");
             }
@@ -153,15 +215,36 @@ unsafe fn intercomm_create(local_comm: MPI_Comm, local_leader: c_int, peer_comm:
         }
     }
     // 3. the leader broadcasts (context, remote size) then the remote group
-    let hdr = leader_bcast(st, lcoll, btag, &local, leader_w, me, &rec[..rec.len().min(2)], 2)?;
+    let hdr = leader_bcast(
+        st,
+        lcoll,
+        btag,
+        &local,
+        leader_w,
+        me,
+        &rec[..rec.len().min(2)],
+        2,
+    )?;
     if let Some(e) = fail {
         return Err(e);
     }
     if hdr[0] < 0 {
-        return err(MPI_ERR_OTHER, "MPI_Intercomm_create failed at the local leader (see its error)");
+        return err(
+            MPI_ERR_OTHER,
+            "MPI_Intercomm_create failed at the local leader (see its error)",
+        );
     }
     let btag2 = next_tag(st, lci);
-    let list = leader_bcast(st, lcoll, btag2, &local, leader_w, me, if rec.len() > 2 { &rec[2..] } else { &[] }, hdr[1] as usize)?;
+    let list = leader_bcast(
+        st,
+        lcoll,
+        btag2,
+        &local,
+        leader_w,
+        me,
+        if rec.len() > 2 { &rec[2..] } else { &[] },
+        hdr[1] as usize,
+    )?;
     let ctx = hdr[0] as u32;
     st.next_ctx = st.next_ctx.max(ctx + 2);
     let n = local.len() as i32;
@@ -178,7 +261,10 @@ unsafe fn intercomm_merge(intercomm: MPI_Comm, high: c_int, newintracomm: *mut M
     }
     let (ci, c) = st.comm(intercomm)?;
     let Some(remote) = c.remote.clone() else {
-        return err(MPI_ERR_COMM, "MPI_Intercomm_merge needs an intercommunicator");
+        return err(
+            MPI_ERR_COMM,
+            "MPI_Intercomm_merge needs an intercommunicator",
+        );
     };
     let local: Vec<usize> = (0..c.size).map(|r| c.to_world(r)).collect();
     let (ctx, eh, rank) = (c.coll, c.eh, c.rank as usize);
@@ -186,17 +272,37 @@ unsafe fn intercomm_merge(intercomm: MPI_Comm, high: c_int, newintracomm: *mut M
     // Leaders (rank 0 of each group) exchange their group's `high`, then tell their group.
     let tag = next_tag(st, ci);
     let mine = [(high != 0) as i32];
-    let theirs = if rank == 0 { exchange(st, ctx, tag, &[remote[0]], &mine, &[remote[0]], 1)?.pop().unwrap() } else { vec![0] };
+    let theirs = if rank == 0 {
+        exchange(st, ctx, tag, &[remote[0]], &mine, &[remote[0]], 1)?
+            .pop()
+            .unwrap()
+    } else {
+        vec![0]
+    };
     let theirs = leader_bcast(st, ctx, tag, &local, local[0], me, &theirs, 1)?;
     // Group with high = false first; on a tie, the group whose leader has the lower world rank.
-    let mine_first = if mine[0] != theirs[0] { mine[0] == 0 } else { local[0] < remote[0] };
-    let all: Vec<usize> = if mine_first { local.iter().chain(remote.iter()).copied().collect() } else { remote.iter().chain(local.iter()).copied().collect() };
+    let mine_first = if mine[0] != theirs[0] {
+        mine[0] == 0
+    } else {
+        local[0] < remote[0]
+    };
+    let all: Vec<usize> = if mine_first {
+        local.iter().chain(remote.iter()).copied().collect()
+    } else {
+        remote.iter().chain(local.iter()).copied().collect()
+    };
     let pos = all.iter().position(|&w| w == me).unwrap();
     let tag2 = next_tag(st, ci);
     let mut v = [st.next_ctx as i32];
     crate::coll::allreduce_max_group(st, ctx, tag2, &all, pos, &mut v)?;
     st.next_ctx = v[0] as u32 + 2;
-    let n = Comm::new(v[0] as u32, pos as i32, Some(all.clone()), all.len() as i32, eh);
+    let n = Comm::new(
+        v[0] as u32,
+        pos as i32,
+        Some(all.clone()),
+        all.len() as i32,
+        eh,
+    );
     *newintracomm = add_comm(st, n);
     Ok(())
 }

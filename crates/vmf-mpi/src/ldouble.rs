@@ -123,7 +123,10 @@ pub(crate) unsafe fn complex(op: LOp, a: *const u8, b: *mut u8, n: usize) {
         let (ar, ai, br, bi) = (ld(pa), ld(pa.add(16)), ld(pb), ld(pb.add(16)));
         let (r, i) = match op {
             LOp::Sum => (add(&ar, &br), add(&ai, &bi)),
-            LOp::Prod => (add(&mul(&ar, &br), &neg(&mul(&ai, &bi))), add(&mul(&ar, &bi), &mul(&ai, &br))),
+            LOp::Prod => (
+                add(&mul(&ar, &br), &neg(&mul(&ai, &bi))),
+                add(&mul(&ar, &bi), &mul(&ai, &br)),
+            ),
             _ => continue,
         };
         st(pb, &r);
@@ -139,7 +142,11 @@ pub(crate) unsafe fn loc(op: LOp, a: *const u8, b: *mut u8, n: usize) {
         let (va, vb) = (ld(pa), ld(pb));
         let ia = (pa.add(16) as *const i32).read_unaligned();
         let ib = (pb.add(16) as *const i32).read_unaligned();
-        let better = if op == LOp::MinLoc { gt(&vb, &va) } else { gt(&va, &vb) };
+        let better = if op == LOp::MinLoc {
+            gt(&vb, &va)
+        } else {
+            gt(&va, &vb)
+        };
         let equal = !gt(&va, &vb) && !gt(&vb, &va);
         if better || (equal && ia < ib) {
             st(pb, &va);
@@ -176,6 +183,9 @@ mod tests {
         let mut tiny = int(1);
         tiny[8..].copy_from_slice(&(16383u16 - 63).to_le_bytes());
         let s = add(&int(1), &tiny);
-        assert_eq!(u64::from_le_bytes(s[..8].try_into().unwrap()), (1u64 << 63) | 1);
+        assert_eq!(
+            u64::from_le_bytes(s[..8].try_into().unwrap()),
+            (1u64 << 63) | 1
+        );
     }
 }

@@ -18,7 +18,12 @@
 //! Handles are integers whose low bits index tables (`Vec`), predefined datatypes carry their size in
 //! bits 8..15 (MPICH's encoding), and a blocking send or receive of a predefined type goes straight to the
 //! engine's `isend`/`irecv` without allocation.
-#![allow(non_snake_case, non_camel_case_types, clippy::missing_safety_doc, clippy::too_many_arguments)]
+#![allow(
+    non_snake_case,
+    non_camel_case_types,
+    clippy::missing_safety_doc,
+    clippy::too_many_arguments
+)]
 
 use std::cell::UnsafeCell;
 use std::ffi::{c_char, c_int, c_void};
@@ -26,10 +31,10 @@ use vmf_core::engine::mpi_ext::MatchedMsg;
 use vmf_core::engine::{Engine, ReqId};
 use vmf_core::Fabric;
 
-pub mod consts;
 mod bigcount;
 mod coll;
 mod comm;
+pub mod consts;
 mod datatype;
 mod env;
 mod graph;
@@ -76,7 +81,10 @@ pub struct MpiErr {
 pub type R<T = ()> = Result<T, MpiErr>;
 
 pub(crate) fn err<T>(code: c_int, msg: impl Into<String>) -> R<T> {
-    Err(MpiErr { code, msg: msg.into() })
+    Err(MpiErr {
+        code,
+        msg: msg.into(),
+    })
 }
 
 /// Map an engine error to an MPI error class.
@@ -90,7 +98,10 @@ pub(crate) fn from_core(e: vmf_core::Error) -> MpiErr {
         E::PeerDead { .. } => MPIX_ERR_PROC_FAILED,
         _ => MPI_ERR_OTHER,
     };
-    MpiErr { code, msg: e.to_string() }
+    MpiErr {
+        code,
+        msg: e.to_string(),
+    }
 }
 
 // ------------------------------------------------------------------------------------------------ state
@@ -122,7 +133,20 @@ pub(crate) struct Comm {
 impl Comm {
     /// A new communicator with contexts `ctx`/`ctx+1` over the world ranks `world` (`me` = my index).
     pub fn new(ctx: u32, me: i32, world: Option<Vec<usize>>, size: i32, eh: c_int) -> Comm {
-        Comm { pt: ctx, coll: ctx + 1, rank: me, size, world, eh, coll_seq: 0, name: String::new(), attrs: Vec::new(), topo: None, shm: Default::default(), remote: None }
+        Comm {
+            pt: ctx,
+            coll: ctx + 1,
+            rank: me,
+            size,
+            world,
+            eh,
+            coll_seq: 0,
+            name: String::new(),
+            attrs: Vec::new(),
+            topo: None,
+            shm: Default::default(),
+            remote: None,
+        }
     }
 }
 
@@ -138,7 +162,10 @@ impl Comm {
     pub fn rank_of_world(&self, w: usize) -> i32 {
         match &self.world {
             None => w as i32,
-            Some(v) => v.iter().position(|&x| x == w).map_or(MPI_UNDEFINED, |p| p as i32),
+            Some(v) => v
+                .iter()
+                .position(|&x| x == w)
+                .map_or(MPI_UNDEFINED, |p| p as i32),
         }
     }
     /// Size of the group point-to-point ranks name: the remote group of an intercommunicator.
@@ -162,7 +189,10 @@ impl Comm {
     pub fn peer_rank_of_world(&self, w: usize) -> i32 {
         match &self.remote {
             None => self.rank_of_world(w),
-            Some(v) => v.iter().position(|&x| x == w).map_or(MPI_UNDEFINED, |p| p as i32),
+            Some(v) => v
+                .iter()
+                .position(|&x| x == w)
+                .map_or(MPI_UNDEFINED, |p| p as i32),
         }
     }
 }
@@ -200,8 +230,18 @@ pub(crate) struct St {
 }
 
 impl St {
-    pub const EMPTY: St = St { src: MPI_ANY_SOURCE, tag: MPI_ANY_TAG, bytes: 0, cancelled: false };
-    pub const PROC_NULL: St = St { src: MPI_PROC_NULL, tag: MPI_ANY_TAG, bytes: 0, cancelled: false };
+    pub const EMPTY: St = St {
+        src: MPI_ANY_SOURCE,
+        tag: MPI_ANY_TAG,
+        bytes: 0,
+        cancelled: false,
+    };
+    pub const PROC_NULL: St = St {
+        src: MPI_PROC_NULL,
+        tag: MPI_ANY_TAG,
+        bytes: 0,
+        cancelled: false,
+    };
 
     /// Write into a C status unless it is MPI_STATUS_IGNORE (MPI_ERROR is left alone).
     #[inline]
@@ -315,7 +355,11 @@ unsafe impl Sync for Global {}
 pub(crate) static G: Global = Global {
     phase: UnsafeCell::new(PHASE_NONE),
     st: UnsafeCell::new(None),
-    user_errs: UnsafeCell::new(UserErrors { classes: 0, codes: Vec::new(), strings: Vec::new() }),
+    user_errs: UnsafeCell::new(UserErrors {
+        classes: 0,
+        codes: Vec::new(),
+        strings: Vec::new(),
+    }),
 };
 
 #[inline]
@@ -374,7 +418,10 @@ impl State {
             }
         }
         if h == MPI_COMM_NULL {
-            err(MPI_ERR_COMM, "MPI_COMM_NULL is not a valid communicator here")
+            err(
+                MPI_ERR_COMM,
+                "MPI_COMM_NULL is not a valid communicator here",
+            )
         } else {
             err(MPI_ERR_COMM, format!("invalid communicator handle {h:#x}"))
         }
@@ -411,7 +458,10 @@ pub(crate) fn type_extent(dt: MPI_Datatype) -> R<usize> {
         }
     }
     if dt == MPI_DATATYPE_NULL {
-        err(MPI_ERR_TYPE, "MPI_DATATYPE_NULL is not a valid datatype here")
+        err(
+            MPI_ERR_TYPE,
+            "MPI_DATATYPE_NULL is not a valid datatype here",
+        )
     } else {
         err(MPI_ERR_TYPE, format!("invalid datatype handle {dt:#x}"))
     }
@@ -433,9 +483,15 @@ pub(crate) fn msg_bytes(buf: *const c_void, count: c_int, dt: MPI_Datatype) -> R
     if count < 0 {
         return err(MPI_ERR_COUNT, format!("count {count} is negative"));
     }
-    let bytes = (count as usize).checked_mul(ext).ok_or_else(|| MpiErr { code: MPI_ERR_COUNT, msg: "count too large".into() })?;
+    let bytes = (count as usize).checked_mul(ext).ok_or_else(|| MpiErr {
+        code: MPI_ERR_COUNT,
+        msg: "count too large".into(),
+    })?;
     if buf.is_null() && bytes > 0 {
-        return err(MPI_ERR_BUFFER, format!("buffer is NULL for {count} elements"));
+        return err(
+            MPI_ERR_BUFFER,
+            format!("buffer is NULL for {count} elements"),
+        );
     }
     Ok(bytes)
 }
@@ -456,9 +512,15 @@ pub(crate) fn fin(comm: MPI_Comm, name: &str, r: R) -> c_int {
 pub(crate) fn raise(comm: MPI_Comm, name: &str, e: MpiErr) -> c_int {
     let st = state_opt();
     let (eh, comm) = match st {
-        Some(s) if phase() == PHASE_INIT => match comm_index(comm).and_then(|i| s.comms.get(i)).and_then(|c| c.as_ref()) {
+        Some(s) if phase() == PHASE_INIT => match comm_index(comm)
+            .and_then(|i| s.comms.get(i))
+            .and_then(|c| c.as_ref())
+        {
             Some(c) => (c.eh, comm),
-            None => (s.comms[0].as_ref().map_or(MPI_ERRORS_ARE_FATAL, |c| c.eh), MPI_COMM_WORLD),
+            None => (
+                s.comms[0].as_ref().map_or(MPI_ERRORS_ARE_FATAL, |c| c.eh),
+                MPI_COMM_WORLD,
+            ),
         },
         _ => (MPI_ERRORS_ARE_FATAL, MPI_COMM_WORLD),
     };
@@ -466,7 +528,12 @@ pub(crate) fn raise(comm: MPI_Comm, name: &str, e: MpiErr) -> c_int {
         MPI_ERRORS_RETURN => e.code,
         x if x == MPI_ERRORS_ARE_FATAL || x == MPI_ERRORS_ABORT => fatal(name, &e),
         user => {
-            let f = state_opt().and_then(|s| s.errhandlers.get(((user as u32) & 0x03ff_ffff) as usize).copied().flatten());
+            let f = state_opt().and_then(|s| {
+                s.errhandlers
+                    .get(((user as u32) & 0x03ff_ffff) as usize)
+                    .copied()
+                    .flatten()
+            });
             match f {
                 Some(f) => {
                     let mut c = comm;
@@ -484,14 +551,20 @@ pub(crate) fn raise(comm: MPI_Comm, name: &str, e: MpiErr) -> c_int {
 /// MPI_ERRORS_ARE_FATAL: print the error, the rank and the call, then end the whole job.
 #[cold]
 pub(crate) fn fatal(name: &str, e: &MpiErr) -> ! {
-    let rank = state_opt().map(|s| s.fab.rank().to_string()).unwrap_or_else(|| "?".into());
+    let rank = state_opt()
+        .map(|s| s.fab.rank().to_string())
+        .unwrap_or_else(|| "?".into());
     let msg = format!(
         "vmfabric MPI: fatal error in {name} on rank {rank}: {} ({})",
         env::error_string(e.code),
         e.msg
     );
     eprintln!("{msg}");
-    let code = if e.code > 0 && e.code < 256 { e.code } else { 1 };
+    let code = if e.code > 0 && e.code < 256 {
+        e.code
+    } else {
+        1
+    };
     match state_opt() {
         Some(s) if phase() == PHASE_INIT => s.fab.abort(code, &msg),
         _ => std::process::exit(code),

@@ -48,7 +48,15 @@ pub(crate) struct Red {
 pub(crate) fn resolve(st: &State, op: MPI_Op, dt: MPI_Datatype, count: usize) -> R<(Red, usize)> {
     let u = op as u32;
     if u & 0xfc00_0000 == OP_BASE {
-        let o = st.ops.get((u & 0x03ff_ffff) as usize).copied().flatten().ok_or_else(|| MpiErr { code: MPI_ERR_OP, msg: format!("invalid op {op:#x}") })?;
+        let o = st
+            .ops
+            .get((u & 0x03ff_ffff) as usize)
+            .copied()
+            .flatten()
+            .ok_or_else(|| MpiErr {
+                code: MPI_ERR_OP,
+                msg: format!("invalid op {op:#x}"),
+            })?;
         let (ext, _) = if datatype::is_derived(dt) {
             let d = datatype::get(st, dt)?;
             (d.extent() as usize, d.size)
@@ -56,7 +64,16 @@ pub(crate) fn resolve(st: &State, op: MPI_Op, dt: MPI_Datatype, count: usize) ->
             let s = type_extent(dt)?;
             (s, s)
         };
-        return Ok((Red { op, dt, elem: ext, user: Some(o.f), commute: o.commute }, count));
+        return Ok((
+            Red {
+                op,
+                dt,
+                elem: ext,
+                user: Some(o.f),
+                commute: o.commute,
+            },
+            count,
+        ));
     }
     if !(MPI_MAX..=MPI_NO_OP).contains(&op) {
         return err(MPI_ERR_OP, format!("invalid op {op:#x}"));
@@ -72,9 +89,21 @@ pub(crate) fn resolve(st: &State, op: MPI_Op, dt: MPI_Datatype, count: usize) ->
     };
     let elem = type_extent(basic)?;
     if kind(basic).is_none() || !allowed(op, kind(basic).unwrap()) {
-        return err(MPI_ERR_OP, format!("op {op:#x} is not defined on datatype {basic:#x}"));
+        return err(
+            MPI_ERR_OP,
+            format!("op {op:#x} is not defined on datatype {basic:#x}"),
+        );
     }
-    Ok((Red { op, dt: basic, elem, user: None, commute: true }, n))
+    Ok((
+        Red {
+            op,
+            dt: basic,
+            elem,
+            user: None,
+            commute: true,
+        },
+        n,
+    ))
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -212,19 +241,34 @@ macro_rules! cplx_op {
     ($t:ty, $op:expr, $a:expr, $b:expr, $n:expr) => {
         match $op {
             MPI_SUM => zip::<$t>($a, $b, 2 * $n, |x, y| x + y),
-            MPI_PROD => zip::<[$t; 2]>($a, $b, $n, |x, y| [x[0] * y[0] - x[1] * y[1], x[0] * y[1] + x[1] * y[0]]),
+            MPI_PROD => zip::<[$t; 2]>($a, $b, $n, |x, y| {
+                [x[0] * y[0] - x[1] * y[1], x[0] * y[1] + x[1] * y[0]]
+            }),
             _ => {}
         }
     };
 }
 
 /// MINLOC/MAXLOC on (value, index) pairs laid out as a C struct of `size` bytes with the index at `ioff`.
-unsafe fn loc<V: Copy + PartialOrd, I: Copy + Ord>(op: MPI_Op, a: *const u8, b: *mut u8, n: usize, size: usize, ioff: usize) {
+unsafe fn loc<V: Copy + PartialOrd, I: Copy + Ord>(
+    op: MPI_Op,
+    a: *const u8,
+    b: *mut u8,
+    n: usize,
+    size: usize,
+    ioff: usize,
+) {
     for k in 0..n {
         let pa = a.add(k * size);
         let pb = b.add(k * size);
-        let (va, ia) = ((pa as *const V).read_unaligned(), (pa.add(ioff) as *const I).read_unaligned());
-        let (vb, ib) = ((pb as *const V).read_unaligned(), (pb.add(ioff) as *const I).read_unaligned());
+        let (va, ia) = (
+            (pa as *const V).read_unaligned(),
+            (pa.add(ioff) as *const I).read_unaligned(),
+        );
+        let (vb, ib) = (
+            (pb as *const V).read_unaligned(),
+            (pb.add(ioff) as *const I).read_unaligned(),
+        );
         let take_a = if op == MPI_MINLOC {
             va < vb || (va == vb && ia < ib)
         } else {
@@ -302,8 +346,17 @@ unsafe fn locf<V: Copy + PartialOrd>(op: MPI_Op, a: *const u8, b: *mut u8, n: us
     for k in 0..n {
         let pa = a.add(2 * k * s) as *const V;
         let pb = b.add(2 * k * s) as *mut V;
-        let (va, ia, vb, ib) = (pa.read_unaligned(), pa.add(1).read_unaligned(), pb.read_unaligned(), pb.add(1).read_unaligned());
-        let take_a = if op == MPI_MINLOC { va < vb || (va == vb && ia < ib) } else { va > vb || (va == vb && ia < ib) };
+        let (va, ia, vb, ib) = (
+            pa.read_unaligned(),
+            pa.add(1).read_unaligned(),
+            pb.read_unaligned(),
+            pb.add(1).read_unaligned(),
+        );
+        let take_a = if op == MPI_MINLOC {
+            va < vb || (va == vb && ia < ib)
+        } else {
+            va > vb || (va == vb && ia < ib)
+        };
         if take_a {
             pb.write_unaligned(va);
             pb.add(1).write_unaligned(ia);

@@ -17,7 +17,13 @@ fn peer(c: &Comm, r: c_int, allow_any: bool) -> R<Option<i64>> {
     } else if allow_any && r == MPI_ANY_SOURCE {
         Ok(Some(vmf_core::ANY_SOURCE as i64))
     } else {
-        err(MPI_ERR_RANK, format!("rank {r} is not in the communicator (size {})", c.peer_size()))
+        err(
+            MPI_ERR_RANK,
+            format!(
+                "rank {r} is not in the communicator (size {})",
+                c.peer_size()
+            ),
+        )
     }
 }
 
@@ -26,7 +32,10 @@ fn check_tag(tag: c_int, allow_any: bool) -> R {
     if tag >= 0 || (allow_any && tag == MPI_ANY_TAG) {
         Ok(())
     } else {
-        err(MPI_ERR_TAG, format!("tag {tag} is invalid (tags are 0..={TAG_UB})"))
+        err(
+            MPI_ERR_TAG,
+            format!("tag {tag} is invalid (tags are 0..={TAG_UB})"),
+        )
     }
 }
 
@@ -40,7 +49,12 @@ pub(crate) fn comm_handle(ci: usize) -> MPI_Comm {
 
 #[inline]
 fn st_from(c: &Comm, s: vmf_core::Status) -> St {
-    St { src: c.peer_rank_of_world(s.source), tag: s.tag, bytes: s.count, cancelled: s.cancelled }
+    St {
+        src: c.peer_rank_of_world(s.source),
+        tag: s.tag,
+        bytes: s.count,
+        cancelled: s.cancelled,
+    }
 }
 
 fn core_err(e: Option<vmf_core::Error>) -> R {
@@ -81,12 +95,38 @@ fn req_index(st: &State, h: MPI_Request) -> R<usize> {
 /// A request for a nonblocking collective.
 pub(crate) fn new_sched_req(st: &mut State, ci: usize, s: Box<crate::coll::Sched>) -> MPI_Request {
     st.nbc_active += 1;
-    new_req(st, MReq { live: true, comm: ci, is_recv: false, eng: None, fin: None, persist: None, active: true, xfer: None, sched: Some(s) })
+    new_req(
+        st,
+        MReq {
+            live: true,
+            comm: ci,
+            is_recv: false,
+            eng: None,
+            fin: None,
+            persist: None,
+            active: true,
+            xfer: None,
+            sched: Some(s),
+        },
+    )
 }
 
 /// A request that is already complete.
 pub(crate) fn new_done_req(st: &mut State, ci: usize) -> MPI_Request {
-    new_req(st, MReq { live: true, comm: ci, is_recv: false, eng: None, fin: Some(St::EMPTY), persist: None, active: true, xfer: None, sched: None })
+    new_req(
+        st,
+        MReq {
+            live: true,
+            comm: ci,
+            is_recv: false,
+            eng: None,
+            fin: Some(St::EMPTY),
+            persist: None,
+            active: true,
+            xfer: None,
+            sched: None,
+        },
+    )
 }
 
 /// Advance the schedules (nonblocking collectives) among requests `idx`.
@@ -105,7 +145,9 @@ fn all_scheds(st: &State) -> Vec<usize> {
     if st.nbc_active == 0 {
         return Vec::new();
     }
-    (0..st.reqs.len()).filter(|&i| st.reqs[i].live && st.reqs[i].sched.as_ref().is_some_and(|s| !s.done)).collect()
+    (0..st.reqs.len())
+        .filter(|&i| st.reqs[i].live && st.reqs[i].sched.as_ref().is_some_and(|s| !s.done))
+        .collect()
 }
 
 /// Block until all (or any) of the requests `idx` are done, advancing schedules on the way.
@@ -132,8 +174,13 @@ fn wait_reqs(st: &mut State, idx: &[usize], all: bool) -> R {
         if cond(&e) {
             return Ok(());
         }
-        e.wait_until(Op::Wait, |e| cond(e) || scheds.iter().any(|&i| rt[i].sched.as_ref().is_some_and(|s| !s.done && s.ready(e))))
-            .map_err(from_core)?;
+        e.wait_until(Op::Wait, |e| {
+            cond(e)
+                || scheds
+                    .iter()
+                    .any(|&i| rt[i].sched.as_ref().is_some_and(|s| !s.done && s.ready(e)))
+        })
+        .map_err(from_core)?;
     }
 }
 
@@ -161,7 +208,14 @@ unsafe fn complete(st: &mut State, i: usize, h: *mut MPI_Request) -> R<(St, R)> 
     } else if let Some(id) = r.eng.take() {
         let (s, e) = st.fab.engine().take_full(id).map_err(from_core)?;
         let c = st.comms[ci].as_ref().expect("request's communicator");
-        let s = if is_recv { st_from(c, s) } else { St { cancelled: s.cancelled, ..St::EMPTY } };
+        let s = if is_recv {
+            st_from(c, s)
+        } else {
+            St {
+                cancelled: s.cancelled,
+                ..St::EMPTY
+            }
+        };
         if let Some(x) = st.reqs[i].xfer.take() {
             if let Some((b, n, dt)) = x.unpack {
                 crate::datatype::unpack_from(&x.tmp, s.bytes, b, n, dt)?;
@@ -199,7 +253,14 @@ fn peek(st: &State, i: usize) -> (St, R) {
     match r.eng.and_then(|id| st.fab.engine().peek(id)) {
         Some((s, e)) => {
             let c = st.comms[r.comm].as_ref().expect("request's communicator");
-            let s = if r.is_recv { st_from(c, s) } else { St { cancelled: s.cancelled, ..St::EMPTY } };
+            let s = if r.is_recv {
+                st_from(c, s)
+            } else {
+                St {
+                    cancelled: s.cancelled,
+                    ..St::EMPTY
+                }
+            };
             (s, core_err(e))
         }
         None => (St::EMPTY, Ok(())),
@@ -211,8 +272,10 @@ pub(crate) fn reap(st: &mut State, all: bool) -> R {
     let mut e = st.fab.engine();
     if all {
         let (b, o) = (&st.bsends, &st.orphans);
-        e.wait_until(Op::Wait, |e| b.iter().all(|(id, _)| e.is_done(*id)) && o.iter().all(|id| e.is_done(*id)))
-            .map_err(from_core)?;
+        e.wait_until(Op::Wait, |e| {
+            b.iter().all(|(id, _)| e.is_done(*id)) && o.iter().all(|id| e.is_done(*id))
+        })
+        .map_err(from_core)?;
     }
     let mut k = 0;
     while k < st.bsends.len() {
@@ -240,19 +303,38 @@ pub(crate) fn reap(st: &mut State, all: bool) -> R {
 
 /// Start a send; `None` when it completed at once without an engine request (MPI_PROC_NULL, buffered).
 #[inline]
-unsafe fn start_send(st: &mut State, ci: usize, buf: *const u8, bytes: usize, dest: i64, tag: c_int, mode: Mode) -> R<Option<ReqId>> {
+unsafe fn start_send(
+    st: &mut State,
+    ci: usize,
+    buf: *const u8,
+    bytes: usize,
+    dest: i64,
+    tag: c_int,
+    mode: Mode,
+) -> R<Option<ReqId>> {
     let pt = st.comms[ci].as_ref().unwrap().pt;
     if mode == Mode::Buffered {
         return bsend(st, pt, buf, bytes, dest, tag).map(|_| None);
     }
-    let emode = if mode == Mode::Sync { SendMode::Synchronous } else { SendMode::Standard };
-    st.fab.engine().isend(buf, bytes, dest, tag, pt, emode).map(Some).map_err(from_core)
+    let emode = if mode == Mode::Sync {
+        SendMode::Synchronous
+    } else {
+        SendMode::Standard
+    };
+    st.fab
+        .engine()
+        .isend(buf, bytes, dest, tag, pt, emode)
+        .map(Some)
+        .map_err(from_core)
 }
 
 unsafe fn bsend(st: &mut State, pt: u32, buf: *const u8, bytes: usize, dest: i64, tag: c_int) -> R {
     reap(st, false)?;
     let Some((_, size)) = st.bsend_buf else {
-        return err(MPI_ERR_BUFFER, "buffered send without an attached buffer (MPI_Buffer_attach)");
+        return err(
+            MPI_ERR_BUFFER,
+            "buffered send without an attached buffer (MPI_Buffer_attach)",
+        );
     };
     if st.bsend_used + bytes + MPI_BSEND_OVERHEAD > size {
         return err(
@@ -261,7 +343,11 @@ unsafe fn bsend(st: &mut State, pt: u32, buf: *const u8, bytes: usize, dest: i64
         );
     }
     let v = std::slice::from_raw_parts(buf, bytes).to_vec();
-    let id = st.fab.engine().isend(v.as_ptr(), bytes, dest, tag, pt, SendMode::Standard).map_err(from_core)?;
+    let id = st
+        .fab
+        .engine()
+        .isend(v.as_ptr(), bytes, dest, tag, pt, SendMode::Standard)
+        .map_err(from_core)?;
     st.bsend_used += bytes + MPI_BSEND_OVERHEAD;
     st.bsends.push((id, v));
     Ok(())
@@ -281,19 +367,35 @@ fn lay_bytes(buf: *const c_void, count: c_int, dt: MPI_Datatype) -> R<usize> {
 
 /// Staging of a non-contiguous derived datatype: `Some(vec)` (send: packed data; receive: room) or None.
 #[inline]
-unsafe fn stage(buf: *const c_void, count: c_int, dt: MPI_Datatype, bytes: usize, send: bool) -> R<Option<Vec<u8>>> {
+unsafe fn stage(
+    buf: *const c_void,
+    count: c_int,
+    dt: MPI_Datatype,
+    bytes: usize,
+    send: bool,
+) -> R<Option<Vec<u8>>> {
     if !crate::datatype::is_derived(dt) {
         return Ok(None);
     }
     match crate::datatype::layout(buf, count, dt)? {
         crate::datatype::Lay::Contig(_) => Ok(None),
-        crate::datatype::Lay::Packed { .. } if send => crate::datatype::pack_vec(buf as *const u8, count as usize, dt, bytes).map(Some),
+        crate::datatype::Lay::Packed { .. } if send => {
+            crate::datatype::pack_vec(buf as *const u8, count as usize, dt, bytes).map(Some)
+        }
         crate::datatype::Lay::Packed { .. } => Ok(Some(vec![0u8; bytes.max(1)])),
     }
 }
 
 #[inline]
-unsafe fn send_args(st: &mut State, buf: *const c_void, count: c_int, dt: MPI_Datatype, dest: c_int, tag: c_int, comm: MPI_Comm) -> R<(usize, usize, Option<i64>)> {
+unsafe fn send_args(
+    st: &mut State,
+    buf: *const c_void,
+    count: c_int,
+    dt: MPI_Datatype,
+    dest: c_int,
+    tag: c_int,
+    comm: MPI_Comm,
+) -> R<(usize, usize, Option<i64>)> {
     let (ci, c) = st.comm(comm)?;
     let bytes = lay_bytes(buf, count, dt)?;
     check_tag(tag, false)?;
@@ -302,7 +404,15 @@ unsafe fn send_args(st: &mut State, buf: *const c_void, count: c_int, dt: MPI_Da
 }
 
 #[inline]
-unsafe fn recv_args(st: &mut State, buf: *const c_void, count: c_int, dt: MPI_Datatype, src: c_int, tag: c_int, comm: MPI_Comm) -> R<(usize, usize, Option<i64>)> {
+unsafe fn recv_args(
+    st: &mut State,
+    buf: *const c_void,
+    count: c_int,
+    dt: MPI_Datatype,
+    src: c_int,
+    tag: c_int,
+    comm: MPI_Comm,
+) -> R<(usize, usize, Option<i64>)> {
     let (ci, c) = st.comm(comm)?;
     let bytes = lay_bytes(buf, count, dt)?;
     check_tag(tag, true)?;
@@ -310,7 +420,15 @@ unsafe fn recv_args(st: &mut State, buf: *const c_void, count: c_int, dt: MPI_Da
     Ok((ci, bytes, w))
 }
 
-unsafe fn send_blocking(buf: *const c_void, count: c_int, dt: MPI_Datatype, dest: c_int, tag: c_int, comm: MPI_Comm, mode: Mode) -> R {
+unsafe fn send_blocking(
+    buf: *const c_void,
+    count: c_int,
+    dt: MPI_Datatype,
+    dest: c_int,
+    tag: c_int,
+    comm: MPI_Comm,
+    mode: Mode,
+) -> R {
     let st = state()?;
     let (ci, bytes, w) = send_args(st, buf, count, dt, dest, tag, comm)?;
     let Some(w) = w else { return Ok(()) };
@@ -319,26 +437,47 @@ unsafe fn send_blocking(buf: *const c_void, count: c_int, dt: MPI_Datatype, dest
     // Fast path: an eager message to an idle queue goes straight into the transport, no request.
     if matches!(mode, Mode::Standard | Mode::Ready) {
         let pt = st.comms[ci].as_ref().unwrap().pt;
-        if st.fab.engine().try_send_now(p, bytes, w, tag, pt).map_err(from_core)? {
+        if st
+            .fab
+            .engine()
+            .try_send_now(p, bytes, w, tag, pt)
+            .map_err(from_core)?
+        {
             return Ok(());
         }
     }
-    let Some(id) = start_send(st, ci, p, bytes, w, tag, mode)? else { return Ok(()) };
+    let Some(id) = start_send(st, ci, p, bytes, w, tag, mode)? else {
+        return Ok(());
+    };
     let mut e = st.fab.engine();
     if !e.is_done(id) {
-        e.wait_until(Op::Send, |e| e.is_done(id)).map_err(from_core)?;
+        e.wait_until(Op::Send, |e| e.is_done(id))
+            .map_err(from_core)?;
     }
     let (_, er) = e.take_full(id).map_err(from_core)?;
     core_err(er)
 }
 
-unsafe fn send_nonblocking(buf: *const c_void, count: c_int, dt: MPI_Datatype, dest: c_int, tag: c_int, comm: MPI_Comm, mode: Mode, req: *mut MPI_Request) -> R {
+unsafe fn send_nonblocking(
+    buf: *const c_void,
+    count: c_int,
+    dt: MPI_Datatype,
+    dest: c_int,
+    tag: c_int,
+    comm: MPI_Comm,
+    mode: Mode,
+    req: *mut MPI_Request,
+) -> R {
     let st = state()?;
     if req.is_null() {
         return err(MPI_ERR_ARG, "request pointer is NULL");
     }
     let (ci, bytes, w) = send_args(st, buf, count, dt, dest, tag, comm)?;
-    let pk = if w.is_some() { stage(buf, count, dt, bytes, true)? } else { None };
+    let pk = if w.is_some() {
+        stage(buf, count, dt, bytes, true)?
+    } else {
+        None
+    };
     let p = pk.as_ref().map_or(buf as *const u8, |v| v.as_ptr());
     let (eng, fin) = match w {
         None => (None, Some(St::PROC_NULL)),
@@ -348,11 +487,32 @@ unsafe fn send_nonblocking(buf: *const c_void, count: c_int, dt: MPI_Datatype, d
         },
     };
     let xfer = pk.map(|tmp| Box::new(crate::datatype::Xfer { tmp, unpack: None }));
-    *req = new_req(st, MReq { live: true, comm: ci, is_recv: false, eng, fin, persist: None, active: true, xfer, sched: None });
+    *req = new_req(
+        st,
+        MReq {
+            live: true,
+            comm: ci,
+            is_recv: false,
+            eng,
+            fin,
+            persist: None,
+            active: true,
+            xfer,
+            sched: None,
+        },
+    );
     Ok(())
 }
 
-unsafe fn recv_blocking(buf: *mut c_void, count: c_int, dt: MPI_Datatype, src: c_int, tag: c_int, comm: MPI_Comm, status: *mut MPI_Status) -> R {
+unsafe fn recv_blocking(
+    buf: *mut c_void,
+    count: c_int,
+    dt: MPI_Datatype,
+    src: c_int,
+    tag: c_int,
+    comm: MPI_Comm,
+    status: *mut MPI_Status,
+) -> R {
     let st = state()?;
     let (ci, bytes, w) = recv_args(st, buf, count, dt, src, tag, comm)?;
     let Some(w) = w else {
@@ -373,7 +533,8 @@ unsafe fn recv_blocking(buf: *mut c_void, count: c_int, dt: MPI_Datatype, src: c
     }
     let id = e.irecv(p, bytes, w, tag, c.pt).map_err(from_core)?;
     if !e.is_done(id) {
-        e.wait_until(Op::Recv, |e| e.is_done(id)).map_err(from_core)?;
+        e.wait_until(Op::Recv, |e| e.is_done(id))
+            .map_err(from_core)?;
     }
     let (s, er) = e.take_full(id).map_err(from_core)?;
     drop(e);
@@ -384,27 +545,75 @@ unsafe fn recv_blocking(buf: *mut c_void, count: c_int, dt: MPI_Datatype, src: c
     core_err(er)
 }
 
-unsafe fn recv_nonblocking(buf: *mut c_void, count: c_int, dt: MPI_Datatype, src: c_int, tag: c_int, comm: MPI_Comm, req: *mut MPI_Request) -> R {
+unsafe fn recv_nonblocking(
+    buf: *mut c_void,
+    count: c_int,
+    dt: MPI_Datatype,
+    src: c_int,
+    tag: c_int,
+    comm: MPI_Comm,
+    req: *mut MPI_Request,
+) -> R {
     let st = state()?;
     if req.is_null() {
         return err(MPI_ERR_ARG, "request pointer is NULL");
     }
     let (ci, bytes, w) = recv_args(st, buf, count, dt, src, tag, comm)?;
-    let mut tmp = if w.is_some() { stage(buf, count, dt, bytes, false)? } else { None };
+    let mut tmp = if w.is_some() {
+        stage(buf, count, dt, bytes, false)?
+    } else {
+        None
+    };
     let p = tmp.as_mut().map_or(buf as *mut u8, |v| v.as_mut_ptr());
     let (eng, fin) = match w {
         None => (None, Some(St::PROC_NULL)),
         Some(w) => {
             let pt = st.comms[ci].as_ref().unwrap().pt;
-            (Some(st.fab.engine().irecv(p, bytes, w, tag, pt).map_err(from_core)?), None)
+            (
+                Some(
+                    st.fab
+                        .engine()
+                        .irecv(p, bytes, w, tag, pt)
+                        .map_err(from_core)?,
+                ),
+                None,
+            )
         }
     };
-    let xfer = tmp.map(|tmp| Box::new(crate::datatype::Xfer { tmp, unpack: Some((buf as *mut u8, count as usize, dt)) }));
-    *req = new_req(st, MReq { live: true, comm: ci, is_recv: true, eng, fin, persist: None, active: true, xfer, sched: None });
+    let xfer = tmp.map(|tmp| {
+        Box::new(crate::datatype::Xfer {
+            tmp,
+            unpack: Some((buf as *mut u8, count as usize, dt)),
+        })
+    });
+    *req = new_req(
+        st,
+        MReq {
+            live: true,
+            comm: ci,
+            is_recv: true,
+            eng,
+            fin,
+            persist: None,
+            active: true,
+            xfer,
+            sched: None,
+        },
+    );
     Ok(())
 }
 
-unsafe fn persistent(buf: *mut c_void, count: c_int, dt: MPI_Datatype, peer_r: c_int, tag: c_int, comm: MPI_Comm, mode: Mode, is_recv: bool, req: *mut MPI_Request) -> R {
+unsafe fn persistent(
+    buf: *mut c_void,
+    count: c_int,
+    dt: MPI_Datatype,
+    peer_r: c_int,
+    tag: c_int,
+    comm: MPI_Comm,
+    mode: Mode,
+    is_recv: bool,
+    req: *mut MPI_Request,
+) -> R {
     let st = state()?;
     if req.is_null() {
         return err(MPI_ERR_ARG, "request pointer is NULL");
@@ -414,9 +623,36 @@ unsafe fn persistent(buf: *mut c_void, count: c_int, dt: MPI_Datatype, peer_r: c
     } else {
         send_args(st, buf, count, dt, peer_r, tag, comm)?
     };
-    let packed = stage(buf, 0, dt, 0, false)?.is_some() || (crate::datatype::is_derived(dt) && !matches!(crate::datatype::layout(buf, count, dt)?, crate::datatype::Lay::Contig(_)));
-    let p = Persist { buf: buf as *mut u8, bytes, peer: peer_r, tag, mode, count: count as usize, dt, packed };
-    *req = new_req(st, MReq { live: true, comm: ci, is_recv, eng: None, fin: None, persist: Some(p), active: false, xfer: None, sched: None });
+    let packed = stage(buf, 0, dt, 0, false)?.is_some()
+        || (crate::datatype::is_derived(dt)
+            && !matches!(
+                crate::datatype::layout(buf, count, dt)?,
+                crate::datatype::Lay::Contig(_)
+            ));
+    let p = Persist {
+        buf: buf as *mut u8,
+        bytes,
+        peer: peer_r,
+        tag,
+        mode,
+        count: count as usize,
+        dt,
+        packed,
+    };
+    *req = new_req(
+        st,
+        MReq {
+            live: true,
+            comm: ci,
+            is_recv,
+            eng: None,
+            fin: None,
+            persist: Some(p),
+            active: false,
+            xfer: None,
+            sched: None,
+        },
+    );
     Ok(())
 }
 
@@ -426,21 +662,38 @@ unsafe fn start(st: &mut State, h: MPI_Request) -> R {
         return crate::coll::persistent::start(st, i);
     }
     let r = &st.reqs[i];
-    let Some(p) = r.persist else { return err(MPI_ERR_REQUEST, "MPI_Start on a request that is not persistent") };
+    let Some(p) = r.persist else {
+        return err(
+            MPI_ERR_REQUEST,
+            "MPI_Start on a request that is not persistent",
+        );
+    };
     if r.active {
-        return err(MPI_ERR_REQUEST, "MPI_Start on a request that is already active");
+        return err(
+            MPI_ERR_REQUEST,
+            "MPI_Start on a request that is already active",
+        );
     }
     let (ci, is_recv) = (r.comm, r.is_recv);
-    let c = st.comms[ci].as_ref().ok_or_else(|| MpiErr { code: MPI_ERR_COMM, msg: "communicator was freed".into() })?;
+    let c = st.comms[ci].as_ref().ok_or_else(|| MpiErr {
+        code: MPI_ERR_COMM,
+        msg: "communicator was freed".into(),
+    })?;
     let w = peer(c, p.peer, is_recv)?;
     let pt = c.pt;
     let mut xfer = None;
     let mut bp = p.buf;
     if p.packed && w.is_some() {
         let x = if is_recv {
-            crate::datatype::Xfer { tmp: vec![0u8; p.bytes.max(1)], unpack: Some((p.buf, p.count, p.dt)) }
+            crate::datatype::Xfer {
+                tmp: vec![0u8; p.bytes.max(1)],
+                unpack: Some((p.buf, p.count, p.dt)),
+            }
         } else {
-            crate::datatype::Xfer { tmp: crate::datatype::pack_vec(p.buf, p.count, p.dt, p.bytes)?, unpack: None }
+            crate::datatype::Xfer {
+                tmp: crate::datatype::pack_vec(p.buf, p.count, p.dt, p.bytes)?,
+                unpack: None,
+            }
         };
         let mut x = Box::new(x);
         bp = x.tmp.as_mut_ptr();
@@ -449,7 +702,15 @@ unsafe fn start(st: &mut State, h: MPI_Request) -> R {
     st.reqs[i].xfer = xfer;
     let (eng, fin) = match w {
         None => (None, Some(if is_recv { St::PROC_NULL } else { St::EMPTY })),
-        Some(w) if is_recv => (Some(st.fab.engine().irecv(bp, p.bytes, w, p.tag, pt).map_err(from_core)?), None),
+        Some(w) if is_recv => (
+            Some(
+                st.fab
+                    .engine()
+                    .irecv(bp, p.bytes, w, p.tag, pt)
+                    .map_err(from_core)?,
+            ),
+            None,
+        ),
         Some(w) => match start_send(st, ci, bp, p.bytes, w, p.tag, p.mode)? {
             Some(id) => (Some(id), None),
             None => (None, Some(St::EMPTY)),
@@ -480,7 +741,8 @@ unsafe fn wait(h: *mut MPI_Request, status: *mut MPI_Status, ecomm: &mut MPI_Com
     } else if let (true, Some(id)) = (st.reqs[i].active, st.reqs[i].eng) {
         let mut e = st.fab.engine();
         if !e.is_done(id) {
-            e.wait_until(Op::Wait, |e| e.is_done(id)).map_err(from_core)?;
+            e.wait_until(Op::Wait, |e| e.is_done(id))
+                .map_err(from_core)?;
         }
     }
     let (s, r) = complete(st, i, h)?;
@@ -488,7 +750,12 @@ unsafe fn wait(h: *mut MPI_Request, status: *mut MPI_Status, ecomm: &mut MPI_Com
     r
 }
 
-unsafe fn test(h: *mut MPI_Request, flag: *mut c_int, status: *mut MPI_Status, ecomm: &mut MPI_Comm) -> R {
+unsafe fn test(
+    h: *mut MPI_Request,
+    flag: *mut c_int,
+    status: *mut MPI_Status,
+    ecomm: &mut MPI_Comm,
+) -> R {
     let st = state()?;
     if h.is_null() || flag.is_null() {
         return err(MPI_ERR_ARG, "NULL argument");
@@ -549,7 +816,13 @@ unsafe fn status_at(statuses: *mut MPI_Status, k: usize) -> *mut MPI_Status {
 
 /// Complete every done request among `idx`; set per-request errors in the statuses; returns
 /// MPI_ERR_IN_STATUS if any failed. `pending_marks` marks requests left incomplete with MPI_ERR_PENDING.
-unsafe fn complete_all(st: &mut State, reqs: *mut MPI_Request, statuses: *mut MPI_Status, idx: &[Option<usize>], ecomm: &mut MPI_Comm) -> R {
+unsafe fn complete_all(
+    st: &mut State,
+    reqs: *mut MPI_Request,
+    statuses: *mut MPI_Status,
+    idx: &[Option<usize>],
+    ecomm: &mut MPI_Comm,
+) -> R {
     let mut first_err: Option<MpiErr> = None;
     let mut codes = Vec::new();
     for (k, ix) in idx.iter().enumerate() {
@@ -580,7 +853,12 @@ unsafe fn complete_all(st: &mut State, reqs: *mut MPI_Request, statuses: *mut MP
     }
 }
 
-unsafe fn waitall(n: c_int, reqs: *mut MPI_Request, statuses: *mut MPI_Status, ecomm: &mut MPI_Comm) -> R {
+unsafe fn waitall(
+    n: c_int,
+    reqs: *mut MPI_Request,
+    statuses: *mut MPI_Status,
+    ecomm: &mut MPI_Comm,
+) -> R {
     let st = state()?;
     let idx = indices(st, reqs, n)?;
     let flat: Vec<usize> = idx.iter().flatten().copied().collect();
@@ -588,7 +866,13 @@ unsafe fn waitall(n: c_int, reqs: *mut MPI_Request, statuses: *mut MPI_Status, e
     complete_all(st, reqs, statuses, &idx, ecomm)
 }
 
-unsafe fn testall(n: c_int, reqs: *mut MPI_Request, flag: *mut c_int, statuses: *mut MPI_Status, ecomm: &mut MPI_Comm) -> R {
+unsafe fn testall(
+    n: c_int,
+    reqs: *mut MPI_Request,
+    flag: *mut c_int,
+    statuses: *mut MPI_Status,
+    ecomm: &mut MPI_Comm,
+) -> R {
     let st = state()?;
     if flag.is_null() {
         return err(MPI_ERR_ARG, "flag is NULL");
@@ -598,7 +882,8 @@ unsafe fn testall(n: c_int, reqs: *mut MPI_Request, flag: *mut c_int, statuses: 
     drive(st, &flat);
     let all = |st: &State| {
         let e = st.fab.engine();
-        idx.iter().all(|ix| ix.is_none_or(|i| req_done(&e, &st.reqs[i])))
+        idx.iter()
+            .all(|ix| ix.is_none_or(|i| req_done(&e, &st.reqs[i])))
     };
     let mut done = all(st);
     if !done {
@@ -615,10 +900,21 @@ unsafe fn testall(n: c_int, reqs: *mut MPI_Request, flag: *mut c_int, statuses: 
 
 /// Requests that count for Waitany/Waitsome: non-NULL and active.
 fn active_set(st: &State, idx: &[Option<usize>]) -> Vec<(usize, usize)> {
-    idx.iter().enumerate().filter_map(|(k, ix)| ix.filter(|&i| st.reqs[i].active).map(|i| (k, i))).collect()
+    idx.iter()
+        .enumerate()
+        .filter_map(|(k, ix)| ix.filter(|&i| st.reqs[i].active).map(|i| (k, i)))
+        .collect()
 }
 
-unsafe fn anyof(n: c_int, reqs: *mut MPI_Request, index: *mut c_int, flag: *mut c_int, status: *mut MPI_Status, block: bool, ecomm: &mut MPI_Comm) -> R {
+unsafe fn anyof(
+    n: c_int,
+    reqs: *mut MPI_Request,
+    index: *mut c_int,
+    flag: *mut c_int,
+    status: *mut MPI_Status,
+    block: bool,
+    ecomm: &mut MPI_Comm,
+) -> R {
     let st = state()?;
     if index.is_null() {
         return err(MPI_ERR_ARG, "index is NULL");
@@ -635,7 +931,9 @@ unsafe fn anyof(n: c_int, reqs: *mut MPI_Request, index: *mut c_int, flag: *mut 
     }
     let find = |st: &State| {
         let e = st.fab.engine();
-        act.iter().copied().find(|&(_, i)| req_done(&e, &st.reqs[i]))
+        act.iter()
+            .copied()
+            .find(|&(_, i)| req_done(&e, &st.reqs[i]))
     };
     let flat: Vec<usize> = act.iter().map(|&(_, i)| i).collect();
     drive(st, &flat);
@@ -667,7 +965,15 @@ unsafe fn anyof(n: c_int, reqs: *mut MPI_Request, index: *mut c_int, flag: *mut 
     }
 }
 
-unsafe fn someof(n: c_int, reqs: *mut MPI_Request, outcount: *mut c_int, indices_out: *mut c_int, statuses: *mut MPI_Status, block: bool, ecomm: &mut MPI_Comm) -> R {
+unsafe fn someof(
+    n: c_int,
+    reqs: *mut MPI_Request,
+    outcount: *mut c_int,
+    indices_out: *mut c_int,
+    statuses: *mut MPI_Status,
+    block: bool,
+    ecomm: &mut MPI_Comm,
+) -> R {
     let st = state()?;
     if outcount.is_null() || (n > 0 && indices_out.is_null()) {
         return err(MPI_ERR_ARG, "NULL argument");
@@ -687,7 +993,10 @@ unsafe fn someof(n: c_int, reqs: *mut MPI_Request, outcount: *mut c_int, indices
     }
     let done: Vec<(usize, usize)> = {
         let e = st.fab.engine();
-        act.iter().copied().filter(|&(_, i)| req_done(&e, &st.reqs[i])).collect()
+        act.iter()
+            .copied()
+            .filter(|&(_, i)| req_done(&e, &st.reqs[i]))
+            .collect()
     };
     let mut first_err = None;
     let mut codes = Vec::with_capacity(done.len());
@@ -715,7 +1024,14 @@ unsafe fn someof(n: c_int, reqs: *mut MPI_Request, outcount: *mut c_int, indices
 
 // ------------------------------------------------------------------------------------------------ probe
 
-unsafe fn probe(src: c_int, tag: c_int, comm: MPI_Comm, flag: *mut c_int, status: *mut MPI_Status, block: bool) -> R {
+unsafe fn probe(
+    src: c_int,
+    tag: c_int,
+    comm: MPI_Comm,
+    flag: *mut c_int,
+    status: *mut MPI_Status,
+    block: bool,
+) -> R {
     let st = state()?;
     let (ci, c) = st.comm(comm)?;
     check_tag(tag, true)?;
@@ -747,7 +1063,15 @@ unsafe fn probe(src: c_int, tag: c_int, comm: MPI_Comm, flag: *mut c_int, status
     Ok(())
 }
 
-unsafe fn mprobe(src: c_int, tag: c_int, comm: MPI_Comm, flag: *mut c_int, msg: *mut MPI_Message, status: *mut MPI_Status, block: bool) -> R {
+unsafe fn mprobe(
+    src: c_int,
+    tag: c_int,
+    comm: MPI_Comm,
+    flag: *mut c_int,
+    msg: *mut MPI_Message,
+    status: *mut MPI_Status,
+    block: bool,
+) -> R {
     let st = state()?;
     let (ci, c) = st.comm(comm)?;
     check_tag(tag, true)?;
@@ -793,7 +1117,13 @@ unsafe fn mprobe(src: c_int, tag: c_int, comm: MPI_Comm, flag: *mut c_int, msg: 
 }
 
 /// Receive a matched message: returns the engine request (None for MPI_MESSAGE_NO_PROC) and comm index.
-unsafe fn mrecv_start(st: &mut State, buf: *mut c_void, count: c_int, dt: MPI_Datatype, msg: *mut MPI_Message) -> R<Option<(ReqId, usize)>> {
+unsafe fn mrecv_start(
+    st: &mut State,
+    buf: *mut c_void,
+    count: c_int,
+    dt: MPI_Datatype,
+    msg: *mut MPI_Message,
+) -> R<Option<(ReqId, usize)>> {
     if msg.is_null() {
         return err(MPI_ERR_ARG, "message pointer is NULL");
     }
@@ -805,11 +1135,18 @@ unsafe fn mrecv_start(st: &mut State, buf: *mut c_void, count: c_int, dt: MPI_Da
     let u = *msg as u32;
     let slot = (u & 0x03ff_ffff) as usize;
     if u & 0xfc00_0000 != MSG_BASE || st.msgs.get(slot).is_none_or(|m| m.is_none()) {
-        return err(MPI_ERR_REQUEST, format!("invalid message handle {:#x}", *msg));
+        return err(
+            MPI_ERR_REQUEST,
+            format!("invalid message handle {:#x}", *msg),
+        );
     }
     let (m, ci) = st.msgs[slot].take().unwrap();
     *msg = MPI_MESSAGE_NULL;
-    let id = st.fab.engine().imrecv(buf as *mut u8, bytes, m).map_err(from_core)?;
+    let id = st
+        .fab
+        .engine()
+        .imrecv(buf as *mut u8, bytes, m)
+        .map_err(from_core)?;
     Ok(Some((id, ci)))
 }
 
@@ -1158,7 +1495,9 @@ mpi_api! {
 
 fn elements(status: &MPI_Status, dt: MPI_Datatype) -> R<MPI_Count> {
     if crate::datatype::is_derived(dt) {
-        return Ok(crate::datatype::elements_of(dt, get_count(status))?.unwrap_or(MPI_UNDEFINED as i64));
+        return Ok(
+            crate::datatype::elements_of(dt, get_count(status))?.unwrap_or(MPI_UNDEFINED as i64)
+        );
     }
     let ext = type_extent(dt)? as i64;
     let bytes = get_count(status);
@@ -1175,8 +1514,17 @@ fn elements(status: &MPI_Status, dt: MPI_Datatype) -> R<MPI_Count> {
 
 #[allow(clippy::too_many_arguments)]
 unsafe fn sendrecv(
-    sendbuf: *const c_void, sendcount: c_int, sendtype: MPI_Datatype, dest: c_int, sendtag: c_int,
-    recvbuf: *mut c_void, recvcount: c_int, recvtype: MPI_Datatype, source: c_int, recvtag: c_int, comm: MPI_Comm,
+    sendbuf: *const c_void,
+    sendcount: c_int,
+    sendtype: MPI_Datatype,
+    dest: c_int,
+    sendtag: c_int,
+    recvbuf: *mut c_void,
+    recvcount: c_int,
+    recvtype: MPI_Datatype,
+    source: c_int,
+    recvtag: c_int,
+    comm: MPI_Comm,
     status: *mut MPI_Status,
 ) -> R {
     let st = state()?;
@@ -1188,7 +1536,12 @@ unsafe fn sendrecv(
     let rp = tmp.as_mut().map_or(recvbuf as *mut u8, |v| v.as_mut_ptr());
     let pt = st.comms[ci].as_ref().unwrap().pt;
     let rid = match rw {
-        Some(w) => Some(st.fab.engine().irecv(rp, rbytes, w, recvtag, pt).map_err(from_core)?),
+        Some(w) => Some(
+            st.fab
+                .engine()
+                .irecv(rp, rbytes, w, recvtag, pt)
+                .map_err(from_core)?,
+        ),
         None => None,
     };
     let sid = match sw {
@@ -1209,7 +1562,10 @@ unsafe fn sendrecv(
         None => None,
     };
     let mut e = st.fab.engine();
-    e.wait_until(Op::Wait, |e| rid.is_none_or(|r| e.is_done(r)) && sid.is_none_or(|s| e.is_done(s))).map_err(from_core)?;
+    e.wait_until(Op::Wait, |e| {
+        rid.is_none_or(|r| e.is_done(r)) && sid.is_none_or(|s| e.is_done(s))
+    })
+    .map_err(from_core)?;
     let se = match sid {
         Some(s) => e.take_full(s).map_err(from_core)?.1,
         None => None,
@@ -1218,7 +1574,13 @@ unsafe fn sendrecv(
         Some(r) => {
             let (s, er) = e.take_full(r).map_err(from_core)?;
             if let Some(t) = &tmp {
-                crate::datatype::unpack_from(t, s.count, recvbuf as *mut u8, recvcount as usize, recvtype)?;
+                crate::datatype::unpack_from(
+                    t,
+                    s.count,
+                    recvbuf as *mut u8,
+                    recvcount as usize,
+                    recvtype,
+                )?;
             }
             st_from(st.comms[ci].as_ref().unwrap(), s).write(status);
             core_err(er)?;

@@ -154,7 +154,11 @@ impl Area {
             return Ok(());
         }
         let areas = &self.areas;
-        wait(e, || areas.iter().all(|&a| ctl(a).done.load(Ordering::Acquire) >= k - 2))?;
+        wait(e, || {
+            areas
+                .iter()
+                .all(|&a| ctl(a).done.load(Ordering::Acquire) >= k - 2)
+        })?;
         self.known_done = k - 2;
         Ok(())
     }
@@ -166,7 +170,11 @@ impl Area {
     /// also tells that everyone finished collective `k - 1`.
     fn wait_all_arrived(&mut self, e: &mut Engine, k: u64) -> R {
         let areas = &self.areas;
-        wait(e, || areas.iter().all(|&a| stamp(a, k).load(Ordering::Acquire) >= k))?;
+        wait(e, || {
+            areas
+                .iter()
+                .all(|&a| stamp(a, k).load(Ordering::Acquire) >= k)
+        })?;
         self.known_done = self.known_done.max(k - 1);
         Ok(())
     }
@@ -176,7 +184,11 @@ impl Area {
             return Ok(());
         }
         let areas = &self.areas;
-        wait(e, || areas.iter().all(|&a| ctl(a).done.load(Ordering::Acquire) >= k))?;
+        wait(e, || {
+            areas
+                .iter()
+                .all(|&a| ctl(a).done.load(Ordering::Acquire) >= k)
+        })?;
         self.known_done = k;
         Ok(())
     }
@@ -199,7 +211,9 @@ impl Area {
         }
         // Round up, so that a growing series of sizes reallocates a few times only.
         let half = need.next_power_of_two().max(64 << 10);
-        let Some(p) = e.pool_alloc(2 * half, 128) else { return Ok((h, false)) };
+        let Some(p) = e.pool_alloc(2 * half, 128) else {
+            return Ok((h, false));
+        };
         let Some(off) = e.pool_offset(p, 2 * half) else {
             e.pool_free(p);
             return Ok((h, false));
@@ -222,7 +236,11 @@ impl Area {
         flag(self.mine(), k).store(ok as u64, Ordering::Relaxed);
         self.set(e, Some(k), None);
         self.wait_all_arrived(e, k)?;
-        if self.areas.iter().all(|&a| flag(a, k).load(Ordering::Relaxed) == 1) {
+        if self
+            .areas
+            .iter()
+            .all(|&a| flag(a, k).load(Ordering::Relaxed) == 1)
+        {
             return Ok(true);
         }
         self.set(e, None, Some(done));
@@ -237,7 +255,10 @@ impl Area {
             }
         } else {
             let c = ctl(self.areas[r]);
-            let (off, half) = (c.big_off.load(Ordering::Acquire), c.big_half.load(Ordering::Acquire) as usize);
+            let (off, half) = (
+                c.big_off.load(Ordering::Acquire),
+                c.big_half.load(Ordering::Acquire) as usize,
+            );
             match self.peer_big[r] {
                 Some((o, h, p)) if o == off && h == half => (p, half),
                 _ => {
@@ -255,7 +276,10 @@ impl Area {
             }
         };
         if half < need {
-            return err(MPI_ERR_INTERN, format!("a big collective block holds {half} bytes per half, {need} needed"));
+            return err(
+                MPI_ERR_INTERN,
+                format!("a big collective block holds {half} bytes per half, {need} needed"),
+            );
         }
         Ok(p.wrapping_add(h * half))
     }
@@ -304,7 +328,13 @@ fn run(st: &mut State, ci: usize, f: impl FnOnce(&State, &mut Engine, &mut Area)
 /// communicator has no area, when `bytes` exceed `core_max` while some member has a core of its own
 /// (the set-up agreed on that, so every member decides alike), or when `f` reports that a publisher's pool
 /// could not hold its block (every member sees the same flags).
-fn run_big(st: &mut State, ci: usize, bytes: usize, core_max: usize, f: impl FnOnce(&State, &mut Engine, &mut Area) -> R<bool>) -> R<bool> {
+fn run_big(
+    st: &mut State,
+    ci: usize,
+    bytes: usize,
+    core_max: usize,
+    f: impl FnOnce(&State, &mut Engine, &mut Area) -> R<bool>,
+) -> R<bool> {
     let mut used = false;
     let ran = run(st, ci, |st, e, a| {
         if bytes <= core_max || a.all_oversub {
@@ -334,7 +364,11 @@ fn setup_inner(st: &mut State, ci: usize) -> R<Option<Box<Area>>> {
     let (n, me, world) = {
         let c = st.comms[ci].as_ref().unwrap();
         let n = c.size as usize;
-        (n, c.rank as usize, (0..n).map(|r| c.to_world(r as i32)).collect::<Vec<_>>())
+        (
+            n,
+            c.rank as usize,
+            (0..n).map(|r| c.to_world(r as i32)).collect::<Vec<_>>(),
+        )
     };
     // Every member reaches the same verdict: the configuration is the job's, and "all members share my
     // region" holds for one member exactly when it holds for all.
@@ -345,7 +379,9 @@ fn setup_inner(st: &mut State, ci: usize) -> R<Option<Box<Area>>> {
             || n < 2
             || n > MAX_RANKS
             || e.may_migrate()
-            || world.iter().any(|&w| w != me_w && e.route(w) != vmf_core::engine::Route::Shm)
+            || world
+                .iter()
+                .any(|&w| w != me_w && e.route(w) != vmf_core::engine::Route::Shm)
         {
             return Ok(None);
         }
@@ -366,8 +402,15 @@ fn setup_inner(st: &mut State, ci: usize) -> R<Option<Box<Area>>> {
         None => 0,
     };
     let oversub = st.fab.engine().waiter().oversubscribed as i32;
-    let all = crate::coll::allgather_ints(st, ci, &[off as u32 as i32, (off >> 32) as u32 as i32, oversub])?;
-    let offs: Vec<u64> = all.chunks(3).map(|v| v[0] as u32 as u64 | (v[1] as u32 as u64) << 32).collect();
+    let all = crate::coll::allgather_ints(
+        st,
+        ci,
+        &[off as u32 as i32, (off >> 32) as u32 as i32, oversub],
+    )?;
+    let offs: Vec<u64> = all
+        .chunks(3)
+        .map(|v| v[0] as u32 as u64 | (v[1] as u32 as u64) << 32)
+        .collect();
     let all_oversub = all.chunks(3).all(|v| v[2] != 0);
     let mut e = st.fab.engine();
     if offs.contains(&0) {
@@ -379,7 +422,11 @@ fn setup_inner(st: &mut State, ci: usize) -> R<Option<Box<Area>>> {
     }
     let mut areas = Vec::with_capacity(n);
     for (r, (&o, &w)) in offs.iter().zip(&world).enumerate() {
-        let p = if r == me { mine } else { e.peer_pool_ptr(w, o, AREA) };
+        let p = if r == me {
+            mine
+        } else {
+            e.peer_pool_ptr(w, o, AREA)
+        };
         match p {
             Some(p) if p as usize % 128 == 0 => areas.push(p),
             _ => {
@@ -390,7 +437,18 @@ fn setup_inner(st: &mut State, ci: usize) -> R<Option<Box<Area>>> {
             }
         }
     }
-    Ok(Some(Box::new(Area { seq: 0, me, world, areas, known_done: 0, all_oversub, big: None, peer_big: vec![None; n], big_turn: 0, big_last: [0; 2] })))
+    Ok(Some(Box::new(Area {
+        seq: 0,
+        me,
+        world,
+        areas,
+        known_done: 0,
+        all_oversub,
+        big: None,
+        peer_big: vec![None; n],
+        big_turn: 0,
+        big_last: [0; 2],
+    })))
 }
 
 /// Drop this rank's references to a communicator's areas (MPI_Comm_free): readers decrement each
@@ -402,7 +460,13 @@ pub(crate) fn release(st: &mut State, shm: Shm) {
             // Members may still be copying out of our big block from the last collective: free it once
             // all are done (if one never is, it dies or hangs, and the block stays allocated).
             let (areas, k) = (&a.areas, a.big_last[0].max(a.big_last[1]));
-            if wait(&mut e, || areas.iter().all(|&x| ctl(x).done.load(Ordering::Acquire) >= k)).is_ok() {
+            if wait(&mut e, || {
+                areas
+                    .iter()
+                    .all(|&x| ctl(x).done.load(Ordering::Acquire) >= k)
+            })
+            .is_ok()
+            {
                 e.pool_free(p);
             }
         }
@@ -421,7 +485,14 @@ pub(crate) fn release(st: &mut State, shm: Shm) {
 
 /// Copy `count` elements of `dt` at `src` (user layout) into `dst` (packed); returns the bytes.
 #[inline]
-unsafe fn put(st: &State, dst: *mut u8, src: *const c_void, count: usize, dt: MPI_Datatype, bytes: usize) -> R {
+unsafe fn put(
+    st: &State,
+    dst: *mut u8,
+    src: *const c_void,
+    count: usize,
+    dt: MPI_Datatype,
+    bytes: usize,
+) -> R {
     if !datatype::is_derived(dt) {
         // Predefined (checked by `sig`): contiguous.
         std::ptr::copy_nonoverlapping(src as *const u8, dst, bytes);
@@ -436,14 +507,23 @@ unsafe fn put(st: &State, dst: *mut u8, src: *const c_void, count: usize, dt: MP
 
 /// Copy `bytes` packed bytes at `src` into `count` elements of `dt` at `dst` (user layout).
 #[inline]
-unsafe fn take(st: &State, src: *const u8, bytes: usize, dst: *mut c_void, count: usize, dt: MPI_Datatype) -> R {
+unsafe fn take(
+    st: &State,
+    src: *const u8,
+    bytes: usize,
+    dst: *mut c_void,
+    count: usize,
+    dt: MPI_Datatype,
+) -> R {
     if !datatype::is_derived(dt) {
         std::ptr::copy_nonoverlapping(src, dst as *mut u8, bytes);
         return Ok(());
     }
     match datatype::layout(dst, count as c_int, dt)? {
         Lay::Contig(_) => std::ptr::copy_nonoverlapping(src, dst as *mut u8, bytes),
-        Lay::Packed { .. } => datatype::unpack(datatype::get(st, dt)?, src, bytes, dst as *mut u8, count),
+        Lay::Packed { .. } => {
+            datatype::unpack(datatype::get(st, dt)?, src, bytes, dst as *mut u8, count)
+        }
     }
     Ok(())
 }
@@ -479,7 +559,9 @@ fn eligible(st: &mut State, comm: MPI_Comm, bytes: usize) -> R<Option<usize>> {
 // Each returns Ok(false) when the shm path does not apply (the caller then runs the schedule).
 
 pub(crate) fn barrier(st: &mut State, comm: MPI_Comm) -> R<bool> {
-    let Some(ci) = eligible(st, comm, 0)? else { return Ok(false) };
+    let Some(ci) = eligible(st, comm, 0)? else {
+        return Ok(false);
+    };
     run(st, ci, |_, e, a| {
         let k = a.next();
         a.set(e, Some(k), Some(k));
@@ -503,11 +585,20 @@ pub(crate) fn barrier(st: &mut State, comm: MPI_Comm) -> R<bool> {
     })
 }
 
-pub(crate) unsafe fn bcast(st: &mut State, comm: MPI_Comm, p: *mut c_void, count: c_int, dt: MPI_Datatype, root: c_int) -> R<bool> {
+pub(crate) unsafe fn bcast(
+    st: &mut State,
+    comm: MPI_Comm,
+    p: *mut c_void,
+    count: c_int,
+    dt: MPI_Datatype,
+    root: c_int,
+) -> R<bool> {
     let bytes = sig(count, dt)?;
     // A large broadcast: the root copies into its big block, every other member copies out.
     let big = bytes > DATA && bytes <= BIG_MAX;
-    let Some(ci) = eligible(st, comm, if big { 0 } else { bytes })? else { return Ok(false) };
+    let Some(ci) = eligible(st, comm, if big { 0 } else { bytes })? else {
+        return Ok(false);
+    };
     let root = check_root(root, st.comms[ci].as_ref().unwrap().size as usize)?;
     nonnull(p, bytes)?;
     if big {
@@ -520,7 +611,14 @@ pub(crate) unsafe fn bcast(st: &mut State, comm: MPI_Comm, p: *mut c_void, count
                 let (h, ok) = a.begin_big(e, bytes)?;
                 a.big_last[h] = k;
                 if ok {
-                    put(st, a.big_of(e, root, h, bytes)?, p, count as usize, dt, bytes)?;
+                    put(
+                        st,
+                        a.big_of(e, root, h, bytes)?,
+                        p,
+                        count as usize,
+                        dt,
+                        bytes,
+                    )?;
                 }
                 flag(a.mine(), k).store(ok as u64, Ordering::Relaxed);
                 a.set(e, Some(k), Some(k));
@@ -532,7 +630,14 @@ pub(crate) unsafe fn bcast(st: &mut State, comm: MPI_Comm, p: *mut c_void, count
                 // A lowered flag: the root's pool could not hold the data, everyone takes the schedule.
                 let ok = flag(a.areas[root], k).load(Ordering::Relaxed) == 1;
                 if ok {
-                    take(st, a.big_of(e, root, h, bytes)?, bytes, p, count as usize, dt)?;
+                    take(
+                        st,
+                        a.big_of(e, root, h, bytes)?,
+                        bytes,
+                        p,
+                        count as usize,
+                        dt,
+                    )?;
                 }
                 a.set(e, None, Some(k));
                 Ok(ok)
@@ -540,22 +645,31 @@ pub(crate) unsafe fn bcast(st: &mut State, comm: MPI_Comm, p: *mut c_void, count
         });
     }
     run(st, ci, |st, e, a| {
-    let k = a.next();
-    if a.me == root {
-        a.may_write(e, k)?;
-        put(st, buf(a.mine(), k), p, count as usize, dt, bytes)?;
-        a.set(e, Some(k), Some(k));
-    } else {
-        a.wait_arrived(e, root, k)?;
-        take(st, buf(a.areas[root], k), bytes, p, count as usize, dt)?;
-        a.set(e, None, Some(k));
-    }
-    Ok(())
+        let k = a.next();
+        if a.me == root {
+            a.may_write(e, k)?;
+            put(st, buf(a.mine(), k), p, count as usize, dt, bytes)?;
+            a.set(e, Some(k), Some(k));
+        } else {
+            a.wait_arrived(e, root, k)?;
+            take(st, buf(a.areas[root], k), bytes, p, count as usize, dt)?;
+            a.set(e, None, Some(k));
+        }
+        Ok(())
     })
 }
 
 /// Reduce (root = Some) or allreduce (None).
-pub(crate) unsafe fn reduce(st: &mut State, comm: MPI_Comm, sbuf: *const c_void, rbuf: *mut c_void, count: c_int, dt: MPI_Datatype, op: MPI_Op, root: Option<c_int>) -> R<bool> {
+pub(crate) unsafe fn reduce(
+    st: &mut State,
+    comm: MPI_Comm,
+    sbuf: *const c_void,
+    rbuf: *mut c_void,
+    count: c_int,
+    dt: MPI_Datatype,
+    op: MPI_Op,
+    root: Option<c_int>,
+) -> R<bool> {
     if count < 0 {
         return err(MPI_ERR_COUNT, format!("count {count} is negative"));
     }
@@ -567,14 +681,20 @@ pub(crate) unsafe fn reduce(st: &mut State, comm: MPI_Comm, sbuf: *const c_void,
     let bytes = red.elem * cnt;
     // A large allreduce: reduce-scatter over the members' big blocks, then everyone copies the result out.
     let big = root.is_none() && bytes > DATA && bytes <= BIG_MAX;
-    let Some(ci) = eligible(st, comm, if big { 0 } else { bytes })? else { return Ok(false) };
+    let Some(ci) = eligible(st, comm, if big { 0 } else { bytes })? else {
+        return Ok(false);
+    };
     let n = st.comms[ci].as_ref().unwrap().size as usize;
     let root = match root {
         Some(r) => Some(check_root(r, n)?),
         None => None,
     };
     let me = st.comms[ci].as_ref().unwrap().rank as usize;
-    let input = if sbuf == crate::coll::IN_PLACE { rbuf as *const c_void } else { sbuf };
+    let input = if sbuf == crate::coll::IN_PLACE {
+        rbuf as *const c_void
+    } else {
+        sbuf
+    };
     nonnull(input, bytes)?;
     if root.is_none_or(|r| r == me) {
         nonnull(rbuf, bytes)?;
@@ -588,7 +708,11 @@ pub(crate) unsafe fn reduce(st: &mut State, comm: MPI_Comm, sbuf: *const c_void,
             let (h, ok) = a.begin_big(e, bytes)?;
             a.big_last[h] = k2;
             if ok {
-                std::ptr::copy_nonoverlapping(input as *const u8, a.big_of(e, me, h, bytes)?, bytes);
+                std::ptr::copy_nonoverlapping(
+                    input as *const u8,
+                    a.big_of(e, me, h, bytes)?,
+                    bytes,
+                );
             }
             if !a.publish_all(e, k1, ok, k2)? {
                 return Ok(false);
@@ -600,9 +724,18 @@ pub(crate) unsafe fn reduce(st: &mut State, comm: MPI_Comm, sbuf: *const c_void,
             let (lo, hi) = seg(me);
             let (off, len) = (lo * red.elem, (hi - lo) * red.elem);
             let out = rbuf as *mut u8;
-            std::ptr::copy_nonoverlapping(a.big_of(e, n - 1, h, bytes)?.add(off), out.add(off), len);
+            std::ptr::copy_nonoverlapping(
+                a.big_of(e, n - 1, h, bytes)?.add(off),
+                out.add(off),
+                len,
+            );
             for r in (0..n - 1).rev() {
-                op::apply(&red, a.big_of(e, r, h, bytes)?.add(off), out.add(off), hi - lo);
+                op::apply(
+                    &red,
+                    a.big_of(e, r, h, bytes)?.add(off),
+                    out.add(off),
+                    hi - lo,
+                );
             }
             std::ptr::copy_nonoverlapping(out.add(off), a.big_of(e, me, h, bytes)?.add(off), len);
             a.may_write(e, k2)?;
@@ -611,35 +744,49 @@ pub(crate) unsafe fn reduce(st: &mut State, comm: MPI_Comm, sbuf: *const c_void,
             for r in (0..n).filter(|&r| r != me) {
                 let (lo, hi) = seg(r);
                 let (off, len) = (lo * red.elem, (hi - lo) * red.elem);
-                std::ptr::copy_nonoverlapping(a.big_of(e, r, h, bytes)?.add(off), out.add(off), len);
+                std::ptr::copy_nonoverlapping(
+                    a.big_of(e, r, h, bytes)?.add(off),
+                    out.add(off),
+                    len,
+                );
             }
             a.set(e, None, Some(k2));
             Ok(true)
         });
     }
     run(st, ci, |_, e, a| {
-    let k = a.next();
-    a.may_write(e, k)?;
-    std::ptr::copy_nonoverlapping(input as *const u8, buf(a.mine(), k), bytes);
-    if root.is_some_and(|r| r != me) {
-        a.set(e, Some(k), Some(k));
-        return Ok(());
-    }
-    a.set(e, Some(k), None);
-    a.wait_all_arrived(e, k)?;
-    // Rank order: acc = x[n-1]; acc = x[r] op acc for r = n-2 .. 0.
-    let out = rbuf as *mut u8;
-    std::ptr::copy_nonoverlapping(buf(a.areas[n - 1], k), out, bytes);
-    for r in (0..n - 1).rev() {
-        op::apply(&red, buf(a.areas[r], k), out, cnt);
-    }
-    a.set(e, None, Some(k));
-    Ok(())
+        let k = a.next();
+        a.may_write(e, k)?;
+        std::ptr::copy_nonoverlapping(input as *const u8, buf(a.mine(), k), bytes);
+        if root.is_some_and(|r| r != me) {
+            a.set(e, Some(k), Some(k));
+            return Ok(());
+        }
+        a.set(e, Some(k), None);
+        a.wait_all_arrived(e, k)?;
+        // Rank order: acc = x[n-1]; acc = x[r] op acc for r = n-2 .. 0.
+        let out = rbuf as *mut u8;
+        std::ptr::copy_nonoverlapping(buf(a.areas[n - 1], k), out, bytes);
+        for r in (0..n - 1).rev() {
+            op::apply(&red, buf(a.areas[r], k), out, cnt);
+        }
+        a.set(e, None, Some(k));
+        Ok(())
     })
 }
 
 /// Gather (root = Some) or allgather (None) of equal blocks.
-pub(crate) unsafe fn gather(st: &mut State, comm: MPI_Comm, sbuf: *const c_void, scount: c_int, stype: MPI_Datatype, rbuf: *mut c_void, rcount: c_int, rtype: MPI_Datatype, root: Option<c_int>) -> R<bool> {
+pub(crate) unsafe fn gather(
+    st: &mut State,
+    comm: MPI_Comm,
+    sbuf: *const c_void,
+    scount: c_int,
+    stype: MPI_Datatype,
+    rbuf: *mut c_void,
+    rcount: c_int,
+    rtype: MPI_Datatype,
+    root: Option<c_int>,
+) -> R<bool> {
     let (ci, c) = st.comm(comm)?;
     if c.remote.is_some() {
         return Ok(false);
@@ -652,7 +799,11 @@ pub(crate) unsafe fn gather(st: &mut State, comm: MPI_Comm, sbuf: *const c_void,
     let receiver = root.is_none_or(|r| r == me);
     let in_place = sbuf == crate::coll::IN_PLACE;
     let rbytes = if receiver { sig(rcount, rtype)? } else { 0 };
-    let sbytes = if in_place { rbytes } else { sig(scount, stype)? };
+    let sbytes = if in_place {
+        rbytes
+    } else {
+        sig(scount, stype)?
+    };
     if eligible(st, comm, sbytes)?.is_none() {
         return Ok(false);
     }
@@ -662,41 +813,58 @@ pub(crate) unsafe fn gather(st: &mut State, comm: MPI_Comm, sbuf: *const c_void,
     if receiver {
         nonnull(rbuf, rbytes)?;
         if sbytes != rbytes {
-            return err(MPI_ERR_TRUNCATE, format!("send block is {sbytes} bytes, receive block {rbytes}"));
+            return err(
+                MPI_ERR_TRUNCATE,
+                format!("send block is {sbytes} bytes, receive block {rbytes}"),
+            );
         }
     }
-    let rext = if receiver { datatype::ext_size(rtype)?.0 * rcount as isize } else { 0 };
-    run(st, ci, |st, e, a| {
-    let k = a.next();
-    a.may_write(e, k)?;
-    let mine = buf(a.mine(), k);
-    if in_place {
-        // My block already sits at its place in rbuf.
-        let at = (rbuf as *mut u8).wrapping_offset(rext * me as isize) as *const c_void;
-        put(st, mine, at, rcount as usize, rtype, sbytes)?;
+    let rext = if receiver {
+        datatype::ext_size(rtype)?.0 * rcount as isize
     } else {
-        put(st, mine, sbuf, scount as usize, stype, sbytes)?;
-    }
-    if !receiver {
-        a.set(e, Some(k), Some(k));
-        return Ok(());
-    }
-    a.set(e, Some(k), None);
-    a.wait_all_arrived(e, k)?;
-    for r in 0..n {
-        if r == me && in_place {
-            continue;
+        0
+    };
+    run(st, ci, |st, e, a| {
+        let k = a.next();
+        a.may_write(e, k)?;
+        let mine = buf(a.mine(), k);
+        if in_place {
+            // My block already sits at its place in rbuf.
+            let at = (rbuf as *mut u8).wrapping_offset(rext * me as isize) as *const c_void;
+            put(st, mine, at, rcount as usize, rtype, sbytes)?;
+        } else {
+            put(st, mine, sbuf, scount as usize, stype, sbytes)?;
         }
-        let at = (rbuf as *mut u8).wrapping_offset(rext * r as isize) as *mut c_void;
-        take(st, buf(a.areas[r], k), rbytes, at, rcount as usize, rtype)?;
-    }
-    a.set(e, None, Some(k));
-    Ok(())
+        if !receiver {
+            a.set(e, Some(k), Some(k));
+            return Ok(());
+        }
+        a.set(e, Some(k), None);
+        a.wait_all_arrived(e, k)?;
+        for r in 0..n {
+            if r == me && in_place {
+                continue;
+            }
+            let at = (rbuf as *mut u8).wrapping_offset(rext * r as isize) as *mut c_void;
+            take(st, buf(a.areas[r], k), rbytes, at, rcount as usize, rtype)?;
+        }
+        a.set(e, None, Some(k));
+        Ok(())
     })
 }
 
 /// Scatter (root = Some) or all-to-all (None) of equal blocks.
-pub(crate) unsafe fn scatter(st: &mut State, comm: MPI_Comm, sbuf: *const c_void, scount: c_int, stype: MPI_Datatype, rbuf: *mut c_void, rcount: c_int, rtype: MPI_Datatype, root: Option<c_int>) -> R<bool> {
+pub(crate) unsafe fn scatter(
+    st: &mut State,
+    comm: MPI_Comm,
+    sbuf: *const c_void,
+    scount: c_int,
+    stype: MPI_Datatype,
+    rbuf: *mut c_void,
+    rcount: c_int,
+    rtype: MPI_Datatype,
+    root: Option<c_int>,
+) -> R<bool> {
     let (ci, c) = st.comm(comm)?;
     if c.remote.is_some() {
         return Ok(false);
@@ -709,9 +877,18 @@ pub(crate) unsafe fn scatter(st: &mut State, comm: MPI_Comm, sbuf: *const c_void
     let sender = root.is_none_or(|r| r == me);
     let in_place = sbuf == crate::coll::IN_PLACE;
     // In-place: scatter's root keeps its block in sbuf (rbuf is IN_PLACE); alltoall reads rbuf.
-    let scatter_root_in_place = root.is_some() && sender && rbuf as *const c_void == crate::coll::IN_PLACE;
-    let rbytes = if scatter_root_in_place { sig(scount, stype)? } else { sig(rcount, rtype)? };
-    let (src, sc, st_) = if in_place { (rbuf as *const c_void, rcount, rtype) } else { (sbuf, scount, stype) };
+    let scatter_root_in_place =
+        root.is_some() && sender && rbuf as *const c_void == crate::coll::IN_PLACE;
+    let rbytes = if scatter_root_in_place {
+        sig(scount, stype)?
+    } else {
+        sig(rcount, rtype)?
+    };
+    let (src, sc, st_) = if in_place {
+        (rbuf as *const c_void, rcount, rtype)
+    } else {
+        (sbuf, scount, stype)
+    };
     let sbytes = if sender { sig(sc, st_)? } else { 0 };
     // A large alltoall goes through every member's big block (one copy in, one copy out per byte).
     let need = rbytes * n;
@@ -722,13 +899,20 @@ pub(crate) unsafe fn scatter(st: &mut State, comm: MPI_Comm, sbuf: *const c_void
     if sender {
         nonnull(src, sbytes)?;
         if sbytes != rbytes {
-            return err(MPI_ERR_TRUNCATE, format!("send block is {sbytes} bytes, receive block {rbytes}"));
+            return err(
+                MPI_ERR_TRUNCATE,
+                format!("send block is {sbytes} bytes, receive block {rbytes}"),
+            );
         }
     }
     if !scatter_root_in_place {
         nonnull(rbuf, rbytes)?;
     }
-    let sext = if sender { datatype::ext_size(st_)?.0 * sc as isize } else { 0 };
+    let sext = if sender {
+        datatype::ext_size(st_)?.0 * sc as isize
+    } else {
+        0
+    };
     if big {
         return run_big(st, ci, need, BIG_CORE_MAX, |st, e, a| {
             let k = a.next();
@@ -749,45 +933,73 @@ pub(crate) unsafe fn scatter(st: &mut State, comm: MPI_Comm, sbuf: *const c_void
             for r in 0..n {
                 let from = a.big_of(e, r, h, need)?;
                 let at = (rbuf as *mut u8).wrapping_offset(rext * r as isize) as *mut c_void;
-                take(st, from.add(me * rbytes), rbytes, at, rcount as usize, rtype)?;
+                take(
+                    st,
+                    from.add(me * rbytes),
+                    rbytes,
+                    at,
+                    rcount as usize,
+                    rtype,
+                )?;
             }
             a.set(e, None, Some(k));
             Ok(true)
         });
     }
     run(st, ci, |st, e, a| {
-    let k = a.next();
-    if sender {
-        a.may_write(e, k)?;
-        let mine = buf(a.mine(), k);
-        for r in 0..n {
-            let at = (src as *const u8).wrapping_offset(sext * r as isize) as *const c_void;
-            put(st, mine.add(r * rbytes), at, sc as usize, st_, rbytes)?;
-        }
-    }
-    match root {
-        Some(r) if r == me => {
-            if !scatter_root_in_place {
-                take(st, buf(a.mine(), k).add(me * rbytes), rbytes, rbuf, rcount as usize, rtype)?;
-            }
-            a.set(e, Some(k), Some(k));
-        }
-        Some(r) => {
-            a.wait_arrived(e, r, k)?;
-            take(st, buf(a.areas[r], k).add(me * rbytes), rbytes, rbuf, rcount as usize, rtype)?;
-            a.set(e, None, Some(k));
-        }
-        None => {
-            a.set(e, Some(k), None);
-            a.wait_all_arrived(e, k)?;
-            let rext = datatype::ext_size(rtype)?.0 * rcount as isize;
+        let k = a.next();
+        if sender {
+            a.may_write(e, k)?;
+            let mine = buf(a.mine(), k);
             for r in 0..n {
-                let at = (rbuf as *mut u8).wrapping_offset(rext * r as isize) as *mut c_void;
-                take(st, buf(a.areas[r], k).add(me * rbytes), rbytes, at, rcount as usize, rtype)?;
+                let at = (src as *const u8).wrapping_offset(sext * r as isize) as *const c_void;
+                put(st, mine.add(r * rbytes), at, sc as usize, st_, rbytes)?;
             }
-            a.set(e, None, Some(k));
         }
-    }
-    Ok(())
+        match root {
+            Some(r) if r == me => {
+                if !scatter_root_in_place {
+                    take(
+                        st,
+                        buf(a.mine(), k).add(me * rbytes),
+                        rbytes,
+                        rbuf,
+                        rcount as usize,
+                        rtype,
+                    )?;
+                }
+                a.set(e, Some(k), Some(k));
+            }
+            Some(r) => {
+                a.wait_arrived(e, r, k)?;
+                take(
+                    st,
+                    buf(a.areas[r], k).add(me * rbytes),
+                    rbytes,
+                    rbuf,
+                    rcount as usize,
+                    rtype,
+                )?;
+                a.set(e, None, Some(k));
+            }
+            None => {
+                a.set(e, Some(k), None);
+                a.wait_all_arrived(e, k)?;
+                let rext = datatype::ext_size(rtype)?.0 * rcount as isize;
+                for r in 0..n {
+                    let at = (rbuf as *mut u8).wrapping_offset(rext * r as isize) as *mut c_void;
+                    take(
+                        st,
+                        buf(a.areas[r], k).add(me * rbytes),
+                        rbytes,
+                        at,
+                        rcount as usize,
+                        rtype,
+                    )?;
+                }
+                a.set(e, None, Some(k));
+            }
+        }
+        Ok(())
     })
 }

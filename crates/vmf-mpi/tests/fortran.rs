@@ -32,17 +32,32 @@ const MPICH_INC: &str = "/usr/include/x86_64-linux-gnu/mpich";
 const MPICH_FORT: &str = "/usr/lib/x86_64-linux-gnu/libmpichfort.so.12";
 
 fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap()
 }
 
 fn have(cmd: &str) -> bool {
-    Command::new("sh").arg("-c").arg(format!("command -v {cmd}")).stdout(Stdio::null()).status().is_ok_and(|s| s.success())
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {cmd}"))
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 fn sh(cmd: &mut Command) -> Output {
-    let o = cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    let o = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
     if !o.status.success() {
-        panic!("{cmd:?} failed ({}):\n{}\n{}", o.status, String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        panic!(
+            "{cmd:?} failed ({}):\n{}\n{}",
+            o.status,
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
     }
     o
 }
@@ -62,10 +77,16 @@ struct Setup {
 fn declared() -> HashSet<String> {
     let h = std::fs::read_to_string(root().join("mpi/include/mpi.h")).unwrap();
     let mut s = HashSet::new();
-    for line in h.lines().filter(|l| !l.starts_with('#') && !l.starts_with("typedef")) {
+    for line in h
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.starts_with("typedef"))
+    {
         let mut rest = line;
         while let Some(p) = rest.find("MPI") {
-            let name: String = rest[p..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+            let name: String = rest[p..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
             let after = &rest[p + name.len()..];
             if after.starts_with('(') && (name.starts_with("MPI_") || name.starts_with("MPIX_")) {
                 s.insert(name.clone());
@@ -168,7 +189,10 @@ fn available(prog: &str) -> bool {
         return false;
     }
     if let Some((_, missing)) = s.unavailable.iter().find(|(p, _)| p == prog) {
-        eprintln!("note: {prog} skipped: the C library does not have {} yet", missing.join(", "));
+        eprintln!(
+            "note: {prog} skipped: the C library does not have {} yet",
+            missing.join(", ")
+        );
         return false;
     }
     true
@@ -215,7 +239,10 @@ fn f90_use_mpi_point_to_point_requests_handlers_and_strings() {
         for n in 1..=4 {
             let out = run_ok("vmfabric", kind, "f90_p2p", n);
             // MPI_Get_library_version through the binding: proves the program ran on our library.
-            assert!(out.contains("library: vmfabric"), "f90_p2p ({kind} build) did not run on vmfabric's library:\n{out}");
+            assert!(
+                out.contains("library: vmfabric"),
+                "f90_p2p ({kind} build) did not run on vmfabric's library:\n{out}"
+            );
         }
     }
 }
@@ -275,12 +302,24 @@ fn mpich_built_programs_resolve_our_libraries() {
     }
     let bin = s.build.join("mpich/f77_p2p");
     let dump = String::from_utf8(sh(Command::new("objdump").arg("-p").arg(&bin)).stdout).unwrap();
-    assert!(dump.lines().any(|l| l.contains("NEEDED") && l.contains("libmpichfort.so.12")), "{dump}");
-    let o = sh(Command::new("ldd").arg(&bin).env("LD_LIBRARY_PATH", &s.libdir));
+    assert!(
+        dump.lines()
+            .any(|l| l.contains("NEEDED") && l.contains("libmpichfort.so.12")),
+        "{dump}"
+    );
+    let o = sh(Command::new("ldd")
+        .arg(&bin)
+        .env("LD_LIBRARY_PATH", &s.libdir));
     let ldd = String::from_utf8_lossy(&o.stdout);
     for l in ["libmpichfort.so.12", "libmpich.so.12"] {
-        let line = ldd.lines().find(|x| x.contains(l)).unwrap_or_else(|| panic!("{l} not loaded:\n{ldd}"));
-        assert!(line.contains(&*s.libdir.to_string_lossy()), "{l} does not resolve to ours:\n{ldd}");
+        let line = ldd
+            .lines()
+            .find(|x| x.contains(l))
+            .unwrap_or_else(|| panic!("{l} not loaded:\n{ldd}"));
+        assert!(
+            line.contains(&*s.libdir.to_string_lossy()),
+            "{l} does not resolve to ours:\n{ldd}"
+        );
     }
 }
 
@@ -289,7 +328,9 @@ fn fortran_params(text: &str) -> Vec<(String, String)> {
     let mut v = Vec::new();
     for line in text.lines() {
         let l = line.trim().to_ascii_uppercase();
-        let Some(rest) = l.strip_prefix("PARAMETER") else { continue };
+        let Some(rest) = l.strip_prefix("PARAMETER") else {
+            continue;
+        };
         let inner = rest.trim().trim_start_matches('(').trim_end_matches(')');
         for part in inner.split(',') {
             if let Some((n, val)) = part.split_once('=') {
@@ -308,16 +349,27 @@ fn mpif_h_constants_match_mpich() {
     }
     let ours = std::fs::read_to_string(s.rel.join("include/mpif.h")).unwrap();
     for l in ours.lines() {
-        assert!(l.len() <= 72, "mpif.h line longer than 72 columns (fixed form): {l}");
-        assert!(l.is_empty() || l.starts_with('!') || l.starts_with("       "), "mpif.h line not fixed/free compatible: {l}");
+        assert!(
+            l.len() <= 72,
+            "mpif.h line longer than 72 columns (fixed form): {l}"
+        );
+        assert!(
+            l.is_empty() || l.starts_with('!') || l.starts_with("       "),
+            "mpif.h line not fixed/free compatible: {l}"
+        );
     }
     let Ok(theirs) = std::fs::read_to_string(format!("{MPICH_INC}/mpif.h")) else {
         eprintln!("note: MPICH's mpif.h not installed; constant comparison skipped");
         return;
     };
-    let mine: std::collections::HashMap<String, String> = fortran_params(&ours).into_iter().collect();
+    let mine: std::collections::HashMap<String, String> =
+        fortran_params(&ours).into_iter().collect();
     let them = fortran_params(&theirs);
-    assert!(them.len() > 250, "only {} constants parsed from MPICH's mpif.h", them.len());
+    assert!(
+        them.len() > 250,
+        "only {} constants parsed from MPICH's mpif.h",
+        them.len()
+    );
     // Compare numerically where MPICH writes expressions (`512-1`, `(-32766)`) or names (MPI_DATATYPE_NULL).
     let num = |v: &str, tbl: &std::collections::HashMap<String, String>| -> Option<i64> {
         let v = v.trim_matches(|c| c == '(' || c == ')');
@@ -344,14 +396,25 @@ fn mpif_h_constants_match_mpich() {
     }
     assert!(bad.is_empty(), "mpif.h differs from MPICH's: {bad:?}");
     // The common blocks carrying MPI_BOTTOM, MPI_IN_PLACE, MPI_STATUS(ES)_IGNORE... must be MPICH's.
-    for c in ["/MPIPRIV1/ MPI_BOTTOM, MPI_IN_PLACE, MPI_STATUS_IGNORE", "/MPIPRIV2/ MPI_STATUSES_IGNORE, MPI_ERRCODES_IGNORE", "/MPIFCMB5/ MPI_UNWEIGHTED", "/MPIFCMB9/ MPI_WEIGHTS_EMPTY", "/MPIPRIVC/ MPI_ARGVS_NULL, MPI_ARGV_NULL"] {
+    for c in [
+        "/MPIPRIV1/ MPI_BOTTOM, MPI_IN_PLACE, MPI_STATUS_IGNORE",
+        "/MPIPRIV2/ MPI_STATUSES_IGNORE, MPI_ERRCODES_IGNORE",
+        "/MPIFCMB5/ MPI_UNWEIGHTED",
+        "/MPIFCMB9/ MPI_WEIGHTS_EMPTY",
+        "/MPIPRIVC/ MPI_ARGVS_NULL, MPI_ARGV_NULL",
+    ] {
         assert!(ours.contains(c) && theirs.contains(c), "common block {c}");
     }
 }
 
 fn dynsyms(lib: &Path) -> HashSet<String> {
-    let dump = String::from_utf8(sh(Command::new("nm").arg("-D").arg("--defined-only").arg(lib)).stdout).unwrap();
-    dump.lines().filter_map(|l| l.split_whitespace().nth(2)).map(|s| s.split('@').next().unwrap().to_string()).collect()
+    let dump =
+        String::from_utf8(sh(Command::new("nm").arg("-D").arg("--defined-only").arg(lib)).stdout)
+            .unwrap();
+    dump.lines()
+        .filter_map(|l| l.split_whitespace().nth(2))
+        .map(|s| s.split('@').next().unwrap().to_string())
+        .collect()
 }
 
 #[test]
@@ -362,29 +425,60 @@ fn libmpichfort_exports_every_binding_in_every_name_form() {
     }
     let lib = s.libdir.join("libmpichfort.so.12");
     let dynp = String::from_utf8(sh(Command::new("objdump").arg("-p").arg(&lib)).stdout).unwrap();
-    assert!(dynp.lines().any(|l| l.contains("SONAME") && l.contains("libmpichfort.so.12")), "soname:\n{dynp}");
-    assert!(dynp.lines().any(|l| l.contains("NEEDED") && l.contains("libmpich.so.12")), "NEEDED libmpich.so.12:\n{dynp}");
+    assert!(
+        dynp.lines()
+            .any(|l| l.contains("SONAME") && l.contains("libmpichfort.so.12")),
+        "soname:\n{dynp}"
+    );
+    assert!(
+        dynp.lines()
+            .any(|l| l.contains("NEEDED") && l.contains("libmpich.so.12")),
+        "NEEDED libmpich.so.12:\n{dynp}"
+    );
     let ours = dynsyms(&lib);
     let report = std::fs::read_to_string(s.rel.join("fortran-build/bindings.txt")).unwrap();
-    let bound: Vec<&str> = report.lines().filter_map(|l| l.strip_prefix("bound ")).map(|l| l.split(' ').next().unwrap()).collect();
+    let bound: Vec<&str> = report
+        .lines()
+        .filter_map(|l| l.strip_prefix("bound "))
+        .map(|l| l.split(' ').next().unwrap())
+        .collect();
     let decl = declared();
     assert!(bound.len() >= 70, "only {} bindings", bound.len());
     let mut missing = Vec::new();
     for f in &bound {
         let lower = f.to_ascii_lowercase();
         let upper = f.to_ascii_uppercase();
-        for n in [lower.clone(), format!("{lower}_"), format!("{lower}__"), upper.clone(), format!("p{lower}"), format!("p{lower}_"), format!("p{lower}__"), format!("P{upper}")] {
+        for n in [
+            lower.clone(),
+            format!("{lower}_"),
+            format!("{lower}__"),
+            upper.clone(),
+            format!("p{lower}"),
+            format!("p{lower}_"),
+            format!("p{lower}__"),
+            format!("P{upper}"),
+        ] {
             if !ours.contains(&n) {
                 missing.push(n);
             }
         }
     }
-    for c in ["mpipriv1_", "mpipriv2_", "mpiprivc_", "mpifcmb5_", "mpifcmb9_"] {
+    for c in [
+        "mpipriv1_",
+        "mpipriv2_",
+        "mpiprivc_",
+        "mpifcmb5_",
+        "mpifcmb9_",
+    ] {
         if !ours.contains(c) {
             missing.push(c.to_string());
         }
     }
-    assert!(missing.is_empty(), "not exported by {}: {missing:?}", lib.display());
+    assert!(
+        missing.is_empty(),
+        "not exported by {}: {missing:?}",
+        lib.display()
+    );
     // Every binding Debian's libmpichfort.so.12 has for a C function our library has must be ours too
     // (gen.py's deliberate omissions are listed in bindings.txt and printed here).
     let Ok(_) = std::fs::metadata(MPICH_FORT) else {
@@ -392,17 +486,25 @@ fn libmpichfort_exports_every_binding_in_every_name_form() {
         return;
     };
     let theirs = dynsyms(Path::new(MPICH_FORT));
-    let by_lower: std::collections::HashMap<String, &String> = decl.iter().map(|d| (d.to_ascii_lowercase(), d)).collect();
+    let by_lower: std::collections::HashMap<String, &String> =
+        decl.iter().map(|d| (d.to_ascii_lowercase(), d)).collect();
     let mut absent = Vec::new();
     let mut known = Vec::new();
     for t in &theirs {
-        let Some(base) = t.strip_suffix('_') else { continue };
+        let Some(base) = t.strip_suffix('_') else {
+            continue;
+        };
         if !(base.starts_with("mpi_") || base.starts_with("mpix_")) || base.ends_with('_') {
             continue;
         }
-        let Some(c) = by_lower.get(base) else { continue };
+        let Some(c) = by_lower.get(base) else {
+            continue;
+        };
         if !ours.contains(t) {
-            match report.lines().find(|l| l.starts_with(&format!("skipped {c}:"))) {
+            match report
+                .lines()
+                .find(|l| l.starts_with(&format!("skipped {c}:")))
+            {
                 Some(l) => known.push(l.to_string()),
                 None => absent.push(t.clone()),
             }
@@ -411,7 +513,8 @@ fn libmpichfort_exports_every_binding_in_every_name_form() {
     // MPI_SIZEOF's module procedures and the predefined attribute callbacks (MPI_COMM_DUP_FN ...), which
     // programs compiled against MPICH's mpi.mod / mpif.h reference directly.
     for t in &theirs {
-        let wanted = t.starts_with("__mpi_sizeofs_MOD_") || (t.starts_with("mpi_") && t.ends_with("_fn_") && !t.contains("conversion"));
+        let wanted = t.starts_with("__mpi_sizeofs_MOD_")
+            || (t.starts_with("mpi_") && t.ends_with("_fn_") && !t.contains("conversion"));
         if wanted && !ours.contains(t) {
             absent.push(t.clone());
         }
@@ -419,7 +522,10 @@ fn libmpichfort_exports_every_binding_in_every_name_form() {
     if !known.is_empty() {
         eprintln!("note: bindings deliberately not provided: {known:?}");
     }
-    assert!(absent.is_empty(), "Debian's libmpichfort exports these for C functions we have, ours does not: {absent:?}");
+    assert!(
+        absent.is_empty(),
+        "Debian's libmpichfort exports these for C functions we have, ours does not: {absent:?}"
+    );
 }
 
 #[test]
@@ -429,12 +535,30 @@ fn wrappers_show_their_commands() {
         return;
     }
     for w in ["mpif90", "mpifort"] {
-        let o = sh(Command::new(s.rel.join(w)).arg("-show").arg("-o").arg("x").arg("x.f90"));
+        let o = sh(Command::new(s.rel.join(w))
+            .arg("-show")
+            .arg("-o")
+            .arg("x")
+            .arg("x.f90"));
         let out = String::from_utf8_lossy(&o.stdout);
-        assert!(out.contains("-lmpichfort") && out.contains("-lmpich") && out.contains("-fallow-argument-mismatch"), "{w} -show: {out}");
-        assert!(out.contains(&*s.rel.join("include").to_string_lossy()), "{w} -show: {out}");
-        let o = sh(Command::new(root().join("mpi/bin").join(w)).arg("-show").arg("-c").arg("x.f"));
+        assert!(
+            out.contains("-lmpichfort")
+                && out.contains("-lmpich")
+                && out.contains("-fallow-argument-mismatch"),
+            "{w} -show: {out}"
+        );
+        assert!(
+            out.contains(&*s.rel.join("include").to_string_lossy()),
+            "{w} -show: {out}"
+        );
+        let o = sh(Command::new(root().join("mpi/bin").join(w))
+            .arg("-show")
+            .arg("-c")
+            .arg("x.f"));
         let out = String::from_utf8_lossy(&o.stdout);
-        assert!(!out.contains("-lmpichfort") && out.contains(&*s.rel.join("include").to_string_lossy()), "{w} -show -c: {out}");
+        assert!(
+            !out.contains("-lmpichfort") && out.contains(&*s.rel.join("include").to_string_lossy()),
+            "{w} -show -c: {out}"
+        );
     }
 }

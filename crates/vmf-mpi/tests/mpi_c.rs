@@ -13,17 +13,43 @@ use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 
 const PROGRAMS: &[&str] = &[
-    "p2p_basic", "p2p_modes", "p2p_order", "p2p_persist", "p2p_probe", "errors", "abort", "fatal", "comm_group", "coll_all", "coll_ops",
-    "coll_nb", "dtype", "topo", "nas_is", "ldouble", "graph", "intercomm", "pcoll", "shm_pool",
+    "p2p_basic",
+    "p2p_modes",
+    "p2p_order",
+    "p2p_persist",
+    "p2p_probe",
+    "errors",
+    "abort",
+    "fatal",
+    "comm_group",
+    "coll_all",
+    "coll_ops",
+    "coll_nb",
+    "dtype",
+    "topo",
+    "nas_is",
+    "ldouble",
+    "graph",
+    "intercomm",
+    "pcoll",
+    "shm_pool",
 ];
 const MPICH_INC: &str = "/usr/include/x86_64-linux-gnu/mpich";
 
 fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap()
 }
 
 fn have(cmd: &str) -> bool {
-    Command::new("sh").arg("-c").arg(format!("command -v {cmd}")).stdout(Stdio::null()).status().is_ok_and(|s| s.success())
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {cmd}"))
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 struct Setup {
@@ -34,7 +60,9 @@ struct Setup {
 }
 
 fn sh(cmd: &mut Command) -> Output {
-    let o = cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    let o = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
     if !o.status.success() {
         panic!(
             "{cmd:?} failed ({}):\n{}\n{}",
@@ -175,7 +203,11 @@ fn semantic_p2p_colls(prog: &str) {
     for n in 2..=4 {
         let o = job_env(n, &bin, &[("VMF_SHM_COLL", "0")]);
         let out = String::from_utf8_lossy(&o.stdout);
-        assert!(o.status.success() && out.contains("PASS"), "{prog} with VMF_SHM_COLL=0 ({n} ranks):\n{out}\n{}", String::from_utf8_lossy(&o.stderr));
+        assert!(
+            o.status.success() && out.contains("PASS"),
+            "{prog} with VMF_SHM_COLL=0 ({n} ranks):\n{out}\n{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
     }
 }
 
@@ -189,7 +221,11 @@ fn coll_all_every_collective_exact_on_world_dup_and_split() {
     let bin = setup().build.join("ours").join("coll_all");
     let o = job_env(4, &bin, &[("VMF_SHM_POOL", "512K")]);
     let out = String::from_utf8_lossy(&o.stdout);
-    assert!(o.status.success() && out.contains("PASS"), "coll_all with a 512 KiB pool:\n{out}\n{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success() && out.contains("PASS"),
+        "coll_all with a 512 KiB pool:\n{out}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
 }
 
 #[test]
@@ -204,14 +240,29 @@ fn shm_pool_alloc_mem_and_shared_memory_collectives_work() {
     semantic("shm_pool");
     // A pool of 512 KiB per rank holds ~30 collective areas; the program frees 200+ communicators that
     // each had one. Every communicator must still get an area (so Comm_free gives them back).
-    let bin = setup().build.join(*builds().last().unwrap()).join("shm_pool");
+    let bin = setup()
+        .build
+        .join(*builds().last().unwrap())
+        .join("shm_pool");
     let o = job_env(4, &bin, &[("VMF_SHM_POOL", "512K"), ("VMF_VERBOSE", "1")]);
     let out = String::from_utf8_lossy(&o.stdout);
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success() && out.contains("PASS"), "shm_pool with a small pool:\n{out}\n{err}");
-    let on = err.lines().filter(|l| l.contains("shared-memory collectives on")).count();
-    let off = err.lines().filter(|l| l.contains("shared-memory collectives off")).count();
-    assert!(on >= 4 * 200 && off == 0, "{on} areas set up, {off} refused:\n{err}");
+    assert!(
+        o.status.success() && out.contains("PASS"),
+        "shm_pool with a small pool:\n{out}\n{err}"
+    );
+    let on = err
+        .lines()
+        .filter(|l| l.contains("shared-memory collectives on"))
+        .count();
+    let off = err
+        .lines()
+        .filter(|l| l.contains("shared-memory collectives off"))
+        .count();
+    assert!(
+        on >= 4 * 200 && off == 0,
+        "{on} areas set up, {off} refused:\n{err}"
+    );
 }
 
 #[test]
@@ -266,7 +317,12 @@ fn abort_ends_the_job_with_its_code() {
     for kind in builds() {
         for n in [1, 3] {
             let o = job("vmfabric", n, &setup().build.join(kind).join("abort"));
-            assert_eq!(o.status.code(), Some(7), "abort ({kind}, {n} ranks): {}", String::from_utf8_lossy(&o.stderr));
+            assert_eq!(
+                o.status.code(),
+                Some(7),
+                "abort ({kind}, {n} ranks): {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
         }
     }
 }
@@ -277,7 +333,10 @@ fn errors_are_fatal_reports_call_and_rank_and_ends_job() {
         let o = job("vmfabric", 2, &setup().build.join(kind).join("fatal"));
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(!o.status.success(), "fatal ({kind}) exited successfully");
-        assert!(err.contains("MPI_Send") && err.contains("rank 0") && err.contains("invalid rank"), "{err}");
+        assert!(
+            err.contains("MPI_Send") && err.contains("rank 0") && err.contains("invalid rank"),
+            "{err}"
+        );
         assert!(!err.contains("survived"), "{err}");
     }
 }
@@ -297,8 +356,17 @@ fn hydra_mpiexec_mpich_runs_our_library() {
     run_ok("hydra", builds().last().unwrap(), "comm_group", 2);
     run_ok("hydra", builds().last().unwrap(), "intercomm", 3);
     run_ok("hydra", builds().last().unwrap(), "pcoll", 2);
-    let o = job("hydra", 2, &setup().build.join(builds().last().unwrap()).join("abort"));
-    assert_eq!(o.status.code(), Some(7), "abort under Hydra: {}", String::from_utf8_lossy(&o.stderr));
+    let o = job(
+        "hydra",
+        2,
+        &setup().build.join(builds().last().unwrap()).join("abort"),
+    );
+    assert_eq!(
+        o.status.code(),
+        Some(7),
+        "abort under Hydra: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
 }
 
 /// Object-like `#define NAME VALUE` names of a header (numeric or pointer values, not strings).
@@ -306,9 +374,14 @@ fn define_names(text: &str) -> Vec<String> {
     let mut v = Vec::new();
     for line in text.lines() {
         let l = line.trim_start();
-        let Some(rest) = l.strip_prefix("#define ") else { continue };
+        let Some(rest) = l.strip_prefix("#define ") else {
+            continue;
+        };
         let rest = rest.trim_start();
-        let name: String = rest.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+        let name: String = rest
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
         let after = &rest[name.len()..];
         if !(name.starts_with("MPI_") || name.starts_with("MPIX_")) || after.starts_with('(') || after.trim().is_empty() || after.contains('"')
             // function addresses (MPI_DUP_FN = MPIR_Dup_fn ...) differ between libraries by nature
@@ -336,17 +409,45 @@ fn abi_constants_match_mpich_header() {
     let mine = define_names(&ours);
     let them: std::collections::HashSet<String> = define_names(&theirs).into_iter().collect();
     let common: Vec<&String> = mine.iter().filter(|n| them.contains(*n)).collect();
-    assert!(common.len() > 250, "only {} constants in common", common.len());
-    let missing: Vec<&String> = them.iter().filter(|n| !mine.contains(n) && !n.starts_with("MPI_T_") && !n.contains("FMT") && *n != "MPI_FILE_DEFINED").collect();
-    assert!(missing.is_empty(), "constants of MPICH's header missing from ours: {missing:?}");
+    assert!(
+        common.len() > 250,
+        "only {} constants in common",
+        common.len()
+    );
+    let missing: Vec<&String> = them
+        .iter()
+        .filter(|n| {
+            !mine.contains(n)
+                && !n.starts_with("MPI_T_")
+                && !n.contains("FMT")
+                && *n != "MPI_FILE_DEFINED"
+        })
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "constants of MPICH's header missing from ours: {missing:?}"
+    );
     let mut c = String::from("#include <mpi.h>\n#include <stdio.h>\n#include <stddef.h>\n#include <stdint.h>\nint main(void) {\n");
     for n in &common {
         c += &format!("    printf(\"{n} %lld\\n\", (long long)(intptr_t)({n}));\n");
     }
     let enums = [
-        "MPI_GRAPH", "MPI_CART", "MPI_DIST_GRAPH", "MPI_WIN_FLAVOR_CREATE", "MPI_WIN_FLAVOR_ALLOCATE", "MPI_WIN_FLAVOR_DYNAMIC",
-        "MPI_WIN_FLAVOR_SHARED", "MPI_WIN_SEPARATE", "MPI_WIN_UNIFIED", "MPI_COMBINER_NAMED", "MPI_COMBINER_DUP",
-        "MPI_COMBINER_CONTIGUOUS", "MPI_COMBINER_VECTOR", "MPI_COMBINER_STRUCT", "MPI_COMBINER_RESIZED", "MPI_COMBINER_HINDEXED_BLOCK",
+        "MPI_GRAPH",
+        "MPI_CART",
+        "MPI_DIST_GRAPH",
+        "MPI_WIN_FLAVOR_CREATE",
+        "MPI_WIN_FLAVOR_ALLOCATE",
+        "MPI_WIN_FLAVOR_DYNAMIC",
+        "MPI_WIN_FLAVOR_SHARED",
+        "MPI_WIN_SEPARATE",
+        "MPI_WIN_UNIFIED",
+        "MPI_COMBINER_NAMED",
+        "MPI_COMBINER_DUP",
+        "MPI_COMBINER_CONTIGUOUS",
+        "MPI_COMBINER_VECTOR",
+        "MPI_COMBINER_STRUCT",
+        "MPI_COMBINER_RESIZED",
+        "MPI_COMBINER_HINDEXED_BLOCK",
     ];
     for n in enums {
         c += &format!("    printf(\"{n} %lld\\n\", (long long)({n}));\n");
@@ -354,7 +455,10 @@ fn abi_constants_match_mpich_header() {
     for (what, expr) in [
         ("sizeof(MPI_Status)", "sizeof(MPI_Status)"),
         ("count_lo", "offsetof(MPI_Status, count_lo)"),
-        ("count_hi_and_cancelled", "offsetof(MPI_Status, count_hi_and_cancelled)"),
+        (
+            "count_hi_and_cancelled",
+            "offsetof(MPI_Status, count_hi_and_cancelled)",
+        ),
         ("MPI_SOURCE", "offsetof(MPI_Status, MPI_SOURCE)"),
         ("MPI_TAG", "offsetof(MPI_Status, MPI_TAG)"),
         ("MPI_ERROR", "offsetof(MPI_Status, MPI_ERROR)"),
@@ -375,9 +479,16 @@ fn abi_constants_match_mpich_header() {
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("consts.c"), &c).unwrap();
     let mut outs = Vec::new();
-    for (tag, inc) in [("ours", root().join("mpi/include")), ("mpich", PathBuf::from(MPICH_INC))] {
+    for (tag, inc) in [
+        ("ours", root().join("mpi/include")),
+        ("mpich", PathBuf::from(MPICH_INC)),
+    ] {
         let exe = dir.join(format!("consts-{tag}"));
-        sh(Command::new("cc").arg(format!("-I{}", inc.display())).arg("-o").arg(&exe).arg(dir.join("consts.c")));
+        sh(Command::new("cc")
+            .arg(format!("-I{}", inc.display()))
+            .arg("-o")
+            .arg(&exe)
+            .arg(dir.join("consts.c")));
         outs.push(String::from_utf8(sh(&mut Command::new(&exe)).stdout).unwrap());
     }
     let diffs: Vec<String> = outs[0]
@@ -401,17 +512,29 @@ fn every_declared_function_is_exported_as_mpi_and_pmpi() {
             continue;
         }
         if let Some(p) = line.find("MPI_") {
-            let name: String = line[p..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+            let name: String = line[p..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
             if line[p + name.len()..].starts_with('(') && !line[..p].ends_with('P') {
                 funcs.push(name);
             }
         }
     }
-    assert!(funcs.len() >= 70, "only {} functions found in mpi.h", funcs.len());
+    assert!(
+        funcs.len() >= 70,
+        "only {} functions found in mpi.h",
+        funcs.len()
+    );
     let dump = String::from_utf8(sh(Command::new("objdump").arg("-T").arg(&lib)).stdout).unwrap();
     let exported: std::collections::HashSet<&str> = dump
         .lines()
-        .filter(|l| l.contains(" .text") || l.contains(" .data") || l.contains(" .rodata") || l.contains(".data.rel.ro"))
+        .filter(|l| {
+            l.contains(" .text")
+                || l.contains(" .data")
+                || l.contains(" .rodata")
+                || l.contains(".data.rel.ro")
+        })
         .filter_map(|l| l.split_whitespace().last())
         .collect();
     let mut missing = Vec::new();
@@ -422,14 +545,28 @@ fn every_declared_function_is_exported_as_mpi_and_pmpi() {
             }
         }
     }
-    for v in ["MPI_UNWEIGHTED", "MPI_WEIGHTS_EMPTY", "MPI_F_STATUS_IGNORE", "MPI_F_STATUSES_IGNORE", "MPIR_Dup_fn"] {
+    for v in [
+        "MPI_UNWEIGHTED",
+        "MPI_WEIGHTS_EMPTY",
+        "MPI_F_STATUS_IGNORE",
+        "MPI_F_STATUSES_IGNORE",
+        "MPIR_Dup_fn",
+    ] {
         if !exported.contains(v) {
             missing.push(v.to_string());
         }
     }
-    assert!(missing.is_empty(), "not exported by {}: {missing:?}", lib.display());
+    assert!(
+        missing.is_empty(),
+        "not exported by {}: {missing:?}",
+        lib.display()
+    );
     let dyn_ = String::from_utf8(sh(Command::new("objdump").arg("-p").arg(&lib)).stdout).unwrap();
-    assert!(dyn_.lines().any(|l| l.contains("SONAME") && l.contains("libmpich.so.12")), "soname is not libmpich.so.12");
+    assert!(
+        dyn_.lines()
+            .any(|l| l.contains("SONAME") && l.contains("libmpich.so.12")),
+        "soname is not libmpich.so.12"
+    );
     // MPICH-built programs need every MPI_ function they call; the ones our tests call are covered above,
     // and the header declares exactly what we export.
 }
@@ -450,12 +587,23 @@ fn netpipe_binary_from_debian_runs_unmodified_with_integrity_checks() {
         let dir = std::env::temp_dir().join(format!("vmf-netpipe-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let mut cmd = Command::new("timeout");
-        cmd.arg("180").arg(s.rel.join("vmfabric")).arg("run").arg("-n").arg("2").arg(np);
-        cmd.args(["-i", "-u", "4194304", "-n", "3", "-o"]).arg(dir.join("np.out")).args(extra);
+        cmd.arg("180")
+            .arg(s.rel.join("vmfabric"))
+            .arg("run")
+            .arg("-n")
+            .arg("2")
+            .arg(np);
+        cmd.args(["-i", "-u", "4194304", "-n", "3", "-o"])
+            .arg(dir.join("np.out"))
+            .args(extra);
         cmd.env("LD_LIBRARY_PATH", &s.libdir).current_dir(&dir);
         let o = cmd.output().unwrap();
         // NetPIPE prints its per-size verdicts on stderr.
-        let out = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        let out = format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
         let passed = out.matches("Integrity check passed").count();
         assert!(
             o.status.success() && passed >= 35 && !out.to_lowercase().contains("fail"),

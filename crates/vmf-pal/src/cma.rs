@@ -8,7 +8,15 @@ use std::io;
 /// `ptrace_scope = 1` (where by default only ancestors may). Returns an error if prctl fails.
 pub fn allow_any_ptracer() -> io::Result<()> {
     // SAFETY: PR_SET_PTRACER takes an integer argument and touches no memory.
-    let r = unsafe { libc::prctl(libc::PR_SET_PTRACER, libc::PR_SET_PTRACER_ANY as libc::c_ulong, 0, 0, 0) };
+    let r = unsafe {
+        libc::prctl(
+            libc::PR_SET_PTRACER,
+            libc::PR_SET_PTRACER_ANY as libc::c_ulong,
+            0,
+            0,
+            0,
+        )
+    };
     if r == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL) {
         // EINVAL: no Yama in this kernel, nothing to allow.
         Ok(())
@@ -42,7 +50,10 @@ pub fn read_from(pid: i32, remote: u64, local: &mut [u8]) -> io::Result<()> {
             return Err(e);
         }
         if n == 0 {
-            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "process_vm_readv transferred nothing"));
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "process_vm_readv transferred nothing",
+            ));
         }
         done += n as usize;
     }
@@ -60,7 +71,10 @@ mod tests {
         match read_from(std::process::id() as i32, src.as_ptr() as u64, &mut dst) {
             Ok(()) => assert_eq!(src, dst),
             // Some sandboxes forbid CMA entirely; the fabric then uses the pipelined path.
-            Err(e) => assert!(matches!(e.raw_os_error(), Some(libc::EPERM) | Some(libc::ENOSYS)), "{e}"),
+            Err(e) => assert!(
+                matches!(e.raw_os_error(), Some(libc::EPERM) | Some(libc::ENOSYS)),
+                "{e}"
+            ),
         }
     }
 

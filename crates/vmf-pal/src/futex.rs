@@ -24,10 +24,20 @@ pub fn wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) -> WaitO
         tv_sec: t.as_secs() as libc::time_t,
         tv_nsec: t.subsec_nanos() as libc::c_long,
     });
-    let tsp = ts.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    let tsp = ts
+        .as_ref()
+        .map_or(std::ptr::null(), |t| t as *const libc::timespec);
     // SAFETY: `word` is a valid, aligned u32 for the duration of the call; the kernel only reads it.
     let r = unsafe {
-        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAIT, expected, tsp, 0usize, 0u32)
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT,
+            expected,
+            tsp,
+            0usize,
+            0u32,
+        )
     };
     if r == 0 {
         return WaitOutcome::Woken;
@@ -43,7 +53,17 @@ pub fn wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) -> WaitO
 /// Wake up to `n` waiters sleeping on `word`. Returns how many were woken.
 pub fn wake(word: &AtomicU32, n: u32) -> usize {
     // SAFETY: `word` is a valid aligned u32; FUTEX_WAKE does not access it beyond its address.
-    let r = unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, n, 0usize, 0usize, 0u32) };
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAKE,
+            n,
+            0usize,
+            0usize,
+            0u32,
+        )
+    };
     if r < 0 {
         0
     } else {
@@ -60,13 +80,19 @@ mod tests {
     #[test]
     fn wait_with_changed_value_returns_immediately() {
         let w = AtomicU32::new(1);
-        assert_eq!(wait(&w, 0, Some(Duration::from_secs(5))), WaitOutcome::ValueChanged);
+        assert_eq!(
+            wait(&w, 0, Some(Duration::from_secs(5))),
+            WaitOutcome::ValueChanged
+        );
     }
 
     #[test]
     fn wait_times_out() {
         let w = AtomicU32::new(0);
-        assert_eq!(wait(&w, 0, Some(Duration::from_millis(10))), WaitOutcome::TimedOut);
+        assert_eq!(
+            wait(&w, 0, Some(Duration::from_millis(10))),
+            WaitOutcome::TimedOut
+        );
     }
 
     #[test]

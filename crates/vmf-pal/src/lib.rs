@@ -33,7 +33,9 @@ pub fn yield_now() {
 
 /// Number of CPUs this process may run on (its affinity mask), at least 1.
 pub fn available_cpus() -> usize {
-    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
 }
 
 /// Bytes available to unprivileged users in the file system holding `path` (`statvfs`).

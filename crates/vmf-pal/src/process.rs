@@ -14,7 +14,10 @@ impl ProcessId {
     /// The calling process.
     pub fn current() -> Self {
         let pid = std::process::id() as i32;
-        ProcessId { pid, start_time: start_time(pid).unwrap_or(0) }
+        ProcessId {
+            pid,
+            start_time: start_time(pid).unwrap_or(0),
+        }
     }
 
     /// True while this exact process (not a later one with the same pid) exists and is not a zombie.
@@ -23,7 +26,9 @@ impl ProcessId {
             return false;
         }
         match stat_fields(self.pid) {
-            Ok((state, st)) => state != 'Z' && state != 'X' && (self.start_time == 0 || st == self.start_time),
+            Ok((state, st)) => {
+                state != 'Z' && state != 'X' && (self.start_time == 0 || st == self.start_time)
+            }
             Err(_) => false,
         }
     }
@@ -37,11 +42,20 @@ pub fn start_time(pid: i32) -> io::Result<u64> {
 fn stat_fields(pid: i32) -> io::Result<(char, u64)> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     // The command name (field 2) is in parentheses and may contain spaces: parse after the last ')'.
-    let rest = s.rfind(')').map(|i| &s[i + 1..]).ok_or_else(|| io::Error::other("malformed /proc stat"))?;
+    let rest = s
+        .rfind(')')
+        .map(|i| &s[i + 1..])
+        .ok_or_else(|| io::Error::other("malformed /proc stat"))?;
     let mut it = rest.split_whitespace();
-    let state = it.next().and_then(|f| f.chars().next()).ok_or_else(|| io::Error::other("no state"))?;
+    let state = it
+        .next()
+        .and_then(|f| f.chars().next())
+        .ok_or_else(|| io::Error::other("no state"))?;
     // Fields after ')' start at field 3 (state); start time is field 22, i.e. 19 more.
-    let st = it.nth(18).and_then(|f| f.parse().ok()).ok_or_else(|| io::Error::other("no start time"))?;
+    let st = it
+        .nth(18)
+        .and_then(|f| f.parse().ok())
+        .ok_or_else(|| io::Error::other("no start time"))?;
     Ok((state, st))
 }
 
@@ -59,7 +73,9 @@ pub fn set_parent_death_signal(sig: i32) -> io::Result<()> {
 /// A 64-bit hash of this kernel's boot id: two processes with the same value run on the same kernel (so
 /// futexes and membarrier reach across them); 0 if unknown.
 pub fn kernel_id() -> u64 {
-    let Ok(s) = std::fs::read_to_string("/proc/sys/kernel/random/boot_id") else { return 0 };
+    let Ok(s) = std::fs::read_to_string("/proc/sys/kernel/random/boot_id") else {
+        return 0;
+    };
     let mut h: u64 = 0xcbf29ce484222325;
     for b in s.trim().bytes() {
         h ^= b as u64;
@@ -92,7 +108,9 @@ pub fn allowed_cpus() -> Vec<usize> {
         if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
             return vec![0];
         }
-        (0..8 * std::mem::size_of::<libc::cpu_set_t>()).filter(|&c| libc::CPU_ISSET(c, &set)).collect()
+        (0..8 * std::mem::size_of::<libc::cpu_set_t>())
+            .filter(|&c| libc::CPU_ISSET(c, &set))
+            .collect()
     }
 }
 
@@ -132,7 +150,10 @@ mod tests {
     #[test]
     fn exited_child_is_not_alive() {
         let mut c = std::process::Command::new("true").spawn().unwrap();
-        let id = ProcessId { pid: c.id() as i32, start_time: 0 };
+        let id = ProcessId {
+            pid: c.id() as i32,
+            start_time: 0,
+        };
         c.wait().unwrap();
         assert!(!id.is_alive());
     }

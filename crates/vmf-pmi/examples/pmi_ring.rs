@@ -10,7 +10,8 @@ fn main() {
 }
 
 fn ring() -> Result<(), Box<dyn std::error::Error>> {
-    let mut pmi = PmiClient::from_env()?.ok_or("Unable to run since no PMI server is set (PMI_FD/PMI_PORT)")?;
+    let mut pmi = PmiClient::from_env()?
+        .ok_or("Unable to run since no PMI server is set (PMI_FD/PMI_PORT)")?;
     let (me, n) = (pmi.rank(), pmi.size());
     pmi.put(&format!("ring-{me}"), &format!("hello-from-{me}"))?;
     pmi.fence()?;

@@ -13,9 +13,14 @@ static TAKEN: AtomicBool = AtomicBool::new(false);
 
 /// Read one line of at most [`MAX_LINE`] bytes. `Ok(None)` at end of stream; `Ok(Some(Err(why)))` for a line
 /// that is too long or not UTF-8 (the rest of an over-long line is skipped).
-pub(crate) fn read_raw_line<R: BufRead>(r: &mut R) -> std::io::Result<Option<Result<String, String>>> {
+pub(crate) fn read_raw_line<R: BufRead>(
+    r: &mut R,
+) -> std::io::Result<Option<Result<String, String>>> {
     let mut buf = Vec::new();
-    let n = r.by_ref().take(MAX_LINE as u64 + 2).read_until(b'\n', &mut buf)?;
+    let n = r
+        .by_ref()
+        .take(MAX_LINE as u64 + 2)
+        .read_until(b'\n', &mut buf)?;
     if n == 0 {
         return Ok(None);
     }
@@ -28,9 +33,13 @@ pub(crate) fn read_raw_line<R: BufRead>(r: &mut R) -> std::io::Result<Option<Res
                 break;
             }
         }
-        return Ok(Some(Err(format!("the line is longer than {MAX_LINE} bytes"))));
+        return Ok(Some(Err(format!(
+            "the line is longer than {MAX_LINE} bytes"
+        ))));
     }
-    Ok(Some(String::from_utf8(buf).map_err(|_| "the line is not UTF-8".to_string())))
+    Ok(Some(
+        String::from_utf8(buf).map_err(|_| "the line is not UTF-8".to_string()),
+    ))
 }
 
 /// A rank's connection to its PMI-1 server (our launcher, or MPICH's Hydra `pmi_proxy`).
@@ -69,10 +78,14 @@ impl std::fmt::Debug for PmiClient {
 fn env_usize(name: &str) -> Result<Option<usize>, PmiError> {
     match std::env::var(name) {
         Err(_) => Ok(None),
-        Ok(v) => v.trim().parse().map(Some).map_err(|_| PmiError::Environment {
-            op: "initialise PMI".into(),
-            why: format!("{name}={v:?} is not a non-negative integer"),
-        }),
+        Ok(v) => v
+            .trim()
+            .parse()
+            .map(Some)
+            .map_err(|_| PmiError::Environment {
+                op: "initialise PMI".into(),
+                why: format!("{name}={v:?} is not a non-negative integer"),
+            }),
     }
 }
 
@@ -86,8 +99,12 @@ impl PmiClient {
     /// Only the first successful call in a process adopts the connection; later calls fail.
     pub fn from_env() -> Result<Option<PmiClient>, PmiError> {
         let op = "connect to the PMI server";
-        let fd = std::env::var("PMI_FD").ok().filter(|s| !s.trim().is_empty());
-        let port = std::env::var("PMI_PORT").ok().filter(|s| !s.trim().is_empty());
+        let fd = std::env::var("PMI_FD")
+            .ok()
+            .filter(|s| !s.trim().is_empty());
+        let port = std::env::var("PMI_PORT")
+            .ok()
+            .filter(|s| !s.trim().is_empty());
         if fd.is_none() && port.is_none() {
             return Ok(None);
         }
@@ -96,13 +113,16 @@ impl PmiClient {
         if TAKEN.swap(true, Ordering::AcqRel) {
             return Err(PmiError::Environment {
                 op: op.into(),
-                why: "this process has already taken its PMI connection (call from_env once)".into(),
+                why: "this process has already taken its PMI connection (call from_env once)"
+                    .into(),
             });
         }
         let res = if let Some(fd) = fd {
-            let n: RawFd = fd.trim().parse().ok().filter(|&n| n >= 0).ok_or_else(|| PmiError::Environment {
-                op: op.into(),
-                why: format!("PMI_FD={fd:?} is not a file descriptor number"),
+            let n: RawFd = fd.trim().parse().ok().filter(|&n| n >= 0).ok_or_else(|| {
+                PmiError::Environment {
+                    op: op.into(),
+                    why: format!("PMI_FD={fd:?} is not a file descriptor number"),
+                }
             })?;
             // SAFETY: F_GETFD only inspects the descriptor table.
             let flags = unsafe { libc::fcntl(n, libc::F_GETFD) };
@@ -138,8 +158,15 @@ impl PmiClient {
     }
 
     /// Handshake over an already connected Unix stream, for a rank whose rank and size are known.
-    pub fn from_stream(stream: UnixStream, rank: usize, size: usize) -> Result<PmiClient, PmiError> {
-        let w = stream.try_clone().map_err(|e| PmiError::Io { op: "connect to the PMI server".into(), source: e })?;
+    pub fn from_stream(
+        stream: UnixStream,
+        rank: usize,
+        size: usize,
+    ) -> Result<PmiClient, PmiError> {
+        let w = stream.try_clone().map_err(|e| PmiError::Io {
+            op: "connect to the PMI server".into(),
+            source: e,
+        })?;
         Self::handshake(Box::new(stream), Box::new(w), None, Some(rank), Some(size))
     }
 
@@ -152,7 +179,10 @@ impl PmiClient {
         size: Option<usize>,
     ) -> Result<PmiClient, PmiError> {
         let op = format!("connect to the PMI server at {addr}");
-        let s = TcpStream::connect(addr).map_err(|e| PmiError::Io { op: op.clone(), source: e })?;
+        let s = TcpStream::connect(addr).map_err(|e| PmiError::Io {
+            op: op.clone(),
+            source: e,
+        })?;
         let _ = s.set_nodelay(true);
         let w = s.try_clone().map_err(|e| PmiError::Io { op, source: e })?;
         Self::handshake(Box::new(s), Box::new(w), pmi_id, rank, size)
@@ -179,14 +209,20 @@ impl PmiClient {
         };
         if let Some(id) = pmi_id {
             let op = "initialise PMI (initack)";
-            check_token(id, 256, false)
-                .map_err(|why| PmiError::InvalidArgument { op: op.into(), why: format!("PMI_ID {id:?}: {why}") })?;
+            check_token(id, 256, false).map_err(|why| PmiError::InvalidArgument {
+                op: op.into(),
+                why: format!("PMI_ID {id:?}: {why}"),
+            })?;
             let r = c.call(op, &Message::new("initack").with("pmiid", id), "initack")?;
             c.check_rc(op, &r)?;
             for _ in 0..3 {
                 let m = c.recv(op)?;
                 if m.cmd != "set" {
-                    return Err(PmiError::Unexpected { op: op.into(), expected: "set".into(), got: m.cmd });
+                    return Err(PmiError::Unexpected {
+                        op: op.into(),
+                        expected: "set".into(),
+                        got: m.cmd,
+                    });
                 }
                 let num = |k: &str| -> Result<Option<usize>, PmiError> {
                     m.get(k)
@@ -223,11 +259,21 @@ impl PmiClient {
         c.size = size;
 
         let op = "initialise PMI";
-        let r = c.call(op, &Message::new("init").with("pmi_version", 1).with("pmi_subversion", 1), "response_to_init")?;
+        let r = c.call(
+            op,
+            &Message::new("init")
+                .with("pmi_version", 1)
+                .with("pmi_subversion", 1),
+            "response_to_init",
+        )?;
         c.check_rc(op, &r)?;
         if let Some(v) = r.get("pmi_version") {
             if v != "1" {
-                return Err(PmiError::Failed { op: op.into(), rc: 0, msg: format!("the server speaks PMI version {v}, not 1") });
+                return Err(PmiError::Failed {
+                    op: op.into(),
+                    rc: 0,
+                    msg: format!("the server speaks PMI version {v}, not 1"),
+                });
             }
         }
 
@@ -249,7 +295,11 @@ impl PmiClient {
         c.kvsname = r
             .get("kvsname")
             .filter(|s| !s.is_empty())
-            .ok_or_else(|| PmiError::Malformed { op: op.into(), why: "kvsname= is missing".into(), line: r.to_line() })?
+            .ok_or_else(|| PmiError::Malformed {
+                op: op.into(),
+                why: "kvsname= is missing".into(),
+                line: r.to_line(),
+            })?
             .to_owned();
         Ok(c)
     }
@@ -302,11 +352,18 @@ impl PmiClient {
     pub fn put(&mut self, key: &str, value: &str) -> Result<(), PmiError> {
         let op = format!("put key {key}");
         self.live(&op)?;
-        check_token(key, self.keylen_max, false)
-            .map_err(|why| PmiError::InvalidArgument { op: op.clone(), why: format!("the key is invalid: {why}") })?;
-        check_token(value, self.vallen_max, true)
-            .map_err(|why| PmiError::InvalidArgument { op: op.clone(), why: format!("the value is invalid: {why}") })?;
-        let m = Message::new("put").with("kvsname", &self.kvsname).with("key", key).with("value", value);
+        check_token(key, self.keylen_max, false).map_err(|why| PmiError::InvalidArgument {
+            op: op.clone(),
+            why: format!("the key is invalid: {why}"),
+        })?;
+        check_token(value, self.vallen_max, true).map_err(|why| PmiError::InvalidArgument {
+            op: op.clone(),
+            why: format!("the value is invalid: {why}"),
+        })?;
+        let m = Message::new("put")
+            .with("kvsname", &self.kvsname)
+            .with("key", key)
+            .with("value", value);
         let r = self.call(&op, &m, "put_result")?;
         self.check_rc(&op, &r)
     }
@@ -315,17 +372,32 @@ impl PmiClient {
     pub fn get(&mut self, key: &str) -> Result<String, PmiError> {
         let op = format!("get key {key}");
         self.live(&op)?;
-        check_token(key, self.keylen_max, false)
-            .map_err(|why| PmiError::InvalidArgument { op: op.clone(), why: format!("the key is invalid: {why}") })?;
-        let m = Message::new("get").with("kvsname", &self.kvsname).with("key", key);
+        check_token(key, self.keylen_max, false).map_err(|why| PmiError::InvalidArgument {
+            op: op.clone(),
+            why: format!("the key is invalid: {why}"),
+        })?;
+        let m = Message::new("get")
+            .with("kvsname", &self.kvsname)
+            .with("key", key);
         let r = self.call(&op, &m, "get_result")?;
-        let rc = r.rc().map_err(|why| PmiError::Malformed { op: op.clone(), why, line: r.to_line() })?;
+        let rc = r.rc().map_err(|why| PmiError::Malformed {
+            op: op.clone(),
+            why,
+            line: r.to_line(),
+        })?;
         if rc != 0 {
-            return Err(PmiError::KeyNotFound { key: key.to_owned(), msg: r.get("msg").unwrap_or("no message").to_owned() });
+            return Err(PmiError::KeyNotFound {
+                key: key.to_owned(),
+                msg: r.get("msg").unwrap_or("no message").to_owned(),
+            });
         }
         r.get("value")
             .map(str::to_owned)
-            .ok_or_else(|| PmiError::Malformed { op, why: "value= is missing".into(), line: r.to_line() })
+            .ok_or_else(|| PmiError::Malformed {
+                op,
+                why: "value= is missing".into(),
+                line: r.to_line(),
+            })
     }
 
     /// Barrier over all ranks of the job (`barrier_in` / `barrier_out`); also makes every put done before it
@@ -351,7 +423,10 @@ impl PmiClient {
     /// printed to this process's stderr first (Hydra's wire format has no message field).
     pub fn abort(&mut self, code: i32, msg: &str) -> Result<(), PmiError> {
         if !msg.is_empty() {
-            eprintln!("vmfabric: rank {} aborting with code {code}: {msg}", self.rank);
+            eprintln!(
+                "vmfabric: rank {} aborting with code {code}: {msg}",
+                self.rank
+            );
         }
         let op = "abort the job";
         self.send(op, &Message::new("abort").with("exitcode", code))
@@ -369,7 +444,10 @@ impl PmiClient {
 
     fn live(&self, op: &str) -> Result<(), PmiError> {
         if self.finalized {
-            return Err(PmiError::InvalidArgument { op: op.into(), why: "PMI has been finalized".into() });
+            return Err(PmiError::InvalidArgument {
+                op: op.into(),
+                why: "PMI has been finalized".into(),
+            });
         }
         Ok(())
     }
@@ -379,14 +457,24 @@ impl PmiClient {
         self.writer
             .write_all(line.as_bytes())
             .and_then(|_| self.writer.flush())
-            .map_err(|e| PmiError::Io { op: op.into(), source: e })
+            .map_err(|e| PmiError::Io {
+                op: op.into(),
+                source: e,
+            })
     }
 
     fn recv(&mut self, op: &str) -> Result<Message, PmiError> {
         match read_raw_line(&mut self.reader) {
-            Err(e) => Err(PmiError::Io { op: op.into(), source: e }),
+            Err(e) => Err(PmiError::Io {
+                op: op.into(),
+                source: e,
+            }),
             Ok(None) => Err(PmiError::Eof { op: op.into() }),
-            Ok(Some(Err(why))) => Err(PmiError::Malformed { op: op.into(), why, line: String::new() }),
+            Ok(Some(Err(why))) => Err(PmiError::Malformed {
+                op: op.into(),
+                why,
+                line: String::new(),
+            }),
             Ok(Some(Ok(line))) => Message::parse(&line).map_err(|why| PmiError::Malformed {
                 op: op.into(),
                 why,
@@ -402,18 +490,34 @@ impl PmiClient {
             // A server that does not know the command may answer with a generic error carrying rc/msg.
             if let Ok(rc) = r.rc() {
                 if rc != 0 {
-                    return Err(PmiError::Failed { op: op.into(), rc, msg: r.get("msg").unwrap_or("no message").into() });
+                    return Err(PmiError::Failed {
+                        op: op.into(),
+                        rc,
+                        msg: r.get("msg").unwrap_or("no message").into(),
+                    });
                 }
             }
-            return Err(PmiError::Unexpected { op: op.into(), expected: expected.into(), got: r.cmd });
+            return Err(PmiError::Unexpected {
+                op: op.into(),
+                expected: expected.into(),
+                got: r.cmd,
+            });
         }
         Ok(r)
     }
 
     fn check_rc(&self, op: &str, r: &Message) -> Result<(), PmiError> {
-        let rc = r.rc().map_err(|why| PmiError::Malformed { op: op.into(), why, line: r.to_line() })?;
+        let rc = r.rc().map_err(|why| PmiError::Malformed {
+            op: op.into(),
+            why,
+            line: r.to_line(),
+        })?;
         if rc != 0 {
-            return Err(PmiError::Failed { op: op.into(), rc, msg: r.get("msg").unwrap_or("no message").into() });
+            return Err(PmiError::Failed {
+                op: op.into(),
+                rc,
+                msg: r.get("msg").unwrap_or("no message").into(),
+            });
         }
         Ok(())
     }

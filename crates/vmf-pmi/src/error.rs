@@ -30,7 +30,9 @@ pub enum PmiError {
         line: String,
     },
     /// The peer answered with a different command than the one expected.
-    #[error("Unable to {op} since the PMI server answered cmd={got} where cmd={expected} was expected")]
+    #[error(
+        "Unable to {op} since the PMI server answered cmd={got} where cmd={expected} was expected"
+    )]
     Unexpected {
         /// The operation that failed.
         op: String,

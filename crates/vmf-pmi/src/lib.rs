@@ -53,7 +53,9 @@ pub mod wire;
 
 pub use client::PmiClient;
 pub use error::PmiError;
-pub use server::{serve_connection, JobKvs, KvsStore, PmiEvent, KEYLEN_MAX, KVSNAME_MAX, VALLEN_MAX};
+pub use server::{
+    serve_connection, JobKvs, KvsStore, PmiEvent, KEYLEN_MAX, KVSNAME_MAX, VALLEN_MAX,
+};
 
 #[cfg(test)]
 mod tests;

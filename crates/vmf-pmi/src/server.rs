@@ -69,7 +69,10 @@ pub type KvsStore = JobKvs;
 
 impl std::fmt::Debug for JobKvs {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("JobKvs").field("kvsname", &self.kvsname).field("size", &self.size).finish_non_exhaustive()
+        f.debug_struct("JobKvs")
+            .field("kvsname", &self.kvsname)
+            .field("size", &self.size)
+            .finish_non_exhaustive()
     }
 }
 
@@ -146,7 +149,10 @@ impl JobKvs {
         if let Some(f) = &g.failure {
             return Some(f.clone());
         }
-        g.closed.iter().position(|&c| c).map(|r| format!("rank {r} left the job before the fence"))
+        g.closed
+            .iter()
+            .position(|&c| c)
+            .map(|r| format!("rank {r} left the job before the fence"))
     }
 
     /// Record that `rank`'s connection ended: it can never enter a barrier again, so current and future
@@ -179,12 +185,21 @@ impl JobKvs {
 /// Always calls [`JobKvs::rank_closed`] before returning, and reports [`PmiEvent::Disconnected`] if the
 /// rank initialised but neither finalized nor aborted. Returns `Ok(())` at a clean end of stream (or after
 /// abort), `Err` on an I/O error (already reported as `Disconnected` when applicable).
-pub fn serve_connection<S, F>(stream: S, rank: usize, kvs: Arc<JobKvs>, mut events: F) -> Result<(), PmiError>
+pub fn serve_connection<S, F>(
+    stream: S,
+    rank: usize,
+    kvs: Arc<JobKvs>,
+    mut events: F,
+) -> Result<(), PmiError>
 where
     S: Read + Write,
     F: FnMut(PmiEvent),
 {
-    let mut st = ConnState { initialized: false, finalized: false, aborted: false };
+    let mut st = ConnState {
+        initialized: false,
+        finalized: false,
+        aborted: false,
+    };
     let res = serve_loop(stream, rank, &kvs, &mut events, &mut st);
     kvs.rank_closed(rank);
     if st.initialized && !st.finalized && !st.aborted {
@@ -208,7 +223,10 @@ fn serve_loop<S: Read + Write, F: FnMut(PmiEvent)>(
 ) -> Result<(), PmiError> {
     let op = format!("serve the PMI connection of rank {rank}");
     let mut r = BufReader::new(stream);
-    let io = |e| PmiError::Io { op: op.clone(), source: e };
+    let io = |e| PmiError::Io {
+        op: op.clone(),
+        source: e,
+    };
     loop {
         let line = match read_raw_line(&mut r).map_err(io)? {
             None => return Ok(()),
@@ -216,13 +234,17 @@ fn serve_loop<S: Read + Write, F: FnMut(PmiEvent)>(
         };
         let msg = line.and_then(|l| Message::parse(&l));
         let replies = match msg {
-            Err(why) => vec![Message::new("error").with("rc", -1).with("msg", sanitize(&format!("malformed_line:_{why}")))],
+            Err(why) => vec![Message::new("error")
+                .with("rc", -1)
+                .with("msg", sanitize(&format!("malformed_line:_{why}")))],
             Ok(m) => answer(&m, rank, kvs, events, st),
         };
         if !replies.is_empty() {
             let text: String = replies.iter().map(Message::to_line).collect();
             let w = r.get_mut();
-            w.write_all(text.as_bytes()).and_then(|_| w.flush()).map_err(io)?;
+            w.write_all(text.as_bytes())
+                .and_then(|_| w.flush())
+                .map_err(io)?;
         }
         if st.aborted {
             return Ok(());
@@ -230,7 +252,13 @@ fn serve_loop<S: Read + Write, F: FnMut(PmiEvent)>(
     }
 }
 
-fn answer<F: FnMut(PmiEvent)>(m: &Message, rank: usize, kvs: &JobKvs, events: &mut F, st: &mut ConnState) -> Vec<Message> {
+fn answer<F: FnMut(PmiEvent)>(
+    m: &Message,
+    rank: usize,
+    kvs: &JobKvs,
+    events: &mut F,
+    st: &mut ConnState,
+) -> Vec<Message> {
     answer_one(m, rank, kvs, events, st).map_or_else(Vec::new, |first| {
         let mut v = vec![first];
         if m.cmd == "initack" {
@@ -250,7 +278,8 @@ fn answer_one<F: FnMut(PmiEvent)>(
     events: &mut F,
     st: &mut ConnState,
 ) -> Option<Message> {
-    let fail = |cmd: &str, msg: &str| Some(Message::new(cmd).with("rc", -1).with("msg", sanitize(msg)));
+    let fail =
+        |cmd: &str, msg: &str| Some(Message::new(cmd).with("rc", -1).with("msg", sanitize(msg)));
     let kvs_ok = |m: &Message| m.get("kvsname").is_none_or(|k| k == kvs.kvsname());
     match m.cmd.as_str() {
         "init" => {
@@ -268,7 +297,12 @@ fn answer_one<F: FnMut(PmiEvent)>(
                 st.initialized = true;
                 events(PmiEvent::Initialized { rank });
             }
-            Some(Message::new("response_to_init").with("pmi_version", 1).with("pmi_subversion", 1).with("rc", 0))
+            Some(
+                Message::new("response_to_init")
+                    .with("pmi_version", 1)
+                    .with("pmi_subversion", 1)
+                    .with("rc", 0),
+            )
         }
         "initack" => Some(Message::new("initack").with("rc", 0)),
         "get_maxes" => Some(
@@ -279,8 +313,16 @@ fn answer_one<F: FnMut(PmiEvent)>(
                 .with("vallen_max", VALLEN_MAX),
         ),
         "get_appnum" => Some(Message::new("appnum").with("rc", 0).with("appnum", 0)),
-        "get_my_kvsname" => Some(Message::new("my_kvsname").with("rc", 0).with("kvsname", kvs.kvsname())),
-        "get_universe_size" => Some(Message::new("universe_size").with("rc", 0).with("size", kvs.size())),
+        "get_my_kvsname" => Some(
+            Message::new("my_kvsname")
+                .with("rc", 0)
+                .with("kvsname", kvs.kvsname()),
+        ),
+        "get_universe_size" => Some(
+            Message::new("universe_size")
+                .with("rc", 0)
+                .with("size", kvs.size()),
+        ),
         "put" => {
             let (Some(k), Some(v)) = (m.get("key"), m.get("value")) else {
                 return fail("put_result", "put needs key= and value=");
@@ -288,19 +330,32 @@ fn answer_one<F: FnMut(PmiEvent)>(
             if !kvs_ok(m) {
                 return fail("put_result", "unknown_kvsname");
             }
-            if let Err(why) = check_token(k, KEYLEN_MAX, false).and_then(|_| check_token(v, VALLEN_MAX, true)) {
+            if let Err(why) =
+                check_token(k, KEYLEN_MAX, false).and_then(|_| check_token(v, VALLEN_MAX, true))
+            {
                 return fail("put_result", &format!("invalid_key_or_value:_{why}"));
             }
             kvs.put(k, v);
-            Some(Message::new("put_result").with("rc", 0).with("msg", "success"))
+            Some(
+                Message::new("put_result")
+                    .with("rc", 0)
+                    .with("msg", "success"),
+            )
         }
         "get" => {
-            let Some(k) = m.get("key") else { return fail("get_result", "get needs key=") };
+            let Some(k) = m.get("key") else {
+                return fail("get_result", "get needs key=");
+            };
             if !kvs_ok(m) {
                 return fail("get_result", "unknown_kvsname");
             }
             match kvs.get(k) {
-                Some(v) => Some(Message::new("get_result").with("rc", 0).with("msg", "success").with("value", v)),
+                Some(v) => Some(
+                    Message::new("get_result")
+                        .with("rc", 0)
+                        .with("msg", "success")
+                        .with("value", v),
+                ),
                 None => fail("get_result", "key_not_found"),
             }
         }
@@ -314,10 +369,17 @@ fn answer_one<F: FnMut(PmiEvent)>(
             Some(Message::new("finalize_ack").with("rc", 0))
         }
         "abort" => {
-            let code = m.get("exitcode").and_then(|c| c.trim().parse::<i32>().ok()).unwrap_or(1);
+            let code = m
+                .get("exitcode")
+                .and_then(|c| c.trim().parse::<i32>().ok())
+                .unwrap_or(1);
             let message = m.get("message").or_else(|| m.get("msg")).map(str::to_owned);
             st.aborted = true;
-            events(PmiEvent::Abort { rank, code, message });
+            events(PmiEvent::Abort {
+                rank,
+                code,
+                message,
+            });
             None
         }
         other => fail("error", &format!("unknown_command_{other}")),

@@ -22,10 +22,17 @@ fn job(n: usize) -> Job {
     for rank in 0..n {
         let (ours, theirs) = UnixStream::pair().unwrap();
         let (k, tx) = (kvs.clone(), tx.clone());
-        servers.push(std::thread::spawn(move || serve_connection(ours, rank, k, move |ev| tx.send(ev).unwrap())));
+        servers.push(std::thread::spawn(move || {
+            serve_connection(ours, rank, k, move |ev| tx.send(ev).unwrap())
+        }));
         clients.push(Some(theirs));
     }
-    Job { kvs, events: rx, servers, clients }
+    Job {
+        kvs,
+        events: rx,
+        servers,
+        clients,
+    }
 }
 
 #[test]
@@ -60,9 +67,23 @@ fn put_fence_get_across_three_clients_works() {
         s.join().unwrap().unwrap();
     }
     let evs: Vec<_> = j.events.try_iter().collect();
-    assert_eq!(evs.iter().filter(|e| matches!(e, PmiEvent::Initialized { .. })).count(), 3);
-    assert_eq!(evs.iter().filter(|e| matches!(e, PmiEvent::Finalized { .. })).count(), 3);
-    assert!(!evs.iter().any(|e| matches!(e, PmiEvent::Disconnected { .. })), "{evs:?}");
+    assert_eq!(
+        evs.iter()
+            .filter(|e| matches!(e, PmiEvent::Initialized { .. }))
+            .count(),
+        3
+    );
+    assert_eq!(
+        evs.iter()
+            .filter(|e| matches!(e, PmiEvent::Finalized { .. }))
+            .count(),
+        3
+    );
+    assert!(
+        !evs.iter()
+            .any(|e| matches!(e, PmiEvent::Disconnected { .. })),
+        "{evs:?}"
+    );
     assert_eq!(j.kvs.get("k3-2").as_deref(), Some("v3-2"));
 }
 
@@ -72,7 +93,11 @@ fn key_not_found_fails() {
     let mut c = PmiClient::from_stream(j.clients[0].take().unwrap(), 0, 1).unwrap();
     let e = c.get("nobody-put-this").unwrap_err();
     assert!(matches!(e, PmiError::KeyNotFound { .. }), "{e:?}");
-    assert!(e.to_string().starts_with("Unable to get key nobody-put-this since"), "{e}");
+    assert!(
+        e.to_string()
+            .starts_with("Unable to get key nobody-put-this since"),
+        "{e}"
+    );
     // The connection stays usable.
     c.put("x", "1").unwrap();
     assert_eq!(c.get("x").unwrap(), "1");
@@ -83,14 +108,26 @@ fn key_not_found_fails() {
 fn invalid_values_are_rejected_fails() {
     let mut j = job(1);
     let mut c = PmiClient::from_stream(j.clients[0].take().unwrap(), 0, 1).unwrap();
-    for (k, v) in [("k", "a b"), ("k", "a=b"), ("k", "a\nb"), ("k y", "v"), ("", "v")] {
+    for (k, v) in [
+        ("k", "a b"),
+        ("k", "a=b"),
+        ("k", "a\nb"),
+        ("k y", "v"),
+        ("", "v"),
+    ] {
         let e = c.put(k, v).unwrap_err();
         assert!(matches!(e, PmiError::InvalidArgument { .. }), "{e:?}");
         assert!(e.to_string().starts_with("Unable to put key"), "{e}");
     }
     let long = "x".repeat(VALLEN_MAX + 1);
-    assert!(matches!(c.put("k", &long), Err(PmiError::InvalidArgument { .. })));
-    assert!(matches!(c.get("a b"), Err(PmiError::InvalidArgument { .. })));
+    assert!(matches!(
+        c.put("k", &long),
+        Err(PmiError::InvalidArgument { .. })
+    ));
+    assert!(matches!(
+        c.get("a b"),
+        Err(PmiError::InvalidArgument { .. })
+    ));
     // Nothing invalid reached the server; the empty value is fine.
     c.put("k", "").unwrap();
     assert_eq!(c.get("k").unwrap(), "");
@@ -133,13 +170,20 @@ fn malformed_server_line_fails() {
     assert_eq!(c.keylen_max(), 64);
     let e = c.fence().unwrap_err();
     assert!(matches!(e, PmiError::Malformed { .. }), "{e:?}");
-    assert!(e.to_string().starts_with("Unable to fence since the PMI peer sent a malformed line"), "{e}");
+    assert!(
+        e.to_string()
+            .starts_with("Unable to fence since the PMI peer sent a malformed line"),
+        "{e}"
+    );
     let sent = h.join().unwrap();
     assert_eq!(sent[0], "cmd=init pmi_version=1 pmi_subversion=1");
     assert_eq!(sent[4], "cmd=barrier_in");
     // The server is gone now: EOF is a typed error too.
     let e = c.fence().unwrap_err();
-    assert!(matches!(e, PmiError::Eof { .. } | PmiError::Io { .. }), "{e:?}");
+    assert!(
+        matches!(e, PmiError::Eof { .. } | PmiError::Io { .. }),
+        "{e:?}"
+    );
 }
 
 #[test]
@@ -154,9 +198,16 @@ fn rc_and_unexpected_replies_fail() {
     let e = c.put("a", "b").unwrap_err();
     assert!(matches!(e, PmiError::Failed { rc: -1, .. }), "{e:?}");
     assert!(e.to_string().contains("duplicate_key"), "{e}");
-    assert!(matches!(c.get("a"), Err(PmiError::Malformed { .. })), "missing value= is malformed");
+    assert!(
+        matches!(c.get("a"), Err(PmiError::Malformed { .. })),
+        "missing value= is malformed"
+    );
     assert!(matches!(c.get("a"), Err(PmiError::Unexpected { .. })));
-    assert_eq!(c.get("a").unwrap(), "v", "key order and unknown keys do not matter");
+    assert_eq!(
+        c.get("a").unwrap(),
+        "v",
+        "key order and unknown keys do not matter"
+    );
 }
 
 #[test]
@@ -186,7 +237,13 @@ fn server_answers_malformed_and_unknown_lines_works() {
     j.servers.pop().unwrap().join().unwrap().unwrap();
     // Initialised and closed without finalize: reported.
     let evs: Vec<_> = j.events.try_iter().collect();
-    assert_eq!(evs, vec![PmiEvent::Initialized { rank: 0 }, PmiEvent::Disconnected { rank: 0 }]);
+    assert_eq!(
+        evs,
+        vec![
+            PmiEvent::Initialized { rank: 0 },
+            PmiEvent::Disconnected { rank: 0 }
+        ]
+    );
 }
 
 #[test]
@@ -200,7 +257,14 @@ fn abort_is_reported_works() {
             ev => break ev,
         }
     };
-    assert_eq!(ev, PmiEvent::Abort { rank: 1, code: 7, message: None });
+    assert_eq!(
+        ev,
+        PmiEvent::Abort {
+            rank: 1,
+            code: 7,
+            message: None
+        }
+    );
     // The handler ends after abort; no Disconnected for an aborting rank.
     j.servers.pop().unwrap().join().unwrap().unwrap();
     assert!(j.events.try_iter().next().is_none());

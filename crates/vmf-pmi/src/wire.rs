@@ -20,7 +20,10 @@ pub struct Message {
 impl Message {
     /// A message with command `cmd` and no fields.
     pub fn new(cmd: &str) -> Self {
-        Message { cmd: cmd.to_owned(), fields: Vec::new() }
+        Message {
+            cmd: cmd.to_owned(),
+            fields: Vec::new(),
+        }
     }
 
     /// Builder: append the pair `key=value`.
@@ -31,14 +34,20 @@ impl Message {
 
     /// The value of the first field named `key`.
     pub fn get(&self, key: &str) -> Option<&str> {
-        self.fields.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+        self.fields
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
     }
 
     /// The `rc` field as an integer: `Ok(0)` when absent, `Err` when present but not an integer.
     pub fn rc(&self) -> Result<i64, String> {
         match self.get("rc") {
             None => Ok(0),
-            Some(v) => v.trim().parse().map_err(|_| format!("rc={v} is not an integer")),
+            Some(v) => v
+                .trim()
+                .parse()
+                .map_err(|_| format!("rc={v} is not an integer")),
         }
     }
 
@@ -100,17 +109,34 @@ pub fn check_token(s: &str, max: usize, allow_empty: bool) -> Result<(), String>
         return Err("it is empty".into());
     }
     if s.len() > max {
-        return Err(format!("it is {} bytes long and the limit is {max}", s.len()));
+        return Err(format!(
+            "it is {} bytes long and the limit is {max}",
+            s.len()
+        ));
     }
-    if let Some(c) = s.chars().find(|c| c.is_whitespace() || *c == '=' || c.is_control()) {
-        return Err(format!("it contains {c:?} (PMI-1 values may not contain spaces, '=' or newlines)"));
+    if let Some(c) = s
+        .chars()
+        .find(|c| c.is_whitespace() || *c == '=' || c.is_control())
+    {
+        return Err(format!(
+            "it contains {c:?} (PMI-1 values may not contain spaces, '=' or newlines)"
+        ));
     }
     Ok(())
 }
 
 /// Replace characters that cannot travel in a PMI-1 value by `_` (used for free-text `msg=` fields).
 pub fn sanitize(s: &str) -> String {
-    let out: String = s.chars().map(|c| if c.is_whitespace() || c == '=' || c.is_control() { '_' } else { c }).collect();
+    let out: String = s
+        .chars()
+        .map(|c| {
+            if c.is_whitespace() || c == '=' || c.is_control() {
+                '_'
+            } else {
+                c
+            }
+        })
+        .collect();
     if out.is_empty() {
         "_".into()
     } else {
@@ -145,7 +171,10 @@ mod tests {
 
     #[test]
     fn round_trip_works() {
-        let m = Message::new("put").with("kvsname", "k").with("key", "a").with("value", 5);
+        let m = Message::new("put")
+            .with("kvsname", "k")
+            .with("key", "a")
+            .with("value", 5);
         assert_eq!(m.to_line(), "cmd=put kvsname=k key=a value=5\n");
         assert_eq!(Message::parse(&m.to_line()).unwrap(), m);
     }

@@ -27,9 +27,16 @@ fn in_job() -> i32 {
             return 1;
         }
     };
-    let ch: Vec<String> = (0..f.size()).map(|p| format!("{p}:{}", f.channel(p).name())).collect();
-    let host = f.current_host().map_or(String::new(), |h| format!(" on host {h}"));
-    let tcp = f.engine().tcp().map_or(String::new(), |t| format!(", tcp {}", t.local_addr()));
+    let ch: Vec<String> = (0..f.size())
+        .map(|p| format!("{p}:{}", f.channel(p).name()))
+        .collect();
+    let host = f
+        .current_host()
+        .map_or(String::new(), |h| format!(" on host {h}"));
+    let tcp = f
+        .engine()
+        .tcp()
+        .map_or(String::new(), |t| format!(", tcp {}", t.local_addr()));
     println!("rank {}{host}: channels {}{tcp}", f.rank(), ch.join(" "));
     match f.finalize() {
         Ok(()) => 0,

@@ -421,7 +421,10 @@ fn corrupt_record_or_box(f: &Fabric, in_box: bool) -> Result<(), Error> {
             if in_box {
                 let dx = vmf_bb::ring::Ring::duplex_area(ctl);
                 if *(dx as *const u64) != 1 {
-                    die(f, "the 8-byte message did not go through the duplex box".into());
+                    die(
+                        f,
+                        "the 8-byte message did not go through the duplex box".into(),
+                    );
                 }
                 *(dx.add(8) as *mut u32) = 0xFFFF_0000;
             } else {

@@ -53,9 +53,23 @@ fn job(dir: &Dir, np: usize, args: &[&str], env: &[(&str, &str)]) -> Output {
 }
 
 /// `vmfabric run [run_args] -n NP --region-dir DIR vmfabric ARGS` with `env`, waited for at most `limit`.
-fn job_with(dir: &Dir, run_args: &[&str], np: usize, args: &[&str], env: &[(&str, &str)], limit: Duration) -> Output {
+fn job_with(
+    dir: &Dir,
+    run_args: &[&str],
+    np: usize,
+    args: &[&str],
+    env: &[(&str, &str)],
+    limit: Duration,
+) -> Output {
     let mut c = Command::new(bin());
-    c.arg("run").args(run_args).arg("-n").arg(np.to_string()).arg("--region-dir").arg(&dir.0).arg(bin()).args(args);
+    c.arg("run")
+        .args(run_args)
+        .arg("-n")
+        .arg(np.to_string())
+        .arg("--region-dir")
+        .arg(&dir.0)
+        .arg(bin())
+        .args(args);
     for (k, v) in env {
         c.env(k, v);
     }
@@ -160,7 +174,10 @@ fn corruption_is_detected(tag: &str, scenario: &str, detector: &str, what: &str)
     let o = job(&d, 2, &["selftest", scenario], &[]);
     let (out, err) = text(&o);
     assert!(o.status.success(), "stdout: {out}\nstderr: {err}");
-    assert!(out.contains(&format!("{detector} detected")) && out.contains(what), "{out}");
+    assert!(
+        out.contains(&format!("{detector} detected")) && out.contains(what),
+        "{out}"
+    );
     assert!(d.files().is_empty());
 }
 
@@ -494,7 +511,14 @@ fn overcommit_bench_writes_json() {
 // ---------------------------------------------------------------- hosts, TCP, migration (issue 3)
 
 fn hosts_job(dir: &Dir, hosts: usize, np: usize, args: &[&str], env: &[(&str, &str)]) -> Output {
-    job_with(dir, &["--hosts", &hosts.to_string()], np, args, env, Duration::from_secs(180))
+    job_with(
+        dir,
+        &["--hosts", &hosts.to_string()],
+        np,
+        args,
+        env,
+        Duration::from_secs(180),
+    )
 }
 
 fn no_leftovers(d: &Dir) {
@@ -724,8 +748,17 @@ fn unauthenticated_connection_is_refused_and_job_unaffected() {
 fn blocked_rank_wakes_on_tcp_with_little_cpu() {
     // Ranks on two emulated hosts: the waiting rank sleeps in epoll and must wake on the TCP message.
     let d = Dir::new("blockcpu-tcp");
-    let out = assert_ok(&hosts_job(&d, 2, 2, &["selftest", "block-cpu"], &[("VMF_WAIT", "adaptive")]));
-    let line = out.lines().find(|l| l.contains("rank 1 blocked")).unwrap_or_else(|| panic!("{out}"));
+    let out = assert_ok(&hosts_job(
+        &d,
+        2,
+        2,
+        &["selftest", "block-cpu"],
+        &[("VMF_WAIT", "adaptive")],
+    ));
+    let line = out
+        .lines()
+        .find(|l| l.contains("rank 1 blocked"))
+        .unwrap_or_else(|| panic!("{out}"));
     let f: Vec<&str> = line.split_whitespace().collect();
     let (wall, cpu): (f64, f64) = (f[3].parse().unwrap(), f[6].parse().unwrap());
     assert!(wall >= 0.9 && cpu <= 0.1 * wall, "{line}");

@@ -37,7 +37,10 @@ fn root_of(root: c_int, nr: usize) -> R<Root> {
 
 fn no_in_place(p: *const c_void) -> R {
     if p == IN_PLACE {
-        err(MPI_ERR_ARG, "MPI_IN_PLACE is not allowed on an intercommunicator")
+        err(
+            MPI_ERR_ARG,
+            "MPI_IN_PLACE is not allowed on an intercommunicator",
+        )
     } else {
         Ok(())
     }
@@ -64,7 +67,14 @@ pub(super) fn barrier(s: &mut Sched, c: &Ctx, x: &[usize]) {
     }
 }
 
-pub(super) unsafe fn bcast(s: &mut Sched, x: &[usize], buf: *mut c_void, count: c_int, dt: MPI_Datatype, root: c_int) -> R {
+pub(super) unsafe fn bcast(
+    s: &mut Sched,
+    x: &[usize],
+    buf: *mut c_void,
+    count: c_int,
+    dt: MPI_Datatype,
+    root: c_int,
+) -> R {
     match root_of(root, x.len())? {
         Root::Idle => Ok(()),
         Root::Me => {
@@ -86,7 +96,17 @@ pub(super) unsafe fn bcast(s: &mut Sched, x: &[usize], buf: *mut c_void, count: 
     }
 }
 
-pub(super) unsafe fn reduce(st: &mut State, s: &mut Sched, x: &[usize], sbuf: *const c_void, rbuf: *mut c_void, count: c_int, dt: MPI_Datatype, op: MPI_Op, root: c_int) -> R {
+pub(super) unsafe fn reduce(
+    st: &mut State,
+    s: &mut Sched,
+    x: &[usize],
+    sbuf: *const c_void,
+    rbuf: *mut c_void,
+    count: c_int,
+    dt: MPI_Datatype,
+    op: MPI_Op,
+    root: c_int,
+) -> R {
     let (red, cnt) = red_of(st, op, dt, count)?;
     let bytes = red_bytes(&red, cnt);
     match root_of(root, x.len())? {
@@ -123,7 +143,15 @@ pub(super) unsafe fn reduce(st: &mut State, s: &mut Sched, x: &[usize], sbuf: *c
 
 /// At a group's rank 0: receive every local contribution, reduce them all (`sp` is the leader's own) in
 /// rank order, and swap the result with the remote leader, whose group's result lands in `into`.
-unsafe fn leader_swap(s: &mut Sched, c: &Ctx, x: &[usize], sp: *const u8, into: *mut u8, red: Red, cnt: usize) {
+unsafe fn leader_swap(
+    s: &mut Sched,
+    c: &Ctx,
+    x: &[usize],
+    sp: *const u8,
+    into: *mut u8,
+    red: Red,
+    cnt: usize,
+) {
     let (n, bytes) = (c.n, red_bytes(&red, cnt));
     let all = s.tmp(bytes * n);
     let blk = |k: usize| all.wrapping_add(k * bytes);
@@ -142,7 +170,17 @@ unsafe fn leader_swap(s: &mut Sched, c: &Ctx, x: &[usize], sp: *const u8, into: 
     s.wait();
 }
 
-pub(super) unsafe fn allreduce(st: &mut State, s: &mut Sched, c: &Ctx, x: &[usize], sbuf: *const c_void, rbuf: *mut c_void, count: c_int, dt: MPI_Datatype, op: MPI_Op) -> R {
+pub(super) unsafe fn allreduce(
+    st: &mut State,
+    s: &mut Sched,
+    c: &Ctx,
+    x: &[usize],
+    sbuf: *const c_void,
+    rbuf: *mut c_void,
+    count: c_int,
+    dt: MPI_Datatype,
+    op: MPI_Op,
+) -> R {
     no_in_place(sbuf)?;
     let (red, cnt) = red_of(st, op, dt, count)?;
     let bytes = red_bytes(&red, cnt);
@@ -168,14 +206,28 @@ pub(super) unsafe fn allreduce(st: &mut State, s: &mut Sched, c: &Ctx, x: &[usiz
 /// Reduce_scatter(_block): each group's vectors (sum of `counts` elements, the same total in both groups)
 /// are reduced in rank order at the group's rank 0; the leaders swap their results, and each scatters the
 /// other group's result over its own group by `counts` (this rank gets `counts[me]` elements).
-pub(super) unsafe fn reduce_scatter(st: &mut State, s: &mut Sched, c: &Ctx, x: &[usize], sbuf: *const c_void, rbuf: *mut c_void, counts: &[c_int], dt: MPI_Datatype, op: MPI_Op) -> R {
+pub(super) unsafe fn reduce_scatter(
+    st: &mut State,
+    s: &mut Sched,
+    c: &Ctx,
+    x: &[usize],
+    sbuf: *const c_void,
+    rbuf: *mut c_void,
+    counts: &[c_int],
+    dt: MPI_Datatype,
+    op: MPI_Op,
+) -> R {
     no_in_place(sbuf)?;
     if let Some(&bad) = counts.iter().find(|&&k| k < 0) {
         return err(MPI_ERR_COUNT, format!("receive count {bad} is negative"));
     }
     let total: c_int = counts.iter().sum();
     let (red, cnt) = red_of(st, op, dt, total)?;
-    let per = if total > 0 { red.elem * (cnt / total as usize) } else { 0 };
+    let per = if total > 0 {
+        red.elem * (cnt / total as usize)
+    } else {
+        0
+    };
     let bytes = red_bytes(&red, cnt);
     let mine = counts[c.me] as usize * per;
     if (bytes > 0 && sbuf.is_null()) || (mine > 0 && rbuf.is_null()) {
@@ -203,7 +255,12 @@ pub(super) unsafe fn reduce_scatter(st: &mut State, s: &mut Sched, c: &Ctx, x: &
 }
 
 /// Counts and element displacements of a v-collective over the remote group (`None`: fixed blocks).
-unsafe fn counts_displs(nr: usize, counts: Option<*const c_int>, count: c_int, displs: Option<*const c_int>) -> R<(Vec<c_int>, Vec<c_int>)> {
+unsafe fn counts_displs(
+    nr: usize,
+    counts: Option<*const c_int>,
+    count: c_int,
+    displs: Option<*const c_int>,
+) -> R<(Vec<c_int>, Vec<c_int>)> {
     let cs = match counts {
         Some(p) => arr_i(p, nr)?,
         None => vec![count; nr],
@@ -215,7 +272,19 @@ unsafe fn counts_displs(nr: usize, counts: Option<*const c_int>, count: c_int, d
     Ok((cs, ds))
 }
 
-pub(super) unsafe fn gatherv(s: &mut Sched, x: &[usize], sbuf: *const c_void, scount: c_int, stype: MPI_Datatype, rbuf: *mut c_void, rcounts: Option<*const c_int>, rcount: c_int, displs: Option<*const c_int>, rtype: MPI_Datatype, root: c_int) -> R {
+pub(super) unsafe fn gatherv(
+    s: &mut Sched,
+    x: &[usize],
+    sbuf: *const c_void,
+    scount: c_int,
+    stype: MPI_Datatype,
+    rbuf: *mut c_void,
+    rcounts: Option<*const c_int>,
+    rcount: c_int,
+    displs: Option<*const c_int>,
+    rtype: MPI_Datatype,
+    root: c_int,
+) -> R {
     match root_of(root, x.len())? {
         Root::Idle => Ok(()),
         Root::Remote(r) => {
@@ -241,7 +310,19 @@ pub(super) unsafe fn gatherv(s: &mut Sched, x: &[usize], sbuf: *const c_void, sc
     }
 }
 
-pub(super) unsafe fn scatterv(s: &mut Sched, x: &[usize], sbuf: *const c_void, scounts: Option<*const c_int>, scount: c_int, displs: Option<*const c_int>, stype: MPI_Datatype, rbuf: *mut c_void, rcount: c_int, rtype: MPI_Datatype, root: c_int) -> R {
+pub(super) unsafe fn scatterv(
+    s: &mut Sched,
+    x: &[usize],
+    sbuf: *const c_void,
+    scounts: Option<*const c_int>,
+    scount: c_int,
+    displs: Option<*const c_int>,
+    stype: MPI_Datatype,
+    rbuf: *mut c_void,
+    rcount: c_int,
+    rtype: MPI_Datatype,
+    root: c_int,
+) -> R {
     match root_of(root, x.len())? {
         Root::Idle => Ok(()),
         Root::Remote(r) => {
@@ -267,7 +348,18 @@ pub(super) unsafe fn scatterv(s: &mut Sched, x: &[usize], sbuf: *const c_void, s
     }
 }
 
-pub(super) unsafe fn allgatherv(s: &mut Sched, x: &[usize], sbuf: *const c_void, scount: c_int, stype: MPI_Datatype, rbuf: *mut c_void, rcounts: Option<*const c_int>, rcount: c_int, displs: Option<*const c_int>, rtype: MPI_Datatype) -> R {
+pub(super) unsafe fn allgatherv(
+    s: &mut Sched,
+    x: &[usize],
+    sbuf: *const c_void,
+    scount: c_int,
+    stype: MPI_Datatype,
+    rbuf: *mut c_void,
+    rcounts: Option<*const c_int>,
+    rcount: c_int,
+    displs: Option<*const c_int>,
+    rtype: MPI_Datatype,
+) -> R {
     no_in_place(sbuf)?;
     let (ext, _) = datatype::ext_size(rtype)?;
     let (cs, ds) = counts_displs(x.len(), rcounts, rcount, displs)?;
@@ -289,7 +381,18 @@ pub(super) unsafe fn allgatherv(s: &mut Sched, x: &[usize], sbuf: *const c_void,
 /// All-to-all(v,w): `sb` block i goes to remote rank i, block i of `rb` comes from remote rank i
 /// (byte displacements, per-peer datatypes).
 #[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn alltoallw(s: &mut Sched, x: &[usize], sbuf: *const c_void, sc: &[c_int], sd: &[isize], stp: &[MPI_Datatype], rbuf: *mut c_void, rc: &[c_int], rd: &[isize], rt: &[MPI_Datatype]) -> R {
+pub(super) unsafe fn alltoallw(
+    s: &mut Sched,
+    x: &[usize],
+    sbuf: *const c_void,
+    sc: &[c_int],
+    sd: &[isize],
+    stp: &[MPI_Datatype],
+    rbuf: *mut c_void,
+    rc: &[c_int],
+    rd: &[isize],
+    rt: &[MPI_Datatype],
+) -> R {
     no_in_place(sbuf)?;
     let mut u = Unp(vec![]);
     for (i, &w) in x.iter().enumerate() {

@@ -21,7 +21,12 @@ pub(crate) struct PColl {
 }
 
 /// Create the inactive request for a persistent collective on `comm`.
-pub(crate) unsafe fn init(comm: MPI_Comm, info: MPI_Info, request: *mut MPI_Request, build: Builder) -> R {
+pub(crate) unsafe fn init(
+    comm: MPI_Comm,
+    info: MPI_Info,
+    request: *mut MPI_Request,
+    build: Builder,
+) -> R {
     let st = state()?;
     let (ci, _) = st.comm(comm)?;
     if request.is_null() {
@@ -30,7 +35,20 @@ pub(crate) unsafe fn init(comm: MPI_Comm, info: MPI_Info, request: *mut MPI_Requ
     // No MPI_Info hint changes how a collective runs (the library has no Info objects: programs pass
     // MPI_INFO_NULL), so `info` is not looked at, as in MPI_Comm_dup_with_info.
     let _ = info;
-    let h = new_req(st, MReq { live: true, comm: ci, is_recv: false, eng: None, fin: None, persist: None, active: false, xfer: None, sched: None });
+    let h = new_req(
+        st,
+        MReq {
+            live: true,
+            comm: ci,
+            is_recv: false,
+            eng: None,
+            fin: None,
+            persist: None,
+            active: false,
+            xfer: None,
+            sched: None,
+        },
+    );
     let i = ((h as u32) & 0x03ff_ffff) as usize;
     if st.pcolls.len() <= i {
         st.pcolls.resize_with(i + 1, || None);
@@ -43,7 +61,10 @@ pub(crate) unsafe fn init(comm: MPI_Comm, info: MPI_Info, request: *mut MPI_Requ
 /// MPI_Start of persistent collective request `i`.
 pub(crate) fn start(st: &mut State, i: usize) -> R {
     if st.reqs[i].active {
-        return err(MPI_ERR_REQUEST, "MPI_Start on a persistent collective request that is already active");
+        return err(
+            MPI_ERR_REQUEST,
+            "MPI_Start on a persistent collective request that is already active",
+        );
     }
     let ci = st.reqs[i].comm;
     if st.comms.get(ci).is_none_or(|c| c.is_none()) {
@@ -74,13 +95,36 @@ pub(crate) fn forget(st: &mut State, i: usize) {
 /// Alltoallv_init (`types` None: one datatype, element displacements) and Alltoallw_init (per-peer
 /// datatypes, byte displacements): the count and displacement arrays are copied now.
 #[allow(clippy::too_many_arguments)]
-unsafe fn a2aw_init(sbuf: *const c_void, scounts: *const c_int, sdispls: *const c_int, stypes: Option<*const MPI_Datatype>, stype: MPI_Datatype, rbuf: *mut c_void, rcounts: *const c_int, rdispls: *const c_int, rtypes: Option<*const MPI_Datatype>, rtype: MPI_Datatype, comm: MPI_Comm, info: MPI_Info, request: *mut MPI_Request) -> R {
+unsafe fn a2aw_init(
+    sbuf: *const c_void,
+    scounts: *const c_int,
+    sdispls: *const c_int,
+    stypes: Option<*const MPI_Datatype>,
+    stype: MPI_Datatype,
+    rbuf: *mut c_void,
+    rcounts: *const c_int,
+    rdispls: *const c_int,
+    rtypes: Option<*const MPI_Datatype>,
+    rtype: MPI_Datatype,
+    comm: MPI_Comm,
+    info: MPI_Info,
+    request: *mut MPI_Request,
+) -> R {
     let st = state()?;
     let w = stypes.is_some();
     let r = v_args(st, comm, rcounts, rdispls, rtypes, rtype, w)?;
-    let s = if sbuf == IN_PLACE { r.clone() } else { v_args(st, comm, scounts, sdispls, stypes, stype, w)? };
+    let s = if sbuf == IN_PLACE {
+        r.clone()
+    } else {
+        v_args(st, comm, scounts, sdispls, stypes, stype, w)?
+    };
     let (sc, sd, stp, rc, rd, rt) = six(s, r);
-    init(comm, info, request, Box::new(alltoallw(sbuf, sc, sd, stp, rbuf, rc, rd, rt)))
+    init(
+        comm,
+        info,
+        request,
+        Box::new(alltoallw(sbuf, sc, sd, stp, rbuf, rc, rd, rt)),
+    )
 }
 
 macro_rules! pcoll_init {

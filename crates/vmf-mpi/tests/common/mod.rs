@@ -10,7 +10,14 @@ pub fn run_job(rel: &Path, libdir: &Path, launcher: &str, n: usize, prog: &Path)
 
 /// [`run_job`] with extra environment variables.
 #[allow(dead_code)]
-pub fn run_job_env(rel: &Path, libdir: &Path, launcher: &str, n: usize, prog: &Path, env: &[(&str, &str)]) -> Output {
+pub fn run_job_env(
+    rel: &Path,
+    libdir: &Path,
+    launcher: &str,
+    n: usize,
+    prog: &Path,
+    env: &[(&str, &str)],
+) -> Output {
     let mut cmd = Command::new("timeout");
     cmd.arg("180");
     if launcher == "hydra" {

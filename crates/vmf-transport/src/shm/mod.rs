@@ -354,7 +354,8 @@ impl ShmTransport {
     pub fn has_incoming(&self) -> bool {
         self.rx_list.iter().any(|&p| {
             let sp = self.peers[p].as_ref().unwrap();
-            sp.rx.as_ref().is_some_and(|r| r.has_data()) || sp.dx.as_ref().is_some_and(|d| d.has_data())
+            sp.rx.as_ref().is_some_and(|r| r.has_data())
+                || sp.dx.as_ref().is_some_and(|d| d.has_data())
         }) || self.undiscovered.iter().any(|&p| {
             let l = self.peers[p].as_ref().unwrap().local;
             self.region
@@ -446,7 +447,13 @@ impl ShmTransport {
         }
         // SAFETY: payload lies inside the validated record.
         let payload = unsafe { ptr.add(HDR_SIZE) };
-        Ok(Some(Incoming::new(peer, hdr, payload, len - HDR_SIZE, token)))
+        Ok(Some(Incoming::new(
+            peer,
+            hdr,
+            payload,
+            len - HDR_SIZE,
+            token,
+        )))
     }
 
     /// The slot of co-resident `peer`, if it is one.
@@ -634,8 +641,19 @@ mod tests {
     fn pair_region(tag: &str) -> (std::path::PathBuf, Arc<Region>) {
         let d = std::env::temp_dir().join(format!("vmf-shm-{tag}-{}", std::process::id()));
         std::fs::create_dir_all(&d).unwrap();
-        let sz = RegionSizing { max_local: 2, heap: 1 << 20, pool_per_slot: 0 };
-        let r = Region::open(&RegionSource::Dir(d.clone()), tag, sz, None, Duration::from_secs(1)).unwrap();
+        let sz = RegionSizing {
+            max_local: 2,
+            heap: 1 << 20,
+            pool_per_slot: 0,
+        };
+        let r = Region::open(
+            &RegionSource::Dir(d.clone()),
+            tag,
+            sz,
+            None,
+            Duration::from_secs(1),
+        )
+        .unwrap();
         (d, Arc::new(r))
     }
 
@@ -649,7 +667,9 @@ mod tests {
             let peer = 1 - me;
             let (mut next_tx, mut next_rx) = (0u64, 0u64);
             let mut boxed = 0u64;
-            let size = |i: u64| -> usize { [0usize, 8, 24, 72, 73, 200, 1000][(i * 7 + i / 3) as usize % 7] };
+            let size = |i: u64| -> usize {
+                [0usize, 8, 24, 72, 73, 200, 1000][(i * 7 + i / 3) as usize % 7]
+            };
             let buf: Vec<u8> = (0..1000u32).map(|x| x as u8).collect();
             while next_tx < N || next_rx < N {
                 if next_tx < N {

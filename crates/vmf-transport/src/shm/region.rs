@@ -291,7 +291,8 @@ impl Region {
         hdr.heap_top.store(tables, Ordering::Relaxed);
         hdr.heap_end.store(tables + sizing.heap, Ordering::Relaxed);
         hdr.pool_off.store(tables + sizing.heap, Ordering::Relaxed);
-        hdr.pool_per_slot.store(sizing.pool_per_slot, Ordering::Relaxed);
+        hdr.pool_per_slot
+            .store(sizing.pool_per_slot, Ordering::Relaxed);
         hdr.nattached.store(0, Ordering::Relaxed);
         if let Some(l) = launcher {
             hdr.launcher_pid.store(l.pid as u32, Ordering::Relaxed);
@@ -516,8 +517,12 @@ impl Region {
 
     /// The pool partition of slot `idx`: (offset, bytes); `None` when the region has no pool.
     pub fn pool_of(&self, idx: u32) -> Option<(u64, u64)> {
-        (idx < self.max_local && self.pool_per_slot > 0)
-            .then(|| (self.pool_off + idx as u64 * self.pool_per_slot, self.pool_per_slot))
+        (idx < self.max_local && self.pool_per_slot > 0).then(|| {
+            (
+                self.pool_off + idx as u64 * self.pool_per_slot,
+                self.pool_per_slot,
+            )
+        })
     }
 
     /// A pointer to `len` bytes at `off`, validated to lie inside the partition of slot `idx` (offsets read
@@ -552,7 +557,10 @@ impl Region {
     /// Number of slots whose owner is still attached.
     pub fn attached_count(&self) -> u32 {
         (0..self.max_local)
-            .filter(|&i| self.slot(i).is_ok_and(|s| s.state.load(Ordering::Acquire) == 1))
+            .filter(|&i| {
+                self.slot(i)
+                    .is_ok_and(|s| s.state.load(Ordering::Acquire) == 1)
+            })
             .count() as u32
     }
 
@@ -663,7 +671,13 @@ mod tests {
     }
     /// A region of job `job` in test directory `d`, with the tests' sizing and no launcher.
     fn open_in(d: &Path, job: &str) -> Result<Region, TransportError> {
-        Region::open(&RegionSource::Dir(d.to_path_buf()), job, SZ, None, Duration::from_secs(2))
+        Region::open(
+            &RegionSource::Dir(d.to_path_buf()),
+            job,
+            SZ,
+            None,
+            Duration::from_secs(2),
+        )
     }
     const SZ: RegionSizing = RegionSizing {
         max_local: 4,
@@ -674,10 +688,8 @@ mod tests {
     #[test]
     fn two_openers_share_uuid_works() {
         let d = dir("share");
-        let a = open_in(&d, "j1")
-        .unwrap();
-        let b = open_in(&d, "j1")
-        .unwrap();
+        let a = open_in(&d, "j1").unwrap();
+        let b = open_in(&d, "j1").unwrap();
         assert_eq!(a.uuid, b.uuid);
         assert_eq!(a.attach(0).unwrap(), 0);
         assert_eq!(b.attach(1).unwrap(), 1);
@@ -749,19 +761,16 @@ mod tests {
     #[test]
     fn corrupt_header_fails() {
         let d = dir("corrupt");
-        let a = open_in(&d, "j")
-        .unwrap();
+        let a = open_in(&d, "j").unwrap();
         a.header().heap_end.store(u64::MAX, Ordering::Relaxed);
-        assert!(open_in(&d, "j")
-        .is_err());
+        assert!(open_in(&d, "j").is_err());
         std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]
     fn heap_exhaustion_and_bad_ring_offsets_fail() {
         let d = dir("heap");
-        let a = open_in(&d, "j")
-        .unwrap();
+        let a = open_in(&d, "j").unwrap();
         assert!(a.alloc(1 << 19).is_ok());
         assert!(a.alloc(1 << 20).is_err());
         assert!(a.ring_at(3, None).is_err());

@@ -379,7 +379,11 @@ impl TcpTransport {
         let mut n = 0;
         // Listeners kept from before a migration still accept (peers that have not heard of it yet).
         let mut accepted = Vec::new();
-        for l in self.old_listeners.iter().chain(std::iter::once(&self.listener)) {
+        for l in self
+            .old_listeners
+            .iter()
+            .chain(std::iter::once(&self.listener))
+        {
             loop {
                 match l.accept() {
                     Ok(x) => accepted.push(x),
