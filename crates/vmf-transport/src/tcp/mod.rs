@@ -17,6 +17,8 @@
 //!   placement callback of [`Transport::poll_placed`] are read straight into the user's buffer.
 //! - Every length and header from the network is validated; a bad peer yields an error, never an
 //!   out-of-bounds write.
+//! - **Polling**: with at most [`DIRECT_POLL_MAX`] connections an idle poll reads each socket directly;
+//!   with more it asks `epoll_wait(0)` which sockets to read.
 //! - **Waiting**: [`TcpTransport::wait`] sleeps in `epoll_wait` on every socket plus an optional extra fd
 //!   (the shared-memory doorbell socket), so a blocked rank waits on both transports at once.
 use crate::proto::{Kind, PktHeader, HDR_SIZE};
@@ -42,6 +44,16 @@ const TAG_LISTENER: u64 = 1 << 62;
 const TAG_HANDSHAKE: u64 = 2 << 62;
 const TAG_EXTRA: u64 = 3 << 62;
 const TAG_CONN: u64 = 0;
+/// With at most this many connections and no handshake under way, an idle poll reads each socket
+/// directly (one nonblocking `recv` per connection) instead of asking `epoll_wait` first: a message that
+/// arrives is then picked up by the next read, where the epoll route costs a second system call on the
+/// critical path (8-byte half round trip on loopback about 0.3 us shorter). More connections than this
+/// cost more reads per poll than the one `epoll_wait` they would save.
+const DIRECT_POLL_MAX: usize = 2;
+/// In direct-poll mode, ask epoll about the listeners (a new peer connecting) every this many polls.
+const ADMIN_EVERY: u32 = 64;
+/// Frames up to this size are copied into one buffer and sent with `send` instead of `writev`.
+const SMALL_FRAME: usize = 256;
 
 /// Parameters of the TCP transport.
 #[derive(Debug, Clone)]
@@ -158,6 +170,9 @@ pub struct TcpTransport {
     /// Connections to close once their backlog is written.
     retiring: Vec<bool>,
     old_listeners: Vec<TcpListener>,
+    /// Poll the sockets by reading them (see [`DIRECT_POLL_MAX`]); decided when the epoll set is rebuilt.
+    direct_poll: bool,
+    polls: u32,
 }
 
 fn setup(e: impl std::fmt::Display) -> TransportError {
@@ -197,6 +212,8 @@ impl TcpTransport {
             epoll_dirty: true,
             extra_fd: None,
             ready: vec![false; n],
+            direct_poll: false,
+            polls: 0,
             retiring: vec![false; n],
             old_listeners: Vec::new(),
         })
@@ -705,7 +722,30 @@ impl TcpTransport {
         head[FRAME_HDR..].copy_from_slice(hdr.as_bytes());
         let total = head.len() + a.len() + b.len();
         let k = loop {
-            match writev(c.stream.as_raw_fd(), &[&head, a, b]) {
+            let r = if total <= SMALL_FRAME {
+                // One contiguous send: cheaper in the kernel than gathering three pieces.
+                let mut one = [0u8; SMALL_FRAME];
+                one[..head.len()].copy_from_slice(&head);
+                one[head.len()..head.len() + a.len()].copy_from_slice(a);
+                one[head.len() + a.len()..total].copy_from_slice(b);
+                // SAFETY: a live buffer of `total` bytes.
+                let r = unsafe {
+                    libc::send(
+                        c.stream.as_raw_fd(),
+                        one.as_ptr().cast(),
+                        total,
+                        libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+                    )
+                };
+                if r < 0 {
+                    Err(std::io::Error::last_os_error())
+                } else {
+                    Ok(r as usize)
+                }
+            } else {
+                writev(c.stream.as_raw_fd(), &[&head, a, b])
+            };
+            match r {
                 Ok(k) => break k,
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(false),
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
@@ -781,7 +821,7 @@ impl TcpTransport {
             return Ok(false); // full: the caller grows it if a frame needs more
         }
         loop {
-            match (&c.stream).read(&mut c.rx[c.rx_end..]) {
+            match recv(c.stream.as_raw_fd(), &mut c.rx[c.rx_end..]) {
                 Ok(0) => {
                     return Err(TransportError::ConnectionLost {
                         peer,
@@ -822,7 +862,7 @@ impl TcpTransport {
                 // SAFETY: the core named dst..dst+total as the destination of this packet's data.
                 let dst =
                     unsafe { std::slice::from_raw_parts_mut(d.dst.add(d.done), d.total - d.done) };
-                match (&c.stream).read(dst) {
+                match recv(c.stream.as_raw_fd(), dst) {
                     Ok(0) => {
                         return Err(TransportError::ConnectionLost {
                             peer,
@@ -985,6 +1025,10 @@ impl TcpTransport {
             }
         }
         self.epoll_dirty = false;
+        let live = self.conns.iter().flatten().count();
+        self.direct_poll = (1..=DIRECT_POLL_MAX).contains(&live)
+            && self.incoming.is_empty()
+            && self.outgoing.iter().all(Option::is_none);
     }
 
     /// Ask the kernel (without blocking) which sockets are ready; mark them in `self.ready`. Returns
@@ -1030,15 +1074,32 @@ impl TcpTransport {
     }
 }
 
+/// `recv(MSG_DONTWAIT)` into `buf`.
+fn recv(fd: RawFd, buf: &mut [u8]) -> std::io::Result<usize> {
+    // SAFETY: a live, writable buffer of buf.len() bytes.
+    let r = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+    if r < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(r as usize)
+    }
+}
+
 fn writev(fd: RawFd, parts: &[&[u8]]) -> std::io::Result<usize> {
-    let iov: Vec<libc::iovec> = parts
-        .iter()
-        .filter(|p| !p.is_empty())
-        .map(|p| libc::iovec {
+    // At most three parts (frame head, header part, data part): an array on the stack, no allocation.
+    let mut iov = [libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    }; 3];
+    let mut k = 0;
+    for p in parts.iter().filter(|p| !p.is_empty()) {
+        iov[k] = libc::iovec {
             iov_base: p.as_ptr() as *mut libc::c_void,
             iov_len: p.len(),
-        })
-        .collect();
+        };
+        k += 1;
+    }
+    let iov = &iov[..k];
     if iov.is_empty() {
         return Ok(0);
     }
@@ -1104,8 +1165,18 @@ impl Transport for TcpTransport {
         // Idle polls cost one epoll_wait(0); only sockets the kernel reports ready are read, and the
         // listener and handshakes are looked at only when they have something.
         let n = self.conns.len();
-        let buffered = self.has_buffered();
-        if !buffered || self.ready.iter().all(|r| !r) {
+        if self.epoll_dirty && self.epoll >= 0 {
+            self.rebuild_epoll(self.extra_fd);
+        }
+        if self.direct_poll {
+            self.polls = self.polls.wrapping_add(1);
+            if self.polls % ADMIN_EVERY == 0 && self.collect_ready() {
+                self.progress()?;
+            }
+            for (r, c) in self.ready.iter_mut().zip(&self.conns) {
+                *r = c.is_some();
+            }
+        } else if !self.has_buffered() || self.ready.iter().all(|r| !r) {
             if self.collect_ready() {
                 self.progress()?;
             }
@@ -1203,6 +1274,44 @@ mod tests {
         let h = PktHeader::new(Kind::Eager, 1, 5, 0, 0, 3);
         send_all(&mut b, &mut a, 0, &h, b"abc");
         assert_eq!(recv_one(&mut a).1, b"abc");
+    }
+
+    #[test]
+    fn a_new_peer_is_accepted_while_sockets_are_read_directly_works() {
+        let mk = |r| TcpTransport::new(r, 3, cfg(7)).unwrap();
+        let (mut a, mut b, mut c) = (mk(0), mk(1), mk(2));
+        let addrs = [a.local_addr(), b.local_addr(), c.local_addr()];
+        for (me, t) in [&mut a, &mut b, &mut c].into_iter().enumerate() {
+            for (r, &x) in addrs.iter().enumerate() {
+                if r != me {
+                    t.set_peer_addr(r, x);
+                }
+            }
+        }
+        let h = PktHeader::new(Kind::Eager, 0, 1, 0, 0, 3);
+        send_all(&mut a, &mut b, 1, &h, b"one");
+        assert_eq!(recv_one(&mut b).1, b"one");
+        assert!(b.direct_poll, "one connection: b reads its socket directly");
+        // c connects while b only polls (never calls progress itself): the listener is still looked at.
+        let h = PktHeader::new(Kind::Eager, 2, 2, 0, 0, 3);
+        let (mut sent, mut got) = (false, None);
+        for _ in 0..2_000_000 {
+            if !sent {
+                sent = c.try_send(1, &h, &[], b"two").unwrap();
+            }
+            c.progress().unwrap();
+            if let Some(inc) = b.poll().unwrap() {
+                got = Some((inc.peer, unsafe { inc.payload() }.to_vec()));
+                b.release(inc);
+                break;
+            }
+        }
+        assert_eq!(got, Some((2, b"two".to_vec())));
+        // Both connections keep working, in direct mode (two connections).
+        let h = PktHeader::new(Kind::Eager, 0, 3, 0, 1, 5);
+        send_all(&mut a, &mut b, 1, &h, b"three");
+        assert_eq!(recv_one(&mut b).1, b"three");
+        assert!(b.direct_poll);
     }
 
     #[test]
