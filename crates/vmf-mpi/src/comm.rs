@@ -245,11 +245,35 @@ unsafe fn delete_attr(st: &mut State, h: MPI_Comm, k: c_int, v: *mut c_void) -> 
     Ok(())
 }
 
-unsafe fn dup(st: &mut State, comm: MPI_Comm, newcomm: *mut MPI_Comm) -> R {
+/// MPI_Comm_dup (`info` None: the hints are copied) and MPI_Comm_dup_with_info (the new communicator's
+/// hints are those of `info`).
+/// MPI_Comm_idup(_with_info): the duplicate is made at once (its context is agreed collectively, like a
+/// blocking dup) and the request is returned complete.
+unsafe fn idup(
+    comm: MPI_Comm,
+    info: Option<MPI_Info>,
+    newcomm: *mut MPI_Comm,
+    request: *mut MPI_Request,
+) -> R {
+    let st = state()?;
+    if request.is_null() {
+        return err(MPI_ERR_ARG, "request is NULL");
+    }
+    dup(st, comm, info, newcomm)?;
+    let ci = st.comm(comm)?.0;
+    *request = crate::p2p::new_done_req(st, ci);
+    Ok(())
+}
+
+unsafe fn dup(st: &mut State, comm: MPI_Comm, info: Option<MPI_Info>, newcomm: *mut MPI_Comm) -> R {
     if newcomm.is_null() {
         return err(MPI_ERR_ARG, "newcomm is NULL");
     }
     let (ci, _) = st.comm(comm)?;
+    let hints = match info {
+        Some(i) => crate::info::hints(i)?,
+        None => st.comms[ci].as_ref().unwrap().hints.clone(),
+    };
     let ctx = new_ctx(st, ci)?;
     let attrs = copy_attrs(st, ci)?;
     let c = st.comms[ci].as_ref().unwrap();
@@ -257,6 +281,7 @@ unsafe fn dup(st: &mut State, comm: MPI_Comm, newcomm: *mut MPI_Comm) -> R {
     n.topo = c.topo.clone();
     n.remote = c.remote.clone();
     n.attrs = attrs;
+    n.hints = hints;
     *newcomm = add_comm(st, n);
     Ok(())
 }
@@ -559,25 +584,46 @@ unsafe fn free_comm(st: &mut State, comm: *mut MPI_Comm) -> R {
 
 mpi_api! {
     fn MPI_Comm_dup / PMPI_Comm_dup(comm: MPI_Comm, newcomm: *mut MPI_Comm) -> c_int {
-        let r = (|| -> R { dup(state()?, comm, newcomm) })();
+        let r = (|| -> R { dup(state()?, comm, None, newcomm) })();
         fin(comm, "MPI_Comm_dup", r)
     }
-    fn MPI_Comm_dup_with_info / PMPI_Comm_dup_with_info(comm: MPI_Comm, _info: MPI_Info, newcomm: *mut MPI_Comm) -> c_int {
-        let r = (|| -> R { dup(state()?, comm, newcomm) })();
+    fn MPI_Comm_dup_with_info / PMPI_Comm_dup_with_info(comm: MPI_Comm, info: MPI_Info, newcomm: *mut MPI_Comm) -> c_int {
+        let r = (|| -> R { dup(state()?, comm, Some(info), newcomm) })();
         fin(comm, "MPI_Comm_dup_with_info", r)
     }
     fn MPI_Comm_idup / PMPI_Comm_idup(comm: MPI_Comm, newcomm: *mut MPI_Comm, request: *mut MPI_Request) -> c_int {
+        fin(comm, "MPI_Comm_idup", idup(comm, None, newcomm, request))
+    }
+    fn MPI_Comm_idup_with_info / PMPI_Comm_idup_with_info(comm: MPI_Comm, info: MPI_Info, newcomm: *mut MPI_Comm, request: *mut MPI_Request) -> c_int {
+        fin(comm, "MPI_Comm_idup_with_info", idup(comm, Some(info), newcomm, request))
+    }
+    fn MPI_Comm_set_info / PMPI_Comm_set_info(comm: MPI_Comm, info: MPI_Info) -> c_int {
         let r = (|| -> R {
             let st = state()?;
-            dup(st, comm, newcomm)?;
-            if request.is_null() {
-                return err(MPI_ERR_ARG, "request is NULL");
+            let (ci, _) = st.comm(comm)?;
+            let add = crate::info::hints(info)?;
+            let h = &mut st.comms[ci].as_mut().unwrap().hints;
+            for (k, v) in add {
+                match h.iter_mut().find(|(key, _)| *key == k) {
+                    Some(e) => e.1 = v,
+                    None => h.push((k, v)),
+                }
             }
-            let ci = st.comm(comm)?.0;
-            *request = crate::p2p::new_done_req(st, ci);
             Ok(())
         })();
-        fin(comm, "MPI_Comm_idup", r)
+        fin(comm, "MPI_Comm_set_info", r)
+    }
+    fn MPI_Comm_get_info / PMPI_Comm_get_info(comm: MPI_Comm, info_used: *mut MPI_Info) -> c_int {
+        let r = (|| -> R {
+            let st = state()?;
+            let (_, c) = st.comm(comm)?;
+            if info_used.is_null() {
+                return err(MPI_ERR_ARG, "info_used is NULL");
+            }
+            *info_used = crate::info::create(c.hints.clone());
+            Ok(())
+        })();
+        fin(comm, "MPI_Comm_get_info", r)
     }
     fn MPI_Comm_split / PMPI_Comm_split(comm: MPI_Comm, color: c_int, key: c_int, newcomm: *mut MPI_Comm) -> c_int {
         let r = (|| -> R {
@@ -594,9 +640,10 @@ mpi_api! {
         })();
         fin(comm, "MPI_Comm_split", r)
     }
-    fn MPI_Comm_split_type / PMPI_Comm_split_type(comm: MPI_Comm, split_type: c_int, key: c_int, _info: MPI_Info, newcomm: *mut MPI_Comm) -> c_int {
+    fn MPI_Comm_split_type / PMPI_Comm_split_type(comm: MPI_Comm, split_type: c_int, key: c_int, info: MPI_Info, newcomm: *mut MPI_Comm) -> c_int {
         let r = (|| -> R {
             let st = state()?;
+            crate::info::check(info)?;
             if newcomm.is_null() {
                 return err(MPI_ERR_ARG, "newcomm is NULL");
             }
@@ -1054,9 +1101,10 @@ mpi_api! {
         })();
         fin(comm, "MPI_Cart_map", r)
     }
-    fn MPI_Dist_graph_create_adjacent / PMPI_Dist_graph_create_adjacent(comm_old: MPI_Comm, indegree: c_int, sources: *const c_int, sourceweights: *const c_int, outdegree: c_int, destinations: *const c_int, destweights: *const c_int, _info: MPI_Info, _reorder: c_int, comm_dist_graph: *mut MPI_Comm) -> c_int {
+    fn MPI_Dist_graph_create_adjacent / PMPI_Dist_graph_create_adjacent(comm_old: MPI_Comm, indegree: c_int, sources: *const c_int, sourceweights: *const c_int, outdegree: c_int, destinations: *const c_int, destweights: *const c_int, info: MPI_Info, _reorder: c_int, comm_dist_graph: *mut MPI_Comm) -> c_int {
         let r = (|| -> R {
             let st = state()?;
+            crate::info::check(info)?;
             if comm_dist_graph.is_null() { return err(MPI_ERR_ARG, "comm_dist_graph is NULL"); }
             let c = st.comm(comm_old)?.1;
             crate::intercomm::intra_only(c, "MPI_Dist_graph_create_adjacent")?;
@@ -1067,7 +1115,7 @@ mpi_api! {
             let sw = weights(sourceweights, indegree)?;
             let dw = weights(destweights, outdegree)?;
             let mut h = MPI_COMM_NULL;
-            dup(st, comm_old, &mut h)?;
+            dup(st, comm_old, None, &mut h)?;
             let c = st.comm(h)?.1;
             c.attrs.clear();
             c.topo = Some(Topo::DistGraph { src, sw, dst, dw });
@@ -1076,9 +1124,10 @@ mpi_api! {
         })();
         fin(comm_old, "MPI_Dist_graph_create_adjacent", r)
     }
-    fn MPI_Dist_graph_create / PMPI_Dist_graph_create(comm_old: MPI_Comm, n: c_int, sources: *const c_int, degrees: *const c_int, destinations: *const c_int, weights_: *const c_int, _info: MPI_Info, _reorder: c_int, comm_dist_graph: *mut MPI_Comm) -> c_int {
+    fn MPI_Dist_graph_create / PMPI_Dist_graph_create(comm_old: MPI_Comm, n: c_int, sources: *const c_int, degrees: *const c_int, destinations: *const c_int, weights_: *const c_int, info: MPI_Info, _reorder: c_int, comm_dist_graph: *mut MPI_Comm) -> c_int {
         let r = (|| -> R {
             let st = state()?;
+            crate::info::check(info)?;
             if comm_dist_graph.is_null() { return err(MPI_ERR_ARG, "comm_dist_graph is NULL"); }
             let (ci, c) = st.comm(comm_old)?;
             crate::intercomm::intra_only(c, "MPI_Dist_graph_create")?;
@@ -1114,7 +1163,7 @@ mpi_api! {
             }
             let weighted = w.is_some();
             let mut h = MPI_COMM_NULL;
-            dup(st, comm_old, &mut h)?;
+            dup(st, comm_old, None, &mut h)?;
             let c = st.comm(h)?.1;
             c.attrs.clear();
             c.topo = Some(Topo::DistGraph { src, sw: weighted.then_some(sw), dst, dw: weighted.then_some(dw) });

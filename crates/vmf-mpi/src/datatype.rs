@@ -1389,7 +1389,104 @@ unsafe fn type_attr_slot(st: &mut State, dt: MPI_Datatype) -> R<&mut Vec<(c_int,
         .attrs)
 }
 
+/// Size-specific Fortran types (MPICH's handles).
+const INTEGER1: MPI_Datatype = 0x4c00_012d;
+const INTEGER2: MPI_Datatype = 0x4c00_022f;
+const INTEGER4: MPI_Datatype = 0x4c00_0430;
+const INTEGER8: MPI_Datatype = 0x4c00_0831;
+const REAL4: MPI_Datatype = 0x4c00_0427;
+const REAL8: MPI_Datatype = 0x4c00_0829;
+const REAL16: MPI_Datatype = 0x4c00_102b;
+const COMPLEX8: MPI_Datatype = 0x4c00_0828;
+const COMPLEX16: MPI_Datatype = 0x4c00_102a;
+const COMPLEX32: MPI_Datatype = 0x4c00_202c;
+
+/// The predefined type of a Fortran REAL (or, `complex`, COMPLEX) kind with `p` decimal digits and
+/// decimal exponent range `r` (MPI_UNDEFINED: any), as `selected_real_kind` picks it with gfortran:
+/// IEEE single, double, then quadruple precision.
+fn f90_real(p: c_int, r: c_int, complex: bool) -> R<MPI_Datatype> {
+    let want = |lim: c_int, x: c_int| x == MPI_UNDEFINED || (0..=lim).contains(&x);
+    if p == MPI_UNDEFINED && r == MPI_UNDEFINED {
+        return err(MPI_ERR_ARG, "p and r are both MPI_UNDEFINED");
+    }
+    let kinds = [
+        (6, 37, REAL4, COMPLEX8),
+        (15, 307, REAL8, COMPLEX16),
+        (33, 4931, REAL16, COMPLEX32),
+    ];
+    match kinds
+        .iter()
+        .find(|&&(pp, rr, _, _)| want(pp, p) && want(rr, r))
+    {
+        Some(&(_, _, re, cx)) => Ok(if complex { cx } else { re }),
+        None => err(
+            MPI_ERR_ARG,
+            format!(
+                "no Fortran {} kind with precision {p} and range {r}",
+                if complex { "COMPLEX" } else { "REAL" }
+            ),
+        ),
+    }
+}
+
 mpi_api! {
+    fn MPI_Type_match_size / PMPI_Type_match_size(typeclass: c_int, size: c_int, datatype: *mut MPI_Datatype) -> c_int {
+        let r = (|| -> R {
+            if datatype.is_null() {
+                return err(MPI_ERR_ARG, "datatype is NULL");
+            }
+            // The size-specific Fortran types: what MPI_Sizeof followed by this call is for.
+            let cands: &[MPI_Datatype] = match typeclass {
+                1 => &[REAL4, REAL8, REAL16],
+                2 => &[INTEGER1, INTEGER2, INTEGER4, INTEGER8],
+                3 => &[COMPLEX8, COMPLEX16, COMPLEX32],
+                _ => return err(MPI_ERR_ARG, format!("typeclass {typeclass} is not MPI_TYPECLASS_REAL, _INTEGER or _COMPLEX")),
+            };
+            match cands.iter().find(|&&t| type_extent(t).ok() == usize::try_from(size).ok()) {
+                Some(&t) => *datatype = t,
+                None => return err(MPI_ERR_ARG, format!("no predefined type of typeclass {typeclass} has {size} bytes")),
+            }
+            Ok(())
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Type_match_size", r)
+    }
+    fn MPI_Type_create_f90_integer / PMPI_Type_create_f90_integer(r: c_int, newtype: *mut MPI_Datatype) -> c_int {
+        let res = (|| -> R {
+            if newtype.is_null() {
+                return err(MPI_ERR_ARG, "newtype is NULL");
+            }
+            // selected_int_kind(r): the smallest integer holding every value below 10^r.
+            *newtype = match r {
+                0..=2 => INTEGER1,
+                3..=4 => INTEGER2,
+                5..=9 => INTEGER4,
+                10..=18 => INTEGER8,
+                _ => return err(MPI_ERR_ARG, format!("no Fortran INTEGER kind with range {r}")),
+            };
+            Ok(())
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Type_create_f90_integer", res)
+    }
+    fn MPI_Type_create_f90_real / PMPI_Type_create_f90_real(p: c_int, r: c_int, newtype: *mut MPI_Datatype) -> c_int {
+        let res = (|| -> R {
+            if newtype.is_null() {
+                return err(MPI_ERR_ARG, "newtype is NULL");
+            }
+            *newtype = f90_real(p, r, false)?;
+            Ok(())
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Type_create_f90_real", res)
+    }
+    fn MPI_Type_create_f90_complex / PMPI_Type_create_f90_complex(p: c_int, r: c_int, newtype: *mut MPI_Datatype) -> c_int {
+        let res = (|| -> R {
+            if newtype.is_null() {
+                return err(MPI_ERR_ARG, "newtype is NULL");
+            }
+            *newtype = f90_real(p, r, true)?;
+            Ok(())
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Type_create_f90_complex", res)
+    }
     fn MPI_Type_create_keyval / PMPI_Type_create_keyval(type_copy_attr_fn: Option<crate::comm::CopyFn>, type_delete_attr_fn: Option<crate::comm::DeleteFn>, type_keyval: *mut c_int, extra_state: *mut c_void) -> c_int {
         fin(MPI_COMM_WORLD, "MPI_Type_create_keyval", crate::comm::keyval_create(type_copy_attr_fn, type_delete_attr_fn, type_keyval, extra_state))
     }

@@ -351,6 +351,13 @@ mpi_api! {
         MPI_SUCCESS
     }
 
+    fn MPI_Pcontrol / PMPI_Pcontrol(level: c_int) -> c_int {
+        // Defined by the standard to do nothing in the library itself: a profiling layer interposing
+        // MPI_Pcontrol gets the call. (C declares it variadic; on x86-64 a callee that reads only the
+        // first argument is call-compatible with variadic callers.)
+        let _ = level;
+        MPI_SUCCESS
+    }
     fn MPI_Get_version / PMPI_Get_version(version: *mut c_int, subversion: *mut c_int) -> c_int {
         if version.is_null() || subversion.is_null() {
             return raise(MPI_COMM_WORLD, "MPI_Get_version", MpiErr { code: MPI_ERR_ARG, msg: "NULL argument".into() });
@@ -372,8 +379,9 @@ mpi_api! {
         MPI_SUCCESS
     }
 
-    fn MPI_Alloc_mem / PMPI_Alloc_mem(size: MPI_Aint, _info: MPI_Info, baseptr: *mut c_void) -> c_int {
+    fn MPI_Alloc_mem / PMPI_Alloc_mem(size: MPI_Aint, info: MPI_Info, baseptr: *mut c_void) -> c_int {
         let r = (|| -> R {
+            crate::info::check(info)?;
             if size < 0 {
                 return err(MPI_ERR_ARG, format!("size {size} is negative"));
             }

@@ -38,6 +38,7 @@ pub mod consts;
 mod datatype;
 mod env;
 mod graph;
+mod info;
 mod intercomm;
 mod ldouble;
 mod op;
@@ -128,6 +129,8 @@ pub(crate) struct Comm {
     pub shm: shmcoll::Shm,
     /// Intercommunicator: the remote group (world ranks); point-to-point ranks name it (`intercomm.rs`).
     pub remote: Option<Vec<usize>>,
+    /// Hints (MPI_Comm_set_info, MPI_Comm_dup_with_info), returned by MPI_Comm_get_info.
+    pub hints: Vec<(String, String)>,
 }
 
 impl Comm {
@@ -146,6 +149,7 @@ impl Comm {
             topo: None,
             shm: Default::default(),
             remote: None,
+            hints: Vec::new(),
         }
     }
 }
@@ -285,6 +289,8 @@ pub(crate) struct MReq {
     pub xfer: Option<Box<datatype::Xfer>>,
     /// Nonblocking collective: its schedule.
     pub sched: Option<Box<coll::Sched>>,
+    /// MPI_Isendrecv(_replace): the hidden send request (index) this receive completes together with.
+    pub link: Option<u32>,
 }
 
 /// A user error handler.
@@ -298,7 +304,7 @@ pub(crate) struct State {
     pub free_reqs: Vec<u32>,
     pub msgs: Vec<Option<(MatchedMsg, usize)>>,
     /// Requests freed by MPI_Request_free while active: completed in the background.
-    pub orphans: Vec<ReqId>,
+    pub orphans: Vec<(ReqId, Option<Box<datatype::Xfer>>)>,
     /// Buffered sends in flight: engine request, copy of the data.
     pub bsends: Vec<(ReqId, Vec<u8>)>,
     pub bsend_buf: Option<(*mut c_void, usize)>,

@@ -107,6 +107,7 @@ pub(crate) fn new_sched_req(st: &mut State, ci: usize, s: Box<crate::coll::Sched
             active: true,
             xfer: None,
             sched: Some(s),
+            link: None,
         },
     )
 }
@@ -125,6 +126,7 @@ pub(crate) fn new_done_req(st: &mut State, ci: usize) -> MPI_Request {
             active: true,
             xfer: None,
             sched: None,
+            link: None,
         },
     )
 }
@@ -163,9 +165,9 @@ fn wait_reqs(st: &mut State, idx: &[usize], all: bool) -> R {
         let (rt, mut e) = (&st.reqs, st.fab.engine());
         let cond = |e: &Engine| {
             if all {
-                idx.iter().all(|&i| req_done(e, &rt[i]))
+                idx.iter().all(|&i| req_done_at(e, rt, i))
             } else {
-                idx.iter().any(|&i| req_done(e, &rt[i]))
+                idx.iter().any(|&i| req_done_at(e, rt, i))
             }
         };
         if !any_sched {
@@ -184,6 +186,13 @@ fn wait_reqs(st: &mut State, idx: &[usize], all: bool) -> R {
     }
 }
 
+/// Request `i` is done (with the send of an MPI_Isendrecv linked to it).
+#[inline]
+fn req_done_at(e: &Engine, reqs: &[MReq], i: usize) -> bool {
+    let r = &reqs[i];
+    req_done(e, r) && r.link.is_none_or(|j| req_done(e, &reqs[j as usize]))
+}
+
 #[inline]
 fn req_done(e: &Engine, r: &MReq) -> bool {
     if let Some(s) = &r.sched {
@@ -195,6 +204,12 @@ fn req_done(e: &Engine, r: &MReq) -> bool {
 /// Complete request `i` (which must be done): free it (nonpersistent; `*h` becomes MPI_REQUEST_NULL) or
 /// make it inactive (persistent). Returns its status and error.
 unsafe fn complete(st: &mut State, i: usize, h: *mut MPI_Request) -> R<(St, R)> {
+    if let Some(j) = st.reqs[i].link.take() {
+        // MPI_Isendrecv: the send completes with the receive; its error, if any, is the request's.
+        let (_, send_res) = complete(st, j as usize, std::ptr::null_mut())?;
+        let (s, recv_res) = complete(st, i, h)?;
+        return Ok((s, recv_res.and(send_res)));
+    }
     let r = &mut st.reqs[i];
     let ci = r.comm;
     let is_recv = r.is_recv;
@@ -243,6 +258,14 @@ unsafe fn complete(st: &mut State, i: usize, h: *mut MPI_Request) -> R<(St, R)> 
 
 /// Status of a done request without completing it.
 fn peek(st: &State, i: usize) -> (St, R) {
+    if let Some(j) = st.reqs[i].link {
+        let (s, r) = peek_one(st, i);
+        return (s, r.and(peek_one(st, j as usize).1));
+    }
+    peek_one(st, i)
+}
+
+fn peek_one(st: &State, i: usize) -> (St, R) {
     let r = &st.reqs[i];
     if !r.active {
         return (St::EMPTY, Ok(()));
@@ -273,7 +296,8 @@ pub(crate) fn reap(st: &mut State, all: bool) -> R {
     if all {
         let (b, o) = (&st.bsends, &st.orphans);
         e.wait_until(Op::Wait, |e| {
-            b.iter().all(|(id, _)| e.is_done(*id)) && o.iter().all(|id| e.is_done(*id))
+            b.iter().all(|(id, _)| e.is_done(*id))
+                && o.iter().all(|(id, _)| e.is_done(*id) || e.is_posted(*id))
         })
         .map_err(from_core)?;
     }
@@ -289,13 +313,43 @@ pub(crate) fn reap(st: &mut State, all: bool) -> R {
     }
     let mut k = 0;
     while k < st.orphans.len() {
-        if e.is_done(st.orphans[k]) {
-            let id = st.orphans.swap_remove(k);
-            let _ = e.take_full(id);
+        if e.is_done(st.orphans[k].0) {
+            let (id, staging) = st.orphans.swap_remove(k);
+            let done = e.take_full(id);
+            // A freed receive of a non-contiguous type still lands in the program's buffer.
+            if let (Some(x), Ok((s, None))) = (staging, done) {
+                if let Some((b, n, dt)) = x.unpack {
+                    // SAFETY: the buffer the program named when it posted the receive.
+                    let _ = unsafe { crate::datatype::unpack_from(&x.tmp, s.count, b, n, dt) };
+                }
+            }
         } else {
             k += 1;
         }
     }
+    Ok(())
+}
+
+/// MPI_Request_free of request `i`: an active operation finishes in the background.
+fn free_req(st: &mut State, i: usize) -> R {
+    if let Some(mut s) = st.reqs[i].sched.take() {
+        // A freed nonblocking collective still has to take part: finish it here.
+        st.nbc_active -= 1;
+        s.run(&mut st.fab.engine())?;
+    }
+    let r = &mut st.reqs[i];
+    if let (true, Some(id)) = (r.active, r.eng.take()) {
+        // The operation completes normally in the background (a freed receive still takes the message it
+        // would have matched). The engine may still read (send) or write (receive) the staging buffer: it
+        // goes with it.
+        st.orphans.push((id, r.xfer.take()));
+    }
+    let r = &mut st.reqs[i];
+    r.live = false;
+    r.active = false;
+    r.persist = None;
+    st.free_reqs.push(i as u32);
+    crate::coll::persistent::forget(st, i);
     Ok(())
 }
 
@@ -499,6 +553,7 @@ unsafe fn send_nonblocking(
             active: true,
             xfer,
             sched: None,
+            link: None,
         },
     );
     Ok(())
@@ -598,6 +653,7 @@ unsafe fn recv_nonblocking(
             active: true,
             xfer,
             sched: None,
+            link: None,
         },
     );
     Ok(())
@@ -651,6 +707,7 @@ unsafe fn persistent(
             active: false,
             xfer: None,
             sched: None,
+            link: None,
         },
     );
     Ok(())
@@ -736,7 +793,7 @@ unsafe fn wait(h: *mut MPI_Request, status: *mut MPI_Status, ecomm: &mut MPI_Com
     }
     let i = req_index(st, *h)?;
     *ecomm = comm_handle(st.reqs[i].comm);
-    if st.reqs[i].sched.is_some() || st.nbc_active > 0 {
+    if st.reqs[i].sched.is_some() || st.nbc_active > 0 || st.reqs[i].link.is_some() {
         wait_reqs(st, &[i], true)?;
     } else if let (true, Some(id)) = (st.reqs[i].active, st.reqs[i].eng) {
         let mut e = st.fab.engine();
@@ -771,10 +828,10 @@ unsafe fn test(
         let sc = all_scheds(st);
         drive(st, &sc);
     }
-    let mut done = req_done(&st.fab.engine(), &st.reqs[i]);
+    let mut done = req_done_at(&st.fab.engine(), &st.reqs, i);
     if !done {
         st.fab.engine().progress().map_err(from_core)?;
-        done = req_done(&st.fab.engine(), &st.reqs[i]);
+        done = req_done_at(&st.fab.engine(), &st.reqs, i);
     }
     *flag = done as c_int;
     if !done {
@@ -883,7 +940,7 @@ unsafe fn testall(
     let all = |st: &State| {
         let e = st.fab.engine();
         idx.iter()
-            .all(|ix| ix.is_none_or(|i| req_done(&e, &st.reqs[i])))
+            .all(|ix| ix.is_none_or(|i| req_done_at(&e, &st.reqs, i)))
     };
     let mut done = all(st);
     if !done {
@@ -933,7 +990,7 @@ unsafe fn anyof(
         let e = st.fab.engine();
         act.iter()
             .copied()
-            .find(|&(_, i)| req_done(&e, &st.reqs[i]))
+            .find(|&(_, i)| req_done_at(&e, &st.reqs, i))
     };
     let flat: Vec<usize> = act.iter().map(|&(_, i)| i).collect();
     drive(st, &flat);
@@ -995,7 +1052,7 @@ unsafe fn someof(
         let e = st.fab.engine();
         act.iter()
             .copied()
-            .filter(|&(_, i)| req_done(&e, &st.reqs[i]))
+            .filter(|&(_, i)| req_done_at(&e, &st.reqs, i))
             .collect()
     };
     let mut first_err = None;
@@ -1239,10 +1296,30 @@ mpi_api! {
                 None if bytes > 0 => std::slice::from_raw_parts(buf as *const u8, bytes).to_vec(),
                 None => Vec::new(),
             };
-            const MPI_BYTE: MPI_Datatype = 0x4c00_010d;
             sendrecv(tmp.as_ptr() as *const c_void, bytes as c_int, MPI_BYTE, dest, sendtag, buf, count, datatype, source, recvtag, comm, status)
         })();
         fin(comm, "MPI_Sendrecv_replace", r)
+    }
+
+    fn MPI_Isendrecv / PMPI_Isendrecv(sendbuf: *const c_void, sendcount: c_int, sendtype: MPI_Datatype, dest: c_int, sendtag: c_int,
+        recvbuf: *mut c_void, recvcount: c_int, recvtype: MPI_Datatype, source: c_int, recvtag: c_int, comm: MPI_Comm, request: *mut MPI_Request) -> c_int {
+        let r = isendrecv(sendbuf, sendcount, sendtype, dest, sendtag, None, recvbuf, recvcount, recvtype, source, recvtag, comm, request);
+        fin(comm, "MPI_Isendrecv", r)
+    }
+    fn MPI_Isendrecv_replace / PMPI_Isendrecv_replace(buf: *mut c_void, count: c_int, datatype: MPI_Datatype, dest: c_int, sendtag: c_int,
+        source: c_int, recvtag: c_int, comm: MPI_Comm, request: *mut MPI_Request) -> c_int {
+        let r = (|| -> R {
+            // The outgoing data is copied (packed) first, so the receive may land in `buf` at any time.
+            let bytes = lay_bytes(buf, count, datatype)?;
+            let tmp = match stage(buf, count, datatype, bytes, true)? {
+                Some(v) => v,
+                None if bytes > 0 => std::slice::from_raw_parts(buf as *const u8, bytes).to_vec(),
+                None => Vec::new(),
+            };
+            let c = c_int::try_from(bytes).map_err(|_| MpiErr { code: MPI_ERR_COUNT, msg: format!("{bytes} bytes exceed INT_MAX") })?;
+            isendrecv(tmp.as_ptr() as *const c_void, c, MPI_BYTE, dest, sendtag, Some(tmp), buf, count, datatype, source, recvtag, comm, request)
+        })();
+        fin(comm, "MPI_Isendrecv_replace", r)
     }
 
     fn MPI_Wait / PMPI_Wait(request: *mut MPI_Request, status: *mut MPI_Status) -> c_int {
@@ -1294,26 +1371,10 @@ mpi_api! {
             }
             let i = req_index(st, *request)?;
             ec = comm_handle(st.reqs[i].comm);
-            if let Some(mut s) = st.reqs[i].sched.take() {
-                // A freed nonblocking collective still has to take part: finish it here.
-                st.nbc_active -= 1;
-                s.run(&mut st.fab.engine())?;
+            if let Some(j) = st.reqs[i].link.take() {
+                free_req(st, j as usize)?;
             }
-            let r = &mut st.reqs[i];
-            if let (true, Some(id)) = (r.active, r.eng.take()) {
-                let mut e = st.fab.engine();
-                if r.is_recv && e.cancel_recv(id) {
-                    let _ = e.take_full(id);
-                } else {
-                    st.orphans.push(id);
-                }
-            }
-            let r = &mut st.reqs[i];
-            r.live = false;
-            r.active = false;
-            r.persist = None;
-            st.free_reqs.push(i as u32);
-            crate::coll::persistent::forget(st, i);
+            free_req(st, i)?;
             *request = MPI_REQUEST_NULL;
             reap(st, false)
         })();
@@ -1334,10 +1395,10 @@ mpi_api! {
             let i = req_index(st, request)?;
             ec = comm_handle(st.reqs[i].comm);
             drive(st, &[i]);
-            let mut done = req_done(&st.fab.engine(), &st.reqs[i]);
+            let mut done = req_done_at(&st.fab.engine(), &st.reqs, i);
             if !done {
                 st.fab.engine().progress().map_err(from_core)?;
-                done = req_done(&st.fab.engine(), &st.reqs[i]);
+                done = req_done_at(&st.fab.engine(), &st.reqs, i);
             }
             *flag = done as c_int;
             if done {
@@ -1413,6 +1474,36 @@ mpi_api! {
         fin(MPI_COMM_WORLD, "MPI_Get_elements_x", r)
     }
 
+    fn MPI_Status_set_elements / PMPI_Status_set_elements(status: *mut MPI_Status, datatype: MPI_Datatype, count: c_int) -> c_int {
+        fin(MPI_COMM_WORLD, "MPI_Status_set_elements", set_elements(status, datatype, count as MPI_Count))
+    }
+    fn MPI_Status_set_elements_x / PMPI_Status_set_elements_x(status: *mut MPI_Status, datatype: MPI_Datatype, count: MPI_Count) -> c_int {
+        fin(MPI_COMM_WORLD, "MPI_Status_set_elements_x", set_elements(status, datatype, count))
+    }
+    fn MPI_Status_set_cancelled / PMPI_Status_set_cancelled(status: *mut MPI_Status, flag: c_int) -> c_int {
+        if status.is_null() || status as usize == 1 {
+            return raise(MPI_COMM_WORLD, "MPI_Status_set_cancelled", MpiErr { code: MPI_ERR_ARG, msg: "status is NULL or MPI_STATUS_IGNORE".into() });
+        }
+        let s = &mut *status;
+        s.count_hi_and_cancelled = (s.count_hi_and_cancelled & !1) | (flag != 0) as c_int;
+        MPI_SUCCESS
+    }
+    fn MPI_Status_c2f / PMPI_Status_c2f(c_status: *const MPI_Status, f_status: *mut MPI_Fint) -> c_int {
+        if c_status.is_null() || c_status as usize == 1 || f_status.is_null() {
+            return raise(MPI_COMM_WORLD, "MPI_Status_c2f", MpiErr { code: MPI_ERR_ARG, msg: "a status is NULL or MPI_STATUS_IGNORE".into() });
+        }
+        // MPICH's Fortran status is the C structure, word for word (MPI_STATUS_SIZE = 5).
+        std::ptr::copy_nonoverlapping(c_status as *const MPI_Fint, f_status, 5);
+        MPI_SUCCESS
+    }
+    fn MPI_Status_f2c / PMPI_Status_f2c(f_status: *const MPI_Fint, c_status: *mut MPI_Status) -> c_int {
+        if c_status.is_null() || c_status as usize == 1 || f_status.is_null() {
+            return raise(MPI_COMM_WORLD, "MPI_Status_f2c", MpiErr { code: MPI_ERR_ARG, msg: "a status is NULL or MPI_STATUS_IGNORE".into() });
+        }
+        std::ptr::copy_nonoverlapping(f_status, c_status as *mut MPI_Fint, 5);
+        MPI_SUCCESS
+    }
+
     fn MPI_Probe / PMPI_Probe(source: c_int, tag: c_int, comm: MPI_Comm, status: *mut MPI_Status) -> c_int {
         fin(comm, "MPI_Probe", probe(source, tag, comm, std::ptr::null_mut(), status, true))
     }
@@ -1454,7 +1545,7 @@ mpi_api! {
                 Some((id, ci)) => (Some(id), None, ci),
             };
             ec = comm_handle(ci);
-            *request = new_req(st, MReq { live: true, comm: ci, is_recv: true, eng, fin, persist: None, active: true, xfer: None, sched: None });
+            *request = new_req(st, MReq { live: true, comm: ci, is_recv: true, eng, fin, persist: None, active: true, xfer: None, sched: None, link: None });
             Ok(())
         })();
         fin(ec, "MPI_Imrecv", r)
@@ -1493,6 +1584,27 @@ mpi_api! {
     }
 }
 
+/// MPI_Status_set_elements(_x): as MPICH, the status then says `count * size(datatype)` bytes, so that
+/// MPI_Get_elements and MPI_Get_count with `datatype` (a basic type) report `count`.
+unsafe fn set_elements(status: *mut MPI_Status, dt: MPI_Datatype, count: MPI_Count) -> R {
+    if status.is_null() || status as usize == 1 {
+        return err(MPI_ERR_ARG, "status is NULL or MPI_STATUS_IGNORE");
+    }
+    if count < 0 {
+        return err(MPI_ERR_COUNT, format!("count {count} is negative"));
+    }
+    let size = crate::datatype::ext_size(dt)?.1 as i64;
+    let bytes = count
+        .checked_mul(size)
+        .filter(|&b| b < 1 << 62)
+        .ok_or_else(|| MpiErr {
+            code: MPI_ERR_COUNT,
+            msg: format!("{count} elements of {size} bytes overflow a count"),
+        })?;
+    set_count(&mut *status, bytes);
+    Ok(())
+}
+
 fn elements(status: &MPI_Status, dt: MPI_Datatype) -> R<MPI_Count> {
     if crate::datatype::is_derived(dt) {
         return Ok(
@@ -1510,6 +1622,57 @@ fn elements(status: &MPI_Status, dt: MPI_Datatype) -> R<MPI_Count> {
         return Ok(MPI_UNDEFINED as MPI_Count);
     }
     Ok(bytes / ext * type_elements(dt) as i64)
+}
+
+const MPI_BYTE: MPI_Datatype = 0x4c00_010d;
+
+/// MPI_Isendrecv(_replace): a receive request with the send linked to it (both complete together).
+/// `owned` is the send data when it is a copy (the replace variant): the send request keeps it alive.
+#[allow(clippy::too_many_arguments)]
+unsafe fn isendrecv(
+    sendbuf: *const c_void,
+    sendcount: c_int,
+    sendtype: MPI_Datatype,
+    dest: c_int,
+    sendtag: c_int,
+    owned: Option<Vec<u8>>,
+    recvbuf: *mut c_void,
+    recvcount: c_int,
+    recvtype: MPI_Datatype,
+    source: c_int,
+    recvtag: c_int,
+    comm: MPI_Comm,
+    request: *mut MPI_Request,
+) -> R {
+    if request.is_null() {
+        return err(MPI_ERR_ARG, "request pointer is NULL");
+    }
+    let mut hr = MPI_REQUEST_NULL;
+    recv_nonblocking(recvbuf, recvcount, recvtype, source, recvtag, comm, &mut hr)?;
+    let mut hs = MPI_REQUEST_NULL;
+    let sent = send_nonblocking(
+        sendbuf,
+        sendcount,
+        sendtype,
+        dest,
+        sendtag,
+        comm,
+        Mode::Standard,
+        &mut hs,
+    );
+    let st = state()?;
+    let i = req_index(st, hr)?;
+    if let Err(e) = sent {
+        free_req(st, i)?;
+        return Err(e);
+    }
+    let j = req_index(st, hs)?;
+    if let Some(tmp) = owned {
+        st.reqs[j].xfer = Some(Box::new(crate::datatype::Xfer { tmp, unpack: None }));
+    }
+    st.reqs[i].link = Some(j as u32);
+    *request = hr;
+    Ok(())
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -1553,7 +1716,7 @@ unsafe fn sendrecv(
                     if eng.cancel_recv(r) {
                         let _ = eng.take_full(r);
                     } else {
-                        st.orphans.push(r);
+                        st.orphans.push((r, None));
                     }
                 }
                 return Err(e);

@@ -33,6 +33,7 @@ const PROGRAMS: &[&str] = &[
     "intercomm",
     "pcoll",
     "shm_pool",
+    "mpi4_extras",
 ];
 const MPICH_INC: &str = "/usr/include/x86_64-linux-gnu/mpich";
 
@@ -177,6 +178,11 @@ fn p2p_persist_persistent_requests_and_completion_families_work() {
 #[test]
 fn p2p_probe_probe_mprobe_and_cancel_work() {
     semantic("p2p_probe");
+}
+
+#[test]
+fn mpi4_extras_info_isendrecv_status_and_type_matching_work() {
+    semantic("mpi4_extras");
 }
 
 #[test]

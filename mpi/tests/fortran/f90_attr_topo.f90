@@ -1,9 +1,9 @@
 ! f90_attr_topo.f90 -- attribute caching with Fortran callbacks (Comm_create_keyval with user copy/delete
 ! subroutines and with the predefined MPI_COMM_DUP_FN / MPI_COMM_NULL_COPY_FN / MPI_COMM_NULL_DELETE_FN,
 ! MPI-1 Keyval_create/Attr_put/Attr_get with INTEGER values, predefined Fortran keyvals), communicator names
-! (input and output strings with hidden lengths), a periodic Cartesian topology (LOGICAL arrays), and a
+! and info objects (input and output strings with hidden lengths), a periodic Cartesian topology (LOGICAL arrays), and a
 ! ring as an unweighted distributed graph (MPI_UNWEIGHTED, a common-block sentinel).
-! needs: MPI_Comm_create_keyval MPI_Comm_set_attr MPI_Comm_get_attr MPI_Comm_delete_attr MPI_Comm_free_keyval MPI_Comm_dup MPI_Comm_free MPI_Keyval_create MPI_Keyval_free MPI_Attr_put MPI_Attr_get MPI_Comm_set_name MPI_Comm_get_name MPI_Dims_create MPI_Cart_create MPI_Cart_coords MPI_Cart_shift MPI_Cart_rank MPI_Dist_graph_create_adjacent MPI_Dist_graph_neighbors_count MPI_Dist_graph_neighbors MPI_Allreduce
+! needs: MPI_Comm_create_keyval MPI_Comm_set_attr MPI_Comm_get_attr MPI_Comm_delete_attr MPI_Comm_free_keyval MPI_Comm_dup MPI_Comm_free MPI_Keyval_create MPI_Keyval_free MPI_Attr_put MPI_Attr_get MPI_Comm_set_name MPI_Comm_get_name MPI_Dims_create MPI_Cart_create MPI_Cart_coords MPI_Cart_shift MPI_Cart_rank MPI_Dist_graph_create_adjacent MPI_Dist_graph_neighbors_count MPI_Dist_graph_neighbors MPI_Allreduce MPI_Info_create MPI_Info_set MPI_Info_get MPI_Info_get_nkeys MPI_Info_get_valuelen MPI_Info_get_nthkey MPI_Info_free
 module cbs
     use mpi
     implicit none
@@ -39,6 +39,8 @@ program fattr
     logical :: weighted
     logical :: flag, periods(2)
     character(len=MPI_MAX_OBJECT_NAME) :: name
+    integer :: info, nk, vlen
+    character(len=64) :: ival_s, key_s
     nerr = 0
     call MPI_Init(ierr)
     call MPI_Comm_rank(MPI_COMM_WORLD, rank, ierr)
@@ -101,6 +103,23 @@ program fattr
     call MPI_Comm_get_name(MPI_COMM_WORLD, name, nlen, ierr)
     call chk(name == 'MPI_COMM_WORLD' .and. nlen == 14, 'MPI_COMM_WORLD name')
     call MPI_Comm_free(c1, ierr)
+
+    ! ---- info objects: trailing blanks of keys and values are not part of them
+    call MPI_Info_create(info, ierr)
+    call MPI_Info_set(info, 'fkey   ', 'a value   ', ierr)
+    call MPI_Info_set(info, 'other', 'x', ierr)
+    call MPI_Info_get_nkeys(info, nk, ierr)
+    ival_s = '#'
+    call MPI_Info_get(info, 'fkey', 32, ival_s, flag, ierr)
+    call chk(ierr == MPI_SUCCESS .and. flag .and. ival_s == 'a value' .and. nk == 2, 'info set/get')
+    call MPI_Info_get_valuelen(info, 'fkey ', vlen, flag, ierr)
+    call chk(flag .and. vlen == 7, 'info valuelen')
+    call MPI_Info_get(info, 'nokey', 32, ival_s, flag, ierr)
+    call chk(.not. flag, 'info missing key')
+    call MPI_Info_get_nthkey(info, 1, key_s, ierr)
+    call chk(key_s == 'other', 'info nthkey')
+    call MPI_Info_free(info, ierr)
+    call chk(info == MPI_INFO_NULL, 'info free')
 
     ! ---- periodic 2-D Cartesian topology
     dims = 0

@@ -32,9 +32,8 @@ pub(crate) unsafe fn init(
     if request.is_null() {
         return err(MPI_ERR_ARG, "request pointer is NULL");
     }
-    // No MPI_Info hint changes how a collective runs (the library has no Info objects: programs pass
-    // MPI_INFO_NULL), so `info` is not looked at, as in MPI_Comm_dup_with_info.
-    let _ = info;
+    // No hint changes how a collective runs; the info object is only checked.
+    crate::info::check(info)?;
     let h = new_req(
         st,
         MReq {
@@ -47,6 +46,7 @@ pub(crate) unsafe fn init(
             active: false,
             xfer: None,
             sched: None,
+            link: None,
         },
     );
     let i = ((h as u32) & 0x03ff_ffff) as usize;
