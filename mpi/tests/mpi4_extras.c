@@ -1,7 +1,7 @@
 /* MPI 4.0 calls around the core: Info objects and communicator hints, MPI_Isendrecv(_replace) (ring
  * exchange at every rank count, eager and rendezvous sizes, a derived datatype, wildcards, Waitall/Test,
  * Request_free), status manipulation (Status_set_elements/_cancelled, Status_c2f/f2c), Type_match_size and
- * the Fortran 90 parameterised types, Pcontrol. Any rank count. Built with either header; checks of choices
+ * the Fortran 90 parameterised types, Pcontrol, and a session that outlives MPI_Finalize. Any rank count. Built with either header; checks of choices
  * the standard leaves open are made on vmfabric only (MUST). Debian's MPICH 4.0 itself does not pass: its
  * MPI_Isendrecv leaves the status empty and its derived-datatype MPI_Isendrecv_replace trips a yaksa
  * assertion. */
@@ -299,12 +299,32 @@ int main(int argc, char **argv)
     CHECK(n == 1);
     MPI_Info_free(&early);
 
+    /* A session next to the world model: it outlives MPI_Finalize. */
+    MPI_Session s;
+    MPI_Group wg;
+    MPI_Comm sc;
+    MPI_Session_init(MPI_INFO_NULL, MPI_ERRORS_RETURN, &s);
+    MPI_Group_from_session_pset(s, "mpi://WORLD", &wg);
+    MPI_Comm_create_from_group(wg, "mpi4_extras", MPI_INFO_NULL, MPI_ERRORS_RETURN, &sc);
+    MPI_Group_free(&wg);
+    int res;
+    MPI_Comm_compare(sc, MPI_COMM_WORLD, &res);
+    CHECK(res == MPI_CONGRUENT);
+
     info_checks();
     isendrecv_checks(rank, size);
     status_and_type_checks();
     MPI_Barrier(MPI_COMM_WORLD);
+    MPI_Finalize();
+    int flag;
+    MPI_Finalized(&flag);
+    CHECK(flag);
+    int one = 1, sum = 0;
+    MPI_Allreduce(&one, &sum, 1, MPI_INT, MPI_SUM, sc);
+    CHECK(sum == size);
+    MPI_Comm_free(&sc);
+    MPI_Session_finalize(&s);
     if (rank == 0)
         printf("mpi4_extras: PASS (%d ranks)\n", size);
-    MPI_Finalize();
     return 0;
 }

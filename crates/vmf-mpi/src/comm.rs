@@ -88,7 +88,7 @@ pub(crate) fn group_handle(st: &mut State, g: Vec<usize>) -> MPI_Group {
     (GROUP_BASE | i as u32) as c_int
 }
 
-fn group(st: &State, h: MPI_Group) -> R<Vec<usize>> {
+pub(crate) fn group(st: &State, h: MPI_Group) -> R<Vec<usize>> {
     if h == MPI_GROUP_EMPTY {
         return Ok(Vec::new());
     }
@@ -124,8 +124,9 @@ fn compare_lists(a: &[usize], b: &[usize]) -> c_int {
 
 /// Add a communicator to the table; returns its handle.
 pub(crate) fn add_comm(st: &mut State, c: Comm) -> MPI_Comm {
-    let i = match st.comms.iter().skip(2).position(|x| x.is_none()) {
-        Some(i) => i + 2,
+    // WORLD, SELF and the hidden bridge of `session.rs` come first.
+    let i = match st.comms.iter().skip(3).position(|x| x.is_none()) {
+        Some(i) => i + 3,
         None => {
             st.comms.push(None);
             st.comms.len() - 1
@@ -551,13 +552,13 @@ pub(crate) fn get_user_attr(
     ))
 }
 
-unsafe fn free_comm(st: &mut State, comm: *mut MPI_Comm) -> R {
+pub(crate) unsafe fn free_comm(st: &mut State, comm: *mut MPI_Comm) -> R {
     if comm.is_null() {
         return err(MPI_ERR_ARG, "comm is NULL");
     }
     let h = *comm;
     let (ci, _) = st.comm(h)?;
-    if ci < 2 {
+    if ci < 3 {
         return err(MPI_ERR_COMM, "cannot free a predefined communicator");
     }
     let attrs = std::mem::take(&mut st.comms[ci].as_mut().unwrap().attrs);

@@ -86,6 +86,7 @@ pub const MPI_ERR_INFO_KEY: c_int = 29;
 pub const MPI_ERR_INFO_VALUE: c_int = 30;
 pub const MPI_ERR_INFO_NOKEY: c_int = 31;
 pub const MPI_ERR_NO_MEM: c_int = 34;
+pub const MPI_ERR_SESSION: c_int = 75;
 pub const MPI_ERR_KEYVAL: c_int = 48;
 pub const MPI_ERR_LASTCODE: c_int = 0x3fff_ffff;
 pub const MPICH_ERR_LAST_CLASS: c_int = 78;

@@ -179,7 +179,7 @@ fn update_lastused() {
     unsafe { ATTR_LASTUSEDCODE = last };
 }
 
-fn errhandler_ok(st: &State, eh: MPI_Errhandler) -> bool {
+pub(crate) fn errhandler_ok(st: &State, eh: MPI_Errhandler) -> bool {
     eh == MPI_ERRORS_ARE_FATAL
         || eh == MPI_ERRORS_RETURN
         || eh == MPI_ERRORS_ABORT
@@ -192,10 +192,17 @@ fn errhandler_ok(st: &State, eh: MPI_Errhandler) -> bool {
 
 // ------------------------------------------------------------------------------------------------ init
 
-fn do_init(required: c_int, provided: *mut c_int) -> R {
+/// Start the library (the fabric, WORLD, SELF and the bridge communicator) unless it runs: by MPI_Init or
+/// the first MPI_Session_init. It cannot start again once stopped (the fabric has left its job).
+pub(crate) fn start(required: c_int) -> R {
     match phase() {
-        PHASE_INIT => return err(MPI_ERR_OTHER, "MPI_Init called twice"),
-        PHASE_DONE => return err(MPI_ERR_OTHER, "MPI_Init called after MPI_Finalize"),
+        PHASE_INIT => return Ok(()),
+        PHASE_DONE => {
+            return err(
+                MPI_ERR_OTHER,
+                "the library was finalized (MPI_Finalize and every session): it cannot start again in this process",
+            )
+        }
         _ => {}
     }
     let fab = Fabric::init().map_err(|e| MpiErr {
@@ -207,10 +214,13 @@ fn do_init(required: c_int, provided: *mut c_int) -> R {
     world.name = "MPI_COMM_WORLD".into();
     let mut selfc = Comm::new(18, 0, Some(vec![rank]), 1, MPI_ERRORS_ARE_FATAL);
     selfc.name = "MPI_COMM_SELF".into();
+    // Every process, on contexts of its own: where communicators made from groups agree (`session.rs`).
+    let mut bridge = Comm::new(20, rank as i32, None, size as i32, MPI_ERRORS_RETURN);
+    bridge.name = "(vmfabric bridge)".into();
     let level = required.clamp(MPI_THREAD_SINGLE, MPI_THREAD_SERIALIZED);
     let st = State {
         fab,
-        comms: vec![Some(world), Some(selfc)],
+        comms: vec![Some(world), Some(selfc), Some(bridge)],
         reqs: Vec::with_capacity(64),
         free_reqs: Vec::new(),
         msgs: Vec::new(),
@@ -241,8 +251,37 @@ fn do_init(required: c_int, provided: *mut c_int) -> R {
         }
         *G.st.get() = Some(st);
         *G.phase.get() = PHASE_INIT;
+    }
+    Ok(())
+}
+
+/// Stop the library if, once `dropping` sessions end, neither the world model nor a session uses it.
+pub(crate) fn stop_if_unused(dropping: usize) -> R {
+    let st = state()?;
+    crate::p2p::reap(st, true)?;
+    // SAFETY: serialised calls.
+    let world_on = unsafe { *G.world.get() } == WORLD_ON;
+    if !world_on && crate::session::live() <= dropping {
+        st.fab.finalize().map_err(from_core)?;
+        // SAFETY: serialised calls.
+        unsafe { *G.phase.get() = PHASE_DONE };
+    }
+    Ok(())
+}
+
+fn do_init(required: c_int, provided: *mut c_int) -> R {
+    // SAFETY: serialised calls.
+    match unsafe { *G.world.get() } {
+        WORLD_ON => return err(MPI_ERR_OTHER, "MPI_Init called twice"),
+        WORLD_DONE => return err(MPI_ERR_OTHER, "MPI_Init called after MPI_Finalize"),
+        _ => {}
+    }
+    start(required)?;
+    // SAFETY: serialised calls.
+    unsafe {
+        *G.world.get() = WORLD_ON;
         if !provided.is_null() {
-            *provided = level;
+            *provided = state()?.thread_level;
         }
     }
     Ok(())
@@ -265,7 +304,7 @@ mpi_api! {
         if flag.is_null() {
             return raise(MPI_COMM_WORLD, "MPI_Initialized", MpiErr { code: MPI_ERR_ARG, msg: "flag is NULL".into() });
         }
-        *flag = (phase() != PHASE_NONE) as c_int;
+        *flag = (*G.world.get() != WORLD_NONE) as c_int;
         MPI_SUCCESS
     }
 
@@ -273,18 +312,18 @@ mpi_api! {
         if flag.is_null() {
             return raise(MPI_COMM_WORLD, "MPI_Finalized", MpiErr { code: MPI_ERR_ARG, msg: "flag is NULL".into() });
         }
-        *flag = (phase() == PHASE_DONE) as c_int;
+        *flag = (*G.world.get() == WORLD_DONE) as c_int;
         MPI_SUCCESS
     }
 
     fn MPI_Finalize / PMPI_Finalize() -> c_int {
         let r = (|| -> R {
-            let st = state()?;
-            crate::p2p::reap(st, true)?;
-            st.fab.finalize().map_err(from_core)?;
-            // SAFETY: serialised calls.
-            unsafe { *G.phase.get() = PHASE_DONE };
-            Ok(())
+            if *G.world.get() != WORLD_ON {
+                return err(MPI_ERR_OTHER, "MPI_Finalize without MPI_Init");
+            }
+            *G.world.get() = WORLD_DONE;
+            // Sessions still open keep the library running; the last one stops it.
+            stop_if_unused(0)
         })();
         fin(MPI_COMM_WORLD, "MPI_Finalize", r)
     }
@@ -538,8 +577,10 @@ mpi_api! {
 
     fn MPI_Errhandler_free / PMPI_Errhandler_free(errhandler: *mut MPI_Errhandler) -> c_int {
         let r = (|| -> R {
-            let st = state()?;
-            if errhandler.is_null() || !errhandler_ok(st, *errhandler) {
+            if errhandler.is_null() {
+                return err(MPI_ERR_ARG, "errhandler is NULL");
+            }
+            if !crate::session::is_session_eh(*errhandler) && !errhandler_ok(state()?, *errhandler) {
                 return err(MPI_ERR_ARG, "invalid error handler");
             }
             // Handlers stay valid while communicators use them; predefined ones are never freed.

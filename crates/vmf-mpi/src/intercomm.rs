@@ -130,7 +130,7 @@ fn leader_bcast(
     }
 }
 
-unsafe fn intercomm_create(
+pub(crate) unsafe fn create(
     local_comm: MPI_Comm,
     local_leader: c_int,
     peer_comm: MPI_Comm,
@@ -309,7 +309,7 @@ unsafe fn intercomm_merge(intercomm: MPI_Comm, high: c_int, newintracomm: *mut M
 
 mpi_api! {
     fn MPI_Intercomm_create / PMPI_Intercomm_create(local_comm: MPI_Comm, local_leader: c_int, peer_comm: MPI_Comm, remote_leader: c_int, tag: c_int, newintercomm: *mut MPI_Comm) -> c_int {
-        fin(local_comm, "MPI_Intercomm_create", intercomm_create(local_comm, local_leader, peer_comm, remote_leader, tag, newintercomm))
+        fin(local_comm, "MPI_Intercomm_create", create(local_comm, local_leader, peer_comm, remote_leader, tag, newintercomm))
     }
     fn MPI_Intercomm_merge / PMPI_Intercomm_merge(intercomm: MPI_Comm, high: c_int, newintracomm: *mut MPI_Comm) -> c_int {
         fin(intercomm, "MPI_Intercomm_merge", intercomm_merge(intercomm, high, newintracomm))

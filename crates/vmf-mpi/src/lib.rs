@@ -43,6 +43,7 @@ mod intercomm;
 mod ldouble;
 mod op;
 mod p2p;
+mod session;
 mod shmcoll;
 
 use consts::*;
@@ -335,6 +336,10 @@ pub(crate) struct State {
 pub(crate) const PHASE_NONE: u8 = 0;
 pub(crate) const PHASE_INIT: u8 = 1;
 pub(crate) const PHASE_DONE: u8 = 2;
+/// World-model lifecycle (the library itself may also run for sessions: `session.rs`).
+pub(crate) const WORLD_NONE: u8 = 0;
+pub(crate) const WORLD_ON: u8 = 1;
+pub(crate) const WORLD_DONE: u8 = 2;
 
 /// Error classes/codes/strings added at run time (usable before MPI_Init).
 pub(crate) struct UserErrors {
@@ -350,6 +355,8 @@ pub(crate) const USER_CODE_BASE: c_int = 0x10000;
 
 pub(crate) struct Global {
     pub phase: UnsafeCell<u8>,
+    /// The world model: WORLD_NONE, WORLD_ON (MPI_Init done) or WORLD_DONE (MPI_Finalize done).
+    pub world: UnsafeCell<u8>,
     pub st: UnsafeCell<Option<State>>,
     pub user_errs: UnsafeCell<UserErrors>,
 }
@@ -360,6 +367,7 @@ unsafe impl Sync for Global {}
 
 pub(crate) static G: Global = Global {
     phase: UnsafeCell::new(PHASE_NONE),
+    world: UnsafeCell::new(WORLD_NONE),
     st: UnsafeCell::new(None),
     user_errs: UnsafeCell::new(UserErrors {
         classes: 0,

@@ -34,6 +34,7 @@ const PROGRAMS: &[&str] = &[
     "pcoll",
     "shm_pool",
     "mpi4_extras",
+    "sessions",
 ];
 const MPICH_INC: &str = "/usr/include/x86_64-linux-gnu/mpich";
 
@@ -183,6 +184,12 @@ fn p2p_probe_probe_mprobe_and_cancel_work() {
 #[test]
 fn mpi4_extras_info_isendrecv_status_and_type_matching_work() {
     semantic("mpi4_extras");
+}
+
+#[test]
+fn sessions_psets_communicators_and_intercommunicators_from_groups_work() {
+    semantic("sessions");
+    semantic_wide("sessions");
 }
 
 #[test]
