@@ -3,7 +3,19 @@
 //! counts up to `INT_MAX` elements (a larger count is `MPI_ERR_COUNT`) and then run the normal path.
 use crate::op::MPI_Op;
 use crate::*;
-use std::ffi::{c_int, c_void};
+use std::ffi::{c_char, c_int, c_void};
+
+/// `n` large-count values as ints (each must fit).
+unsafe fn ints(p: *const MPI_Count, n: MPI_Count) -> R<Vec<c_int>> {
+    let n = usize::try_from(n).map_err(|_| MpiErr {
+        code: MPI_ERR_COUNT,
+        msg: format!("count {n} is negative"),
+    })?;
+    if n > 0 && p.is_null() {
+        return err(MPI_ERR_ARG, "array is NULL");
+    }
+    (0..n).map(|i| ci(*p.add(i))).collect()
+}
 
 #[inline]
 fn ci(n: MPI_Count) -> R<c_int> {
@@ -129,4 +141,169 @@ mpi_api! {
         })();
         fin(MPI_COMM_WORLD, "MPI_Pack_size_c", r)
     }
+    fn MPI_Bsend_c / PMPI_Bsend_c(buf: *const c_void, count: MPI_Count, datatype: MPI_Datatype, dest: c_int, tag: c_int, comm: MPI_Comm) -> c_int {
+        conv!(comm, "MPI_Bsend_c", count; crate::p2p::PMPI_Bsend(buf, count, datatype, dest, tag, comm))
+    }
+    fn MPI_Rsend_c / PMPI_Rsend_c(buf: *const c_void, count: MPI_Count, datatype: MPI_Datatype, dest: c_int, tag: c_int, comm: MPI_Comm) -> c_int {
+        conv!(comm, "MPI_Rsend_c", count; crate::p2p::PMPI_Rsend(buf, count, datatype, dest, tag, comm))
+    }
+    fn MPI_Ibsend_c / PMPI_Ibsend_c(buf: *const c_void, count: MPI_Count, datatype: MPI_Datatype, dest: c_int, tag: c_int, comm: MPI_Comm, request: *mut MPI_Request) -> c_int {
+        conv!(comm, "MPI_Ibsend_c", count; crate::p2p::PMPI_Ibsend(buf, count, datatype, dest, tag, comm, request))
+    }
+    fn MPI_Irsend_c / PMPI_Irsend_c(buf: *const c_void, count: MPI_Count, datatype: MPI_Datatype, dest: c_int, tag: c_int, comm: MPI_Comm, request: *mut MPI_Request) -> c_int {
+        conv!(comm, "MPI_Irsend_c", count; crate::p2p::PMPI_Irsend(buf, count, datatype, dest, tag, comm, request))
+    }
+    fn MPI_Issend_c / PMPI_Issend_c(buf: *const c_void, count: MPI_Count, datatype: MPI_Datatype, dest: c_int, tag: c_int, comm: MPI_Comm, request: *mut MPI_Request) -> c_int {
+        conv!(comm, "MPI_Issend_c", count; crate::p2p::PMPI_Issend(buf, count, datatype, dest, tag, comm, request))
+    }
+    fn MPI_Send_init_c / PMPI_Send_init_c(buf: *const c_void, count: MPI_Count, datatype: MPI_Datatype, dest: c_int, tag: c_int, comm: MPI_Comm, request: *mut MPI_Request) -> c_int {
+        conv!(comm, "MPI_Send_init_c", count; crate::p2p::PMPI_Send_init(buf, count, datatype, dest, tag, comm, request))
+    }
+    fn MPI_Recv_init_c / PMPI_Recv_init_c(buf: *mut c_void, count: MPI_Count, datatype: MPI_Datatype, source: c_int, tag: c_int, comm: MPI_Comm, request: *mut MPI_Request) -> c_int {
+        conv!(comm, "MPI_Recv_init_c", count; crate::p2p::PMPI_Recv_init(buf, count, datatype, source, tag, comm, request))
+    }
+    fn MPI_Bsend_init_c / PMPI_Bsend_init_c(buf: *const c_void, count: MPI_Count, datatype: MPI_Datatype, dest: c_int, tag: c_int, comm: MPI_Comm, request: *mut MPI_Request) -> c_int {
+        conv!(comm, "MPI_Bsend_init_c", count; crate::p2p::PMPI_Bsend_init(buf, count, datatype, dest, tag, comm, request))
+    }
+    fn MPI_Rsend_init_c / PMPI_Rsend_init_c(buf: *const c_void, count: MPI_Count, datatype: MPI_Datatype, dest: c_int, tag: c_int, comm: MPI_Comm, request: *mut MPI_Request) -> c_int {
+        conv!(comm, "MPI_Rsend_init_c", count; crate::p2p::PMPI_Rsend_init(buf, count, datatype, dest, tag, comm, request))
+    }
+    fn MPI_Ssend_init_c / PMPI_Ssend_init_c(buf: *const c_void, count: MPI_Count, datatype: MPI_Datatype, dest: c_int, tag: c_int, comm: MPI_Comm, request: *mut MPI_Request) -> c_int {
+        conv!(comm, "MPI_Ssend_init_c", count; crate::p2p::PMPI_Ssend_init(buf, count, datatype, dest, tag, comm, request))
+    }
+    fn MPI_Mrecv_c / PMPI_Mrecv_c(buf: *mut c_void, count: MPI_Count, datatype: MPI_Datatype, message: *mut MPI_Message, status: *mut MPI_Status) -> c_int {
+        conv!(MPI_COMM_WORLD, "MPI_Mrecv_c", count; crate::p2p::PMPI_Mrecv(buf, count, datatype, message, status))
+    }
+    fn MPI_Imrecv_c / PMPI_Imrecv_c(buf: *mut c_void, count: MPI_Count, datatype: MPI_Datatype, message: *mut MPI_Message, request: *mut MPI_Request) -> c_int {
+        conv!(MPI_COMM_WORLD, "MPI_Imrecv_c", count; crate::p2p::PMPI_Imrecv(buf, count, datatype, message, request))
+    }
+    fn MPI_Igather_c / PMPI_Igather_c(sendbuf: *const c_void, sendcount: MPI_Count, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcount: MPI_Count, recvtype: MPI_Datatype, root: c_int, comm: MPI_Comm, request: *mut MPI_Request) -> c_int {
+        conv!(comm, "MPI_Igather_c", sendcount, recvcount; crate::coll::PMPI_Igather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, root, comm, request))
+    }
+    fn MPI_Iscatter_c / PMPI_Iscatter_c(sendbuf: *const c_void, sendcount: MPI_Count, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcount: MPI_Count, recvtype: MPI_Datatype, root: c_int, comm: MPI_Comm, request: *mut MPI_Request) -> c_int {
+        conv!(comm, "MPI_Iscatter_c", sendcount, recvcount; crate::coll::PMPI_Iscatter(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, root, comm, request))
+    }
+    fn MPI_Iallgather_c / PMPI_Iallgather_c(sendbuf: *const c_void, sendcount: MPI_Count, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcount: MPI_Count, recvtype: MPI_Datatype, comm: MPI_Comm, request: *mut MPI_Request) -> c_int {
+        conv!(comm, "MPI_Iallgather_c", sendcount, recvcount; crate::coll::PMPI_Iallgather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm, request))
+    }
+    fn MPI_Ialltoall_c / PMPI_Ialltoall_c(sendbuf: *const c_void, sendcount: MPI_Count, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcount: MPI_Count, recvtype: MPI_Datatype, comm: MPI_Comm, request: *mut MPI_Request) -> c_int {
+        conv!(comm, "MPI_Ialltoall_c", sendcount, recvcount; crate::coll::PMPI_Ialltoall(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm, request))
+    }
+    fn MPI_Ireduce_c / PMPI_Ireduce_c(sendbuf: *const c_void, recvbuf: *mut c_void, count: MPI_Count, datatype: MPI_Datatype, op: MPI_Op, root: c_int, comm: MPI_Comm, request: *mut MPI_Request) -> c_int {
+        conv!(comm, "MPI_Ireduce_c", count; crate::coll::PMPI_Ireduce(sendbuf, recvbuf, count, datatype, op, root, comm, request))
+    }
+    fn MPI_Iscan_c / PMPI_Iscan_c(sendbuf: *const c_void, recvbuf: *mut c_void, count: MPI_Count, datatype: MPI_Datatype, op: MPI_Op, comm: MPI_Comm, request: *mut MPI_Request) -> c_int {
+        conv!(comm, "MPI_Iscan_c", count; crate::coll::PMPI_Iscan(sendbuf, recvbuf, count, datatype, op, comm, request))
+    }
+    fn MPI_Iexscan_c / PMPI_Iexscan_c(sendbuf: *const c_void, recvbuf: *mut c_void, count: MPI_Count, datatype: MPI_Datatype, op: MPI_Op, comm: MPI_Comm, request: *mut MPI_Request) -> c_int {
+        conv!(comm, "MPI_Iexscan_c", count; crate::coll::PMPI_Iexscan(sendbuf, recvbuf, count, datatype, op, comm, request))
+    }
+    fn MPI_Ireduce_scatter_block_c / PMPI_Ireduce_scatter_block_c(sendbuf: *const c_void, recvbuf: *mut c_void, recvcount: MPI_Count, datatype: MPI_Datatype, op: MPI_Op, comm: MPI_Comm, request: *mut MPI_Request) -> c_int {
+        conv!(comm, "MPI_Ireduce_scatter_block_c", recvcount; crate::coll::PMPI_Ireduce_scatter_block(sendbuf, recvbuf, recvcount, datatype, op, comm, request))
+    }
+    fn MPI_Neighbor_allgather_c / PMPI_Neighbor_allgather_c(sendbuf: *const c_void, sendcount: MPI_Count, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcount: MPI_Count, recvtype: MPI_Datatype, comm: MPI_Comm) -> c_int {
+        conv!(comm, "MPI_Neighbor_allgather_c", sendcount, recvcount; crate::coll::PMPI_Neighbor_allgather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm))
+    }
+    fn MPI_Neighbor_alltoall_c / PMPI_Neighbor_alltoall_c(sendbuf: *const c_void, sendcount: MPI_Count, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcount: MPI_Count, recvtype: MPI_Datatype, comm: MPI_Comm) -> c_int {
+        conv!(comm, "MPI_Neighbor_alltoall_c", sendcount, recvcount; crate::coll::PMPI_Neighbor_alltoall(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm))
+    }
+    fn MPI_Ineighbor_allgather_c / PMPI_Ineighbor_allgather_c(sendbuf: *const c_void, sendcount: MPI_Count, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcount: MPI_Count, recvtype: MPI_Datatype, comm: MPI_Comm, request: *mut MPI_Request) -> c_int {
+        conv!(comm, "MPI_Ineighbor_allgather_c", sendcount, recvcount; crate::coll::PMPI_Ineighbor_allgather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm, request))
+    }
+    fn MPI_Ineighbor_alltoall_c / PMPI_Ineighbor_alltoall_c(sendbuf: *const c_void, sendcount: MPI_Count, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcount: MPI_Count, recvtype: MPI_Datatype, comm: MPI_Comm, request: *mut MPI_Request) -> c_int {
+        conv!(comm, "MPI_Ineighbor_alltoall_c", sendcount, recvcount; crate::coll::PMPI_Ineighbor_alltoall(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm, request))
+    }
+    fn MPI_Neighbor_allgather_init_c / PMPI_Neighbor_allgather_init_c(sendbuf: *const c_void, sendcount: MPI_Count, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcount: MPI_Count, recvtype: MPI_Datatype, comm: MPI_Comm, info: MPI_Info, request: *mut MPI_Request) -> c_int {
+        conv!(comm, "MPI_Neighbor_allgather_init_c", sendcount, recvcount; crate::coll::PMPI_Neighbor_allgather_init(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm, info, request))
+    }
+    fn MPI_Neighbor_alltoall_init_c / PMPI_Neighbor_alltoall_init_c(sendbuf: *const c_void, sendcount: MPI_Count, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcount: MPI_Count, recvtype: MPI_Datatype, comm: MPI_Comm, info: MPI_Info, request: *mut MPI_Request) -> c_int {
+        conv!(comm, "MPI_Neighbor_alltoall_init_c", sendcount, recvcount; crate::coll::PMPI_Neighbor_alltoall_init(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm, info, request))
+    }
+    fn MPI_Bcast_init_c / PMPI_Bcast_init_c(buffer: *mut c_void, count: MPI_Count, datatype: MPI_Datatype, root: c_int, comm: MPI_Comm, info: MPI_Info, request: *mut MPI_Request) -> c_int {
+        conv!(comm, "MPI_Bcast_init_c", count; crate::coll::persistent::PMPI_Bcast_init(buffer, count, datatype, root, comm, info, request))
+    }
+    fn MPI_Reduce_init_c / PMPI_Reduce_init_c(sendbuf: *const c_void, recvbuf: *mut c_void, count: MPI_Count, datatype: MPI_Datatype, op: MPI_Op, root: c_int, comm: MPI_Comm, info: MPI_Info, request: *mut MPI_Request) -> c_int {
+        conv!(comm, "MPI_Reduce_init_c", count; crate::coll::persistent::PMPI_Reduce_init(sendbuf, recvbuf, count, datatype, op, root, comm, info, request))
+    }
+    fn MPI_Allreduce_init_c / PMPI_Allreduce_init_c(sendbuf: *const c_void, recvbuf: *mut c_void, count: MPI_Count, datatype: MPI_Datatype, op: MPI_Op, comm: MPI_Comm, info: MPI_Info, request: *mut MPI_Request) -> c_int {
+        conv!(comm, "MPI_Allreduce_init_c", count; crate::coll::persistent::PMPI_Allreduce_init(sendbuf, recvbuf, count, datatype, op, comm, info, request))
+    }
+    fn MPI_Gather_init_c / PMPI_Gather_init_c(sendbuf: *const c_void, sendcount: MPI_Count, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcount: MPI_Count, recvtype: MPI_Datatype, root: c_int, comm: MPI_Comm, info: MPI_Info, request: *mut MPI_Request) -> c_int {
+        conv!(comm, "MPI_Gather_init_c", sendcount, recvcount; crate::coll::persistent::PMPI_Gather_init(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, root, comm, info, request))
+    }
+    fn MPI_Scatter_init_c / PMPI_Scatter_init_c(sendbuf: *const c_void, sendcount: MPI_Count, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcount: MPI_Count, recvtype: MPI_Datatype, root: c_int, comm: MPI_Comm, info: MPI_Info, request: *mut MPI_Request) -> c_int {
+        conv!(comm, "MPI_Scatter_init_c", sendcount, recvcount; crate::coll::persistent::PMPI_Scatter_init(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, root, comm, info, request))
+    }
+    fn MPI_Allgather_init_c / PMPI_Allgather_init_c(sendbuf: *const c_void, sendcount: MPI_Count, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcount: MPI_Count, recvtype: MPI_Datatype, comm: MPI_Comm, info: MPI_Info, request: *mut MPI_Request) -> c_int {
+        conv!(comm, "MPI_Allgather_init_c", sendcount, recvcount; crate::coll::persistent::PMPI_Allgather_init(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm, info, request))
+    }
+    fn MPI_Alltoall_init_c / PMPI_Alltoall_init_c(sendbuf: *const c_void, sendcount: MPI_Count, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcount: MPI_Count, recvtype: MPI_Datatype, comm: MPI_Comm, info: MPI_Info, request: *mut MPI_Request) -> c_int {
+        conv!(comm, "MPI_Alltoall_init_c", sendcount, recvcount; crate::coll::persistent::PMPI_Alltoall_init(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm, info, request))
+    }
+    fn MPI_Scan_init_c / PMPI_Scan_init_c(sendbuf: *const c_void, recvbuf: *mut c_void, count: MPI_Count, datatype: MPI_Datatype, op: MPI_Op, comm: MPI_Comm, info: MPI_Info, request: *mut MPI_Request) -> c_int {
+        conv!(comm, "MPI_Scan_init_c", count; crate::coll::persistent::PMPI_Scan_init(sendbuf, recvbuf, count, datatype, op, comm, info, request))
+    }
+    fn MPI_Exscan_init_c / PMPI_Exscan_init_c(sendbuf: *const c_void, recvbuf: *mut c_void, count: MPI_Count, datatype: MPI_Datatype, op: MPI_Op, comm: MPI_Comm, info: MPI_Info, request: *mut MPI_Request) -> c_int {
+        conv!(comm, "MPI_Exscan_init_c", count; crate::coll::persistent::PMPI_Exscan_init(sendbuf, recvbuf, count, datatype, op, comm, info, request))
+    }
+    fn MPI_Reduce_scatter_block_init_c / PMPI_Reduce_scatter_block_init_c(sendbuf: *const c_void, recvbuf: *mut c_void, recvcount: MPI_Count, datatype: MPI_Datatype, op: MPI_Op, comm: MPI_Comm, info: MPI_Info, request: *mut MPI_Request) -> c_int {
+        conv!(comm, "MPI_Reduce_scatter_block_init_c", recvcount; crate::coll::persistent::PMPI_Reduce_scatter_block_init(sendbuf, recvbuf, recvcount, datatype, op, comm, info, request))
+    }
+    fn MPI_Type_vector_c / PMPI_Type_vector_c(count: MPI_Count, blocklength: MPI_Count, stride: MPI_Count, oldtype: MPI_Datatype, newtype: *mut MPI_Datatype) -> c_int {
+        conv!(MPI_COMM_WORLD, "MPI_Type_vector_c", count, blocklength, stride; crate::datatype::PMPI_Type_vector(count, blocklength, stride, oldtype, newtype))
+    }
+    fn MPI_Type_create_hvector_c / PMPI_Type_create_hvector_c(count: MPI_Count, blocklength: MPI_Count, stride: MPI_Count, oldtype: MPI_Datatype, newtype: *mut MPI_Datatype) -> c_int {
+        conv!(MPI_COMM_WORLD, "MPI_Type_create_hvector_c", count, blocklength; crate::datatype::PMPI_Type_create_hvector(count, blocklength, stride as MPI_Aint, oldtype, newtype))
+    }
+    fn MPI_Type_create_resized_c / PMPI_Type_create_resized_c(oldtype: MPI_Datatype, lb: MPI_Count, extent: MPI_Count, newtype: *mut MPI_Datatype) -> c_int {
+        crate::datatype::PMPI_Type_create_resized(oldtype, lb as MPI_Aint, extent as MPI_Aint, newtype)
+    }
+    fn MPI_Type_create_hindexed_block_c / PMPI_Type_create_hindexed_block_c(count: MPI_Count, blocklength: MPI_Count, array_of_displacements: *const MPI_Count, oldtype: MPI_Datatype, newtype: *mut MPI_Datatype) -> c_int {
+        // MPI_Count and MPI_Aint are both 64-bit here: the displacement array is passed as it is.
+        conv!(MPI_COMM_WORLD, "MPI_Type_create_hindexed_block_c", count, blocklength; crate::datatype::PMPI_Type_create_hindexed_block(count, blocklength, array_of_displacements as *const MPI_Aint, oldtype, newtype))
+    }
+    fn MPI_Type_create_indexed_block_c / PMPI_Type_create_indexed_block_c(count: MPI_Count, blocklength: MPI_Count, array_of_displacements: *const MPI_Count, oldtype: MPI_Datatype, newtype: *mut MPI_Datatype) -> c_int {
+        let d = match ints(array_of_displacements, count) { Ok(v) => v, Err(e) => return raise(MPI_COMM_WORLD, "MPI_Type_create_indexed_block_c", e) };
+        conv!(MPI_COMM_WORLD, "MPI_Type_create_indexed_block_c", count, blocklength; crate::datatype::PMPI_Type_create_indexed_block(count, blocklength, d.as_ptr(), oldtype, newtype))
+    }
+    fn MPI_Pack_external_size_c / PMPI_Pack_external_size_c(datarep: *const c_char, incount: MPI_Count, datatype: MPI_Datatype, size: *mut MPI_Count) -> c_int {
+        conv!(MPI_COMM_WORLD, "MPI_Pack_external_size_c", incount; crate::datatype::PMPI_Pack_external_size(datarep, incount, datatype, size as *mut MPI_Aint))
+    }
+    fn MPI_Pack_external_c / PMPI_Pack_external_c(datarep: *const c_char, inbuf: *const c_void, incount: MPI_Count, datatype: MPI_Datatype, outbuf: *mut c_void, outsize: MPI_Count, position: *mut MPI_Count) -> c_int {
+        conv!(MPI_COMM_WORLD, "MPI_Pack_external_c", incount; crate::datatype::PMPI_Pack_external(datarep, inbuf, incount, datatype, outbuf, outsize as MPI_Aint, position as *mut MPI_Aint))
+    }
+    fn MPI_Unpack_external_c / PMPI_Unpack_external_c(datarep: *const c_char, inbuf: *const c_void, insize: MPI_Count, position: *mut MPI_Count, outbuf: *mut c_void, outcount: MPI_Count, datatype: MPI_Datatype) -> c_int {
+        conv!(MPI_COMM_WORLD, "MPI_Unpack_external_c", outcount; crate::datatype::PMPI_Unpack_external(datarep, inbuf, insize as MPI_Aint, position as *mut MPI_Aint, outbuf, outcount, datatype))
+    }
+    fn MPI_Pack_c / PMPI_Pack_c(inbuf: *const c_void, incount: MPI_Count, datatype: MPI_Datatype, outbuf: *mut c_void, outsize: MPI_Count, position: *mut MPI_Count, comm: MPI_Comm) -> c_int {
+        if position.is_null() {
+            return raise(comm, "MPI_Pack_c", MpiErr { code: MPI_ERR_ARG, msg: "position is NULL".into() });
+        }
+        let mut pos = match ci(*position) { Ok(v) => v, Err(e) => return raise(comm, "MPI_Pack_c", e) };
+        let rc = conv!(comm, "MPI_Pack_c", incount, outsize; crate::datatype::PMPI_Pack(inbuf, incount, datatype, outbuf, outsize, &mut pos, comm));
+        *position = pos as MPI_Count;
+        rc
+    }
+    fn MPI_Unpack_c / PMPI_Unpack_c(inbuf: *const c_void, insize: MPI_Count, position: *mut MPI_Count, outbuf: *mut c_void, outcount: MPI_Count, datatype: MPI_Datatype, comm: MPI_Comm) -> c_int {
+        if position.is_null() {
+            return raise(comm, "MPI_Unpack_c", MpiErr { code: MPI_ERR_ARG, msg: "position is NULL".into() });
+        }
+        let mut pos = match ci(*position) { Ok(v) => v, Err(e) => return raise(comm, "MPI_Unpack_c", e) };
+        let rc = conv!(comm, "MPI_Unpack_c", insize, outcount; crate::datatype::PMPI_Unpack(inbuf, insize, &mut pos, outbuf, outcount, datatype, comm));
+        *position = pos as MPI_Count;
+        rc
+    }
+    fn MPI_Buffer_attach_c / PMPI_Buffer_attach_c(buffer: *mut c_void, size: MPI_Count) -> c_int {
+        conv!(MPI_COMM_WORLD, "MPI_Buffer_attach_c", size; crate::p2p::PMPI_Buffer_attach(buffer, size))
+    }
+    fn MPI_Buffer_detach_c / PMPI_Buffer_detach_c(buffer_addr: *mut c_void, size: *mut MPI_Count) -> c_int {
+        if size.is_null() {
+            return raise(MPI_COMM_WORLD, "MPI_Buffer_detach_c", MpiErr { code: MPI_ERR_ARG, msg: "size is NULL".into() });
+        }
+        let mut n: c_int = 0;
+        let rc = crate::p2p::PMPI_Buffer_detach(buffer_addr, &mut n);
+        *size = n as MPI_Count;
+        rc
+    }
+
 }

@@ -43,6 +43,7 @@ mod intercomm;
 mod ldouble;
 mod op;
 mod p2p;
+mod removed;
 mod session;
 mod shmcoll;
 
