@@ -1290,13 +1290,8 @@ mpi_api! {
     fn MPI_Sendrecv_replace / PMPI_Sendrecv_replace(buf: *mut c_void, count: c_int, datatype: MPI_Datatype, dest: c_int, sendtag: c_int,
         source: c_int, recvtag: c_int, comm: MPI_Comm, status: *mut MPI_Status) -> c_int {
         let r = (|| -> R {
-            let bytes = lay_bytes(buf, count, datatype)?;
-            let tmp = match stage(buf, count, datatype, bytes, true)? {
-                Some(v) => v,
-                None if bytes > 0 => std::slice::from_raw_parts(buf as *const u8, bytes).to_vec(),
-                None => Vec::new(),
-            };
-            sendrecv(tmp.as_ptr() as *const c_void, bytes as c_int, MPI_BYTE, dest, sendtag, buf, count, datatype, source, recvtag, comm, status)
+            let (tmp, bytes) = packed_copy(buf, count, datatype)?;
+            sendrecv(tmp.as_ptr() as *const c_void, bytes, MPI_BYTE, dest, sendtag, buf, count, datatype, source, recvtag, comm, status)
         })();
         fin(comm, "MPI_Sendrecv_replace", r)
     }
@@ -1310,13 +1305,7 @@ mpi_api! {
         source: c_int, recvtag: c_int, comm: MPI_Comm, request: *mut MPI_Request) -> c_int {
         let r = (|| -> R {
             // The outgoing data is copied (packed) first, so the receive may land in `buf` at any time.
-            let bytes = lay_bytes(buf, count, datatype)?;
-            let tmp = match stage(buf, count, datatype, bytes, true)? {
-                Some(v) => v,
-                None if bytes > 0 => std::slice::from_raw_parts(buf as *const u8, bytes).to_vec(),
-                None => Vec::new(),
-            };
-            let c = c_int::try_from(bytes).map_err(|_| MpiErr { code: MPI_ERR_COUNT, msg: format!("{bytes} bytes exceed INT_MAX") })?;
+            let (tmp, c) = packed_copy(buf, count, datatype)?;
             isendrecv(tmp.as_ptr() as *const c_void, c, MPI_BYTE, dest, sendtag, Some(tmp), buf, count, datatype, source, recvtag, comm, request)
         })();
         fin(comm, "MPI_Isendrecv_replace", r)
@@ -1625,6 +1614,19 @@ fn elements(status: &MPI_Status, dt: MPI_Datatype) -> R<MPI_Count> {
 }
 
 const MPI_BYTE: MPI_Datatype = 0x4c00_010d;
+
+/// The data of `count` elements of `dt` at `buf`, packed into a new vector, and its length in bytes: the
+/// outgoing side of the `_replace` calls, taken before anything lands in `buf`.
+unsafe fn packed_copy(buf: *const c_void, count: c_int, dt: MPI_Datatype) -> R<(Vec<u8>, c_int)> {
+    let bytes = lay_bytes(buf, count, dt)?;
+    let tmp = match stage(buf, count, dt, bytes, true)? {
+        Some(v) => v,
+        None if bytes > 0 => std::slice::from_raw_parts(buf as *const u8, bytes).to_vec(),
+        None => Vec::new(),
+    };
+    let n = c_int::try_from(bytes).map_err(|_| MpiErr { code: MPI_ERR_COUNT, msg: format!("{bytes} bytes exceed INT_MAX") })?;
+    Ok((tmp, n))
+}
 
 /// MPI_Isendrecv(_replace): a receive request with the send linked to it (both complete together).
 /// `owned` is the send data when it is a copy (the replace variant): the send request keeps it alive.
