@@ -17,6 +17,8 @@ command -v gfortran >/dev/null 2>&1 || need+=(gfortran)
 command -v python3 >/dev/null 2>&1 || need+=(python3)
 # NetPIPE as Debian builds it against MPICH: a standard benchmark binary the tests run unmodified.
 command -v NPmpich2 >/dev/null 2>&1 || need+=(netpipe-mpich2)
+# ScaLAPACK's test programs as Debian builds them against MPICH: run unmodified by the tests.
+[ -x /usr/lib/x86_64-linux-gnu/scalapack/mpich-tests/xdlu ] || need+=(scalapack-mpi-test)
 # Emulated hosts (vmfabric run --hosts) use ip(8).
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
 if [ ${#need[@]} -gt 0 ]; then
