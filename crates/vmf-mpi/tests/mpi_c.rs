@@ -591,7 +591,8 @@ fn every_declared_function_is_exported_as_mpi_and_pmpi() {
 /// ScaLAPACK's own test programs as Debian builds them against MPICH (package scalapack-mpi-test: BLACS
 /// over MPI point-to-point, collectives, user-defined ops on derived datatypes, communicator splits),
 /// run unmodified over our library at 4 ranks; each checks its numerical residuals. Of the 70 programs,
-/// xsllt and xdllt are left out: they hang under Debian's MPICH as well (6 runs of 6).
+/// xsllt and xdllt are left out: they hang under Debian's MPICH as well (6 runs of 6). Then the BLACS
+/// testers.
 #[test]
 fn scalapack_test_programs_from_debian_run_unmodified_and_pass_their_residual_checks() {
     let bin = Path::new("/usr/lib/x86_64-linux-gnu/scalapack/mpich-tests");
@@ -635,6 +636,32 @@ fn scalapack_test_programs_from_debian_run_unmodified_and_pass_their_residual_ch
             o.status.success() && passed > 0 && failed == 0,
             "ScaLAPACK {p} at 4 ranks: {} ({passed} passed, {failed} failed):\n{out}",
             o.status
+        );
+    }
+    // The BLACS testers (C and Fortran): point-to-point, broadcasts, sums and max/min with locations over
+    // every grid scope and type. They end by testing BLACS_ABORT, which must end the job (MPI_Abort).
+    for f in std::fs::read_dir(data.join("BLACS")).unwrap().flatten() {
+        std::fs::copy(f.path(), dir.join(f.file_name())).unwrap();
+    }
+    for p in ["xCbtest", "xFbtest"] {
+        let o = Command::new("timeout")
+            .arg("120")
+            .arg(s.rel.join("vmfabric"))
+            .args(["run", "-n", "4"])
+            .arg(bin.join(p))
+            .env("LD_LIBRARY_PATH", &s.libdir)
+            .current_dir(&dir)
+            .output()
+            .unwrap();
+        let out = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
+        let verdicts: Vec<&str> = out.lines().filter(|l| l.contains("TESTS;") && l.contains("FAILED.")).collect();
+        let bad: Vec<&&str> = verdicts.iter().filter(|l| !l.contains(" 0 FAILED.")).collect();
+        assert!(
+            verdicts.len() >= 20 && bad.is_empty() && out.contains("test is for BLACS_ABORT")
+                && o.status.code() != Some(0) && o.status.code() != Some(124),
+            "BLACS tester {p} at 4 ranks: {} ({} verdicts, failing: {bad:?}):\n{out}",
+            o.status,
+            verdicts.len()
         );
     }
     let _ = std::fs::remove_dir_all(&dir);
