@@ -293,6 +293,8 @@ pub(crate) struct MReq {
     pub sched: Option<Box<coll::Sched>>,
     /// MPI_Isendrecv(_replace): the hidden send request (index) this receive completes together with.
     pub link: Option<u32>,
+    /// Generalized request (MPI_Grequest_start).
+    pub greq: Option<Box<p2p::Greq>>,
 }
 
 /// A user error handler.

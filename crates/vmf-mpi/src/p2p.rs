@@ -66,6 +66,48 @@ fn core_err(e: Option<vmf_core::Error>) -> R {
 
 // ------------------------------------------------------------------------------------------------ request table
 
+type GreqQuery = unsafe extern "C" fn(*mut c_void, *mut MPI_Status) -> c_int;
+type GreqFree = unsafe extern "C" fn(*mut c_void) -> c_int;
+type GreqCancel = unsafe extern "C" fn(*mut c_void, c_int) -> c_int;
+
+/// A generalized request (MPI_Grequest_start): the program completes it with MPI_Grequest_complete
+/// (maybe from another thread: the flag is atomic and boxed, so its address is stable); MPI calls the
+/// program's query function for the status and its free function when the request goes away.
+pub(crate) struct Greq {
+    query: GreqQuery,
+    free: GreqFree,
+    cancel: GreqCancel,
+    extra: *mut c_void,
+    done: std::sync::atomic::AtomicBool,
+    /// MPI_Request_free came before MPI_Grequest_complete: the latter frees it.
+    freed: bool,
+}
+
+impl Greq {
+    fn is_done(&self) -> bool {
+        self.done.load(std::sync::atomic::Ordering::Acquire)
+    }
+    /// The status the program's query function reports, and its error.
+    unsafe fn query(&self) -> (St, R) {
+        let mut s = MPI_Status::default();
+        let rc = (self.query)(self.extra, &mut s);
+        let st = St {
+            src: s.MPI_SOURCE,
+            tag: s.MPI_TAG,
+            bytes: crate::get_count(&s).max(0) as usize,
+            cancelled: s.count_hi_and_cancelled & 1 != 0,
+        };
+        (
+            st,
+            if rc == MPI_SUCCESS {
+                Ok(())
+            } else {
+                err(rc, "the generalized request's query function failed")
+            },
+        )
+    }
+}
+
 pub(crate) fn new_req(st: &mut State, r: MReq) -> MPI_Request {
     let i = match st.free_reqs.pop() {
         Some(i) => {
@@ -108,6 +150,7 @@ pub(crate) fn new_sched_req(st: &mut State, ci: usize, s: Box<crate::coll::Sched
             xfer: None,
             sched: Some(s),
             link: None,
+            greq: None,
         },
     )
 }
@@ -127,6 +170,7 @@ pub(crate) fn new_done_req(st: &mut State, ci: usize) -> MPI_Request {
             xfer: None,
             sched: None,
             link: None,
+            greq: None,
         },
     )
 }
@@ -195,6 +239,9 @@ fn req_done_at(e: &Engine, reqs: &[MReq], i: usize) -> bool {
 
 #[inline]
 fn req_done(e: &Engine, r: &MReq) -> bool {
+    if let Some(g) = &r.greq {
+        return g.is_done();
+    }
     if let Some(s) = &r.sched {
         return s.done;
     }
@@ -204,6 +251,17 @@ fn req_done(e: &Engine, r: &MReq) -> bool {
 /// Complete request `i` (which must be done): free it (nonpersistent; `*h` becomes MPI_REQUEST_NULL) or
 /// make it inactive (persistent). Returns its status and error.
 unsafe fn complete(st: &mut State, i: usize, h: *mut MPI_Request) -> R<(St, R)> {
+    if let Some(g) = st.reqs[i].greq.take() {
+        let (s, r) = g.query();
+        let rf = (g.free)(g.extra);
+        let r = r.and(if rf == MPI_SUCCESS {
+            Ok(())
+        } else {
+            err(rf, "the generalized request's free function failed")
+        });
+        release_slot(st, i, h);
+        return Ok((s, r));
+    }
     if let Some(j) = st.reqs[i].link.take() {
         // MPI_Isendrecv: the send completes with the receive; its error, if any, is the request's.
         let (_, send_res) = complete(st, j as usize, std::ptr::null_mut())?;
@@ -258,6 +316,10 @@ unsafe fn complete(st: &mut State, i: usize, h: *mut MPI_Request) -> R<(St, R)> 
 
 /// Status of a done request without completing it.
 fn peek(st: &State, i: usize) -> (St, R) {
+    if let Some(g) = &st.reqs[i].greq {
+        // SAFETY: the program's query function, with its own extra state.
+        return unsafe { g.query() };
+    }
     if let Some(j) = st.reqs[i].link {
         let (s, r) = peek_one(st, i);
         return (s, r.and(peek_one(st, j as usize).1));
@@ -328,6 +390,17 @@ pub(crate) fn reap(st: &mut State, all: bool) -> R {
         }
     }
     Ok(())
+}
+
+/// Give request slot `i` back (and set the program's handle, if any, to MPI_REQUEST_NULL).
+unsafe fn release_slot(st: &mut State, i: usize, h: *mut MPI_Request) {
+    let r = &mut st.reqs[i];
+    r.live = false;
+    r.active = false;
+    st.free_reqs.push(i as u32);
+    if !h.is_null() {
+        *h = MPI_REQUEST_NULL;
+    }
 }
 
 /// MPI_Request_free of request `i`: an active operation finishes in the background.
@@ -554,6 +627,7 @@ unsafe fn send_nonblocking(
             xfer,
             sched: None,
             link: None,
+            greq: None,
         },
     );
     Ok(())
@@ -654,6 +728,7 @@ unsafe fn recv_nonblocking(
             xfer,
             sched: None,
             link: None,
+            greq: None,
         },
     );
     Ok(())
@@ -708,6 +783,7 @@ unsafe fn persistent(
             xfer: None,
             sched: None,
             link: None,
+            greq: None,
         },
     );
     Ok(())
@@ -793,7 +869,11 @@ unsafe fn wait(h: *mut MPI_Request, status: *mut MPI_Status, ecomm: &mut MPI_Com
     }
     let i = req_index(st, *h)?;
     *ecomm = comm_handle(st.reqs[i].comm);
-    if st.reqs[i].sched.is_some() || st.nbc_active > 0 || st.reqs[i].link.is_some() {
+    if st.reqs[i].sched.is_some()
+        || st.nbc_active > 0
+        || st.reqs[i].link.is_some()
+        || st.reqs[i].greq.is_some()
+    {
         wait_reqs(st, &[i], true)?;
     } else if let (true, Some(id)) = (st.reqs[i].active, st.reqs[i].eng) {
         let mut e = st.fab.engine();
@@ -1296,6 +1376,40 @@ mpi_api! {
         fin(comm, "MPI_Sendrecv_replace", r)
     }
 
+    fn MPI_Grequest_start / PMPI_Grequest_start(query_fn: Option<GreqQuery>, free_fn: Option<GreqFree>, cancel_fn: Option<GreqCancel>, extra_state: *mut c_void, request: *mut MPI_Request) -> c_int {
+        let r = (|| -> R {
+            let st = state()?;
+            let (Some(query), Some(free), Some(cancel)) = (query_fn, free_fn, cancel_fn) else {
+                return err(MPI_ERR_ARG, "query_fn, free_fn and cancel_fn must all be given");
+            };
+            if request.is_null() {
+                return err(MPI_ERR_ARG, "request is NULL");
+            }
+            let g = Greq { query, free, cancel, extra: extra_state, done: Default::default(), freed: false };
+            *request = new_req(st, MReq { live: true, comm: 1, is_recv: false, eng: None, fin: None, persist: None, active: true, xfer: None, sched: None, link: None, greq: Some(Box::new(g)) });
+            Ok(())
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Grequest_start", r)
+    }
+    fn MPI_Grequest_complete / PMPI_Grequest_complete(request: MPI_Request) -> c_int {
+        let r = (|| -> R {
+            let st = state()?;
+            let i = req_index(st, request)?;
+            let Some(g) = st.reqs[i].greq.as_ref() else { return err(MPI_ERR_REQUEST, "not a generalized request") };
+            g.done.store(true, std::sync::atomic::Ordering::Release);
+            if g.freed {
+                let g = st.reqs[i].greq.take().unwrap();
+                let rc = (g.free)(g.extra);
+                release_slot(st, i, std::ptr::null_mut());
+                if rc != MPI_SUCCESS {
+                    return err(rc, "the generalized request's free function failed");
+                }
+            }
+            Ok(())
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Grequest_complete", r)
+    }
+
     fn MPI_Isendrecv / PMPI_Isendrecv(sendbuf: *const c_void, sendcount: c_int, sendtype: MPI_Datatype, dest: c_int, sendtag: c_int,
         recvbuf: *mut c_void, recvcount: c_int, recvtype: MPI_Datatype, source: c_int, recvtag: c_int, comm: MPI_Comm, request: *mut MPI_Request) -> c_int {
         let r = isendrecv(sendbuf, sendcount, sendtype, dest, sendtag, None, recvbuf, recvcount, recvtype, source, recvtag, comm, request);
@@ -1360,6 +1474,18 @@ mpi_api! {
             }
             let i = req_index(st, *request)?;
             ec = comm_handle(st.reqs[i].comm);
+            if let Some(g) = st.reqs[i].greq.as_mut() {
+                if g.is_done() {
+                    let g = st.reqs[i].greq.take().unwrap();
+                    let rc = (g.free)(g.extra);
+                    release_slot(st, i, request);
+                    return if rc == MPI_SUCCESS { Ok(()) } else { err(rc, "the generalized request's free function failed") };
+                }
+                // Freed by MPI_Grequest_complete later; the handle is gone for the program now.
+                g.freed = true;
+                *request = MPI_REQUEST_NULL;
+                return Ok(());
+            }
             if let Some(j) = st.reqs[i].link.take() {
                 free_req(st, j as usize)?;
             }
@@ -1408,6 +1534,10 @@ mpi_api! {
             }
             let i = req_index(st, *request)?;
             ec = comm_handle(st.reqs[i].comm);
+            if let Some(g) = &st.reqs[i].greq {
+                let rc = (g.cancel)(g.extra, g.is_done() as c_int);
+                return if rc == MPI_SUCCESS { Ok(()) } else { err(rc, "the generalized request's cancel function failed") };
+            }
             let r = &st.reqs[i];
             // Receives that have not matched are cancelled; sends cannot be (MPI_Test_cancelled says false).
             if let (true, true, Some(id)) = (r.active, r.is_recv, r.eng) {
@@ -1534,7 +1664,7 @@ mpi_api! {
                 Some((id, ci)) => (Some(id), None, ci),
             };
             ec = comm_handle(ci);
-            *request = new_req(st, MReq { live: true, comm: ci, is_recv: true, eng, fin, persist: None, active: true, xfer: None, sched: None, link: None });
+            *request = new_req(st, MReq { live: true, comm: ci, is_recv: true, eng, fin, persist: None, active: true, xfer: None, sched: None, link: None, greq: None });
             Ok(())
         })();
         fin(ec, "MPI_Imrecv", r)
@@ -1624,7 +1754,10 @@ unsafe fn packed_copy(buf: *const c_void, count: c_int, dt: MPI_Datatype) -> R<(
         None if bytes > 0 => std::slice::from_raw_parts(buf as *const u8, bytes).to_vec(),
         None => Vec::new(),
     };
-    let n = c_int::try_from(bytes).map_err(|_| MpiErr { code: MPI_ERR_COUNT, msg: format!("{bytes} bytes exceed INT_MAX") })?;
+    let n = c_int::try_from(bytes).map_err(|_| MpiErr {
+        code: MPI_ERR_COUNT,
+        msg: format!("{bytes} bytes exceed INT_MAX"),
+    })?;
     Ok((tmp, n))
 }
 

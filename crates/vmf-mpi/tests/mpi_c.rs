@@ -598,7 +598,9 @@ fn scalapack_test_programs_from_debian_run_unmodified_and_pass_their_residual_ch
     let bin = Path::new("/usr/lib/x86_64-linux-gnu/scalapack/mpich-tests");
     let data = Path::new("/usr/share/scalapack");
     if !bin.join("xdlu").exists() || !data.join("LU.dat").exists() {
-        eprintln!("note: scalapack-mpi-test not installed (apt-get install scalapack-mpi-test); skipped");
+        eprintln!(
+            "note: scalapack-mpi-test not installed (apt-get install scalapack-mpi-test); skipped"
+        );
         return;
     }
     let s = setup();
@@ -610,8 +612,9 @@ fn scalapack_test_programs_from_debian_run_unmodified_and_pass_their_residual_ch
         }
     }
     let progs = [
-        "xdlu", "xzlu", "xdqr", "xcqr", "xdinv", "xzllt", "xdsep", "xzsep", "xdgsep", "xdnep", "xdhrd", "xdtrd",
-        "xdbrd", "xddblu", "xddtlu", "xdgblu", "xdpbllt", "xdptllt", "xdsvd", "xdhseqr", "xcevc", "xdsyevr",
+        "xdlu", "xzlu", "xdqr", "xcqr", "xdinv", "xzllt", "xdsep", "xzsep", "xdgsep", "xdnep",
+        "xdhrd", "xdtrd", "xdbrd", "xddblu", "xddtlu", "xdgblu", "xdpbllt", "xdptllt", "xdsvd",
+        "xdhseqr", "xcevc", "xdsyevr",
     ];
     for p in progs {
         let o = Command::new("timeout")
@@ -623,15 +626,24 @@ fn scalapack_test_programs_from_debian_run_unmodified_and_pass_their_residual_ch
             .current_dir(&dir)
             .output()
             .unwrap();
-        let out = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
+        let out =
+            String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
         // The summary some programs print: "N tests completed and passed/failed residual checks."
         let count = |what: &str| -> Option<usize> {
-            out.lines().find(|l| l.contains(what)).and_then(|l| l.split_whitespace().next()?.parse().ok())
+            out.lines()
+                .find(|l| l.contains(what))
+                .and_then(|l| l.split_whitespace().next()?.parse().ok())
         };
-        let passed = count("completed and passed residual checks")
-            .unwrap_or_else(|| out.lines().filter(|l| l.contains("PASSED") || l.starts_with("Passed")).count());
+        let passed = count("completed and passed residual checks").unwrap_or_else(|| {
+            out.lines()
+                .filter(|l| l.contains("PASSED") || l.starts_with("Passed"))
+                .count()
+        });
         let failed = count("completed and failed residual checks").unwrap_or(0)
-            + out.lines().filter(|l| l.contains("FAILED") || l.starts_with("Failed")).count();
+            + out
+                .lines()
+                .filter(|l| l.contains("FAILED") || l.starts_with("Failed"))
+                .count();
         assert!(
             o.status.success() && passed > 0 && failed == 0,
             "ScaLAPACK {p} at 4 ranks: {} ({passed} passed, {failed} failed):\n{out}",
@@ -653,12 +665,22 @@ fn scalapack_test_programs_from_debian_run_unmodified_and_pass_their_residual_ch
             .current_dir(&dir)
             .output()
             .unwrap();
-        let out = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
-        let verdicts: Vec<&str> = out.lines().filter(|l| l.contains("TESTS;") && l.contains("FAILED.")).collect();
-        let bad: Vec<&&str> = verdicts.iter().filter(|l| !l.contains(" 0 FAILED.")).collect();
+        let out =
+            String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
+        let verdicts: Vec<&str> = out
+            .lines()
+            .filter(|l| l.contains("TESTS;") && l.contains("FAILED."))
+            .collect();
+        let bad: Vec<&&str> = verdicts
+            .iter()
+            .filter(|l| !l.contains(" 0 FAILED."))
+            .collect();
         assert!(
-            verdicts.len() >= 20 && bad.is_empty() && out.contains("test is for BLACS_ABORT")
-                && o.status.code() != Some(0) && o.status.code() != Some(124),
+            verdicts.len() >= 20
+                && bad.is_empty()
+                && out.contains("test is for BLACS_ABORT")
+                && o.status.code() != Some(0)
+                && o.status.code() != Some(124),
             "BLACS tester {p} at 4 ranks: {} ({} verdicts, failing: {bad:?}):\n{out}",
             o.status,
             verdicts.len()

@@ -47,6 +47,7 @@ pub(crate) unsafe fn init(
             xfer: None,
             sched: None,
             link: None,
+            greq: None,
         },
     );
     let i = ((h as u32) & 0x03ff_ffff) as usize;
