@@ -1,6 +1,6 @@
 /* MPI 4.0 calls around the core: Info objects and communicator hints, MPI_Isendrecv(_replace) (ring
  * exchange at every rank count, eager and rendezvous sizes, a derived datatype, wildcards, Waitall/Test,
- * Request_free), generalized requests, status manipulation (Status_set_elements/_cancelled, Status_c2f/f2c), Type_match_size and
+ * Request_free), partitioned communication, generalized requests, status manipulation (Status_set_elements/_cancelled, Status_c2f/f2c), Type_match_size and
  * the Fortran 90 parameterised types, Pcontrol, the MPI-1 functions removed in MPI-3, and a session that outlives MPI_Finalize. Any rank count. Built with either header; checks of choices
  * the standard leaves open are made on vmfabric only (MUST). Debian's MPICH 4.0 itself does not pass: its
  * MPI_Isendrecv leaves the status empty and its derived-datatype MPI_Isendrecv_replace trips a yaksa
@@ -17,6 +17,72 @@ int MPI_Type_hvector(int, int, MPI_Aint, MPI_Datatype, MPI_Datatype *);
 int MPI_Type_struct(int, int *, MPI_Aint *, MPI_Datatype *, MPI_Datatype *);
 int MPI_Errhandler_set(MPI_Comm, MPI_Errhandler);
 int MPI_Errhandler_get(MPI_Comm, MPI_Errhandler *);
+
+/* Partitioned communication around a ring: 8 partitions of 100 ints, 3 rounds of one persistent pair,
+ * partitions marked ready one by one (backwards), by range and by list; the receiver polls MPI_Parrived.
+ * A wildcard receive posted on the same communicator must not take the partitioned messages. */
+static void partitioned_checks(int rank, int size)
+{
+    int right = (rank + 1) % size, left = (rank + size - 1) % size;
+    enum { P = 8, N = 100 };
+    int *sb = malloc(sizeof(int) * P * N), *rb = malloc(sizeof(int) * P * N);
+    MPI_Request ps, pr, wild;
+    int dummy = -1;
+    MPI_Irecv(&dummy, 1, MPI_INT, MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_COMM_WORLD, &wild);
+    MPI_Psend_init(sb, P, N, MPI_INT, right, 7, MPI_COMM_WORLD, MPI_INFO_NULL, &ps);
+    MPI_Precv_init(rb, P, N, MPI_INT, left, 7, MPI_COMM_WORLD, MPI_INFO_NULL, &pr);
+    for (int round = 0; round < 3; round++) {
+        for (int i = 0; i < P * N; i++) {
+            sb[i] = rank * 100000 + round * 1000 + i;
+            rb[i] = -1;
+        }
+        MPI_Start(&pr);
+        MPI_Start(&ps);
+        if (round == 0)
+            for (int k = P - 1; k >= 0; k--)
+                MPI_Pready(k, ps);
+        else if (round == 1)
+            MPI_Pready_range(0, P - 1, ps);
+        else {
+            int list[P];
+            for (int k = 0; k < P; k++)
+                list[k] = (k * 3) % P;
+            MPI_Pready_list(P, list, ps);
+        }
+        int arrived = 0;
+        while (!arrived)
+            MPI_Parrived(pr, P - 1, &arrived);
+        MPI_Status st;
+        MPI_Wait(&pr, &st);
+        MPI_Wait(&ps, MPI_STATUS_IGNORE);
+        int c;
+        MPI_Get_count(&st, MPI_INT, &c);
+        CHECK(c == P * N && st.MPI_SOURCE == left && st.MPI_TAG == 7);
+        for (int i = 0; i < P * N; i++)
+            CHECK(rb[i] == left * 100000 + round * 1000 + i);
+        MPI_Parrived(pr, 0, &arrived); /* inactive after completion */
+    }
+    int flag;
+    MPI_Test(&wild, &flag, MPI_STATUS_IGNORE);
+    CHECK(!flag);
+    MPI_Cancel(&wild);
+    MPI_Wait(&wild, MPI_STATUS_IGNORE);
+    /* Errors: waiting for a send whose partitions are not all ready, a partition out of range. */
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    MPI_Start(&ps);
+    CHECK_RC(MPI_Pready(P, ps), MPI_ERR_ARG);
+    MPI_Pready_range(0, P - 2, ps);
+    CHECK_RC(MPI_Wait(&ps, MPI_STATUS_IGNORE), MPI_ERR_REQUEST);
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_ARE_FATAL);
+    MPI_Start(&pr);
+    MPI_Pready(P - 1, ps);
+    MPI_Wait(&ps, MPI_STATUS_IGNORE);
+    MPI_Wait(&pr, MPI_STATUS_IGNORE);
+    MPI_Request_free(&ps);
+    MPI_Request_free(&pr);
+    free(sb);
+    free(rb);
+}
 
 /* Generalized requests: the program completes them; MPI calls its query, free and cancel functions. */
 static int q_calls, f_calls, c_calls, c_complete;
@@ -472,6 +538,7 @@ int main(int argc, char **argv)
     removed_mpi1_checks();
     large_count_checks(rank, size);
     grequest_checks(rank);
+    partitioned_checks(rank, size);
     MPI_Barrier(MPI_COMM_WORLD);
     MPI_Finalize();
     int flag;

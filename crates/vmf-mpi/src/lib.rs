@@ -295,6 +295,8 @@ pub(crate) struct MReq {
     pub link: Option<u32>,
     /// Generalized request (MPI_Grequest_start).
     pub greq: Option<Box<p2p::Greq>>,
+    /// Partitioned send or receive (MPI_Psend_init, MPI_Precv_init).
+    pub part: Option<Box<p2p::Part>>,
 }
 
 /// A user error handler.

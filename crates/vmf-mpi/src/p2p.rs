@@ -70,6 +70,24 @@ type GreqQuery = unsafe extern "C" fn(*mut c_void, *mut MPI_Status) -> c_int;
 type GreqFree = unsafe extern "C" fn(*mut c_void) -> c_int;
 type GreqCancel = unsafe extern "C" fn(*mut c_void, c_int) -> c_int;
 
+/// Partitioned communication (MPI 4.0): a persistent request whose message moves as one piece, on the
+/// communicator's collective context with a tag of its own range (so it matches only the other side's
+/// partitioned operation). A send leaves when its last partition is marked ready; a receive reports a
+/// partition arrived when the whole message has.
+pub(crate) struct Part {
+    parts: usize,
+    ready: Vec<bool>,
+    nready: usize,
+}
+
+/// Tag range of partitioned messages on the collective context (below: collective schedules; above:
+/// intercommunicator set-up).
+const PART_TAG: c_int = 0x2000_0000;
+
+fn part_tag(tag: c_int) -> c_int {
+    PART_TAG | (tag & 0x1fff_ffff)
+}
+
 /// A generalized request (MPI_Grequest_start): the program completes it with MPI_Grequest_complete
 /// (maybe from another thread: the flag is atomic and boxed, so its address is stable); MPI calls the
 /// program's query function for the status and its free function when the request goes away.
@@ -151,6 +169,7 @@ pub(crate) fn new_sched_req(st: &mut State, ci: usize, s: Box<crate::coll::Sched
             sched: Some(s),
             link: None,
             greq: None,
+            part: None,
         },
     )
 }
@@ -171,6 +190,7 @@ pub(crate) fn new_done_req(st: &mut State, ci: usize) -> MPI_Request {
             sched: None,
             link: None,
             greq: None,
+            part: None,
         },
     )
 }
@@ -242,6 +262,11 @@ fn req_done(e: &Engine, r: &MReq) -> bool {
     if let Some(g) = &r.greq {
         return g.is_done();
     }
+    if let Some(p) = &r.part {
+        if r.active && !r.is_recv && p.nready < p.parts {
+            return false; // its message has not left yet
+        }
+    }
     if let Some(s) = &r.sched {
         return s.done;
     }
@@ -282,7 +307,11 @@ unsafe fn complete(st: &mut State, i: usize, h: *mut MPI_Request) -> R<(St, R)> 
         let (s, e) = st.fab.engine().take_full(id).map_err(from_core)?;
         let c = st.comms[ci].as_ref().expect("request's communicator");
         let s = if is_recv {
-            st_from(c, s)
+            let mut s = st_from(c, s);
+            if st.reqs[i].part.is_some() {
+                s.tag = st.reqs[i].persist.map_or(s.tag, |p| p.tag); // the program's tag, not the range's
+            }
+            s
         } else {
             St {
                 cancelled: s.cancelled,
@@ -389,6 +418,126 @@ pub(crate) fn reap(st: &mut State, all: bool) -> R {
             k += 1;
         }
     }
+    Ok(())
+}
+
+/// MPI_Psend_init / MPI_Precv_init: a persistent request for `partitions * count` elements.
+#[allow(clippy::too_many_arguments)]
+unsafe fn part_init(
+    buf: *mut c_void,
+    partitions: c_int,
+    count: MPI_Count,
+    dt: MPI_Datatype,
+    peer_r: c_int,
+    tag: c_int,
+    comm: MPI_Comm,
+    info: MPI_Info,
+    is_recv: bool,
+    req: *mut MPI_Request,
+) -> R {
+    crate::info::check(info)?;
+    if partitions < 1 {
+        return err(MPI_ERR_ARG, format!("{partitions} partitions (at least 1)"));
+    }
+    let total = count
+        .checked_mul(partitions as MPI_Count)
+        .and_then(|n| c_int::try_from(n).ok())
+        .filter(|&n| n >= 0)
+        .ok_or_else(|| MpiErr {
+            code: MPI_ERR_COUNT,
+            msg: format!("{partitions} partitions of {count} elements: negative or above INT_MAX"),
+        })?;
+    if tag < 0 {
+        return err(
+            MPI_ERR_TAG,
+            format!("tag {tag} is invalid (partitioned operations take no wildcards)"),
+        );
+    }
+    persistent(
+        buf,
+        total,
+        dt,
+        peer_r,
+        tag,
+        comm,
+        Mode::Standard,
+        is_recv,
+        req,
+    )?;
+    let st = state()?;
+    let i = req_index(st, *req)?;
+    if is_recv && peer_r == MPI_ANY_SOURCE {
+        free_req(st, i)?;
+        *req = MPI_REQUEST_NULL;
+        return err(
+            MPI_ERR_RANK,
+            "partitioned receives name their source (no MPI_ANY_SOURCE)",
+        );
+    }
+    let n = partitions as usize;
+    st.reqs[i].part = Some(Box::new(Part {
+        parts: n,
+        ready: vec![false; n],
+        nready: 0,
+    }));
+    Ok(())
+}
+
+/// Mark partitions of an active partitioned send ready; the last one sends the message.
+unsafe fn pready(request: MPI_Request, list: &mut dyn Iterator<Item = c_int>) -> R {
+    let st = state()?;
+    let i = req_index(st, request)?;
+    let r = &mut st.reqs[i];
+    let (Some(p), false) = (r.part.as_mut(), r.is_recv) else {
+        return err(
+            MPI_ERR_REQUEST,
+            "MPI_Pready* needs a partitioned send request",
+        );
+    };
+    if !r.active {
+        return err(
+            MPI_ERR_REQUEST,
+            "MPI_Pready* on a partitioned send that is not started (MPI_Start)",
+        );
+    }
+    if r.fin.is_some() || r.eng.is_some() {
+        return Ok(()); // MPI_PROC_NULL, or already sent
+    }
+    for k in list {
+        let Some(x) = usize::try_from(k).ok().and_then(|k| p.ready.get_mut(k)) else {
+            return err(MPI_ERR_ARG, format!("partition {k} of {}", p.parts));
+        };
+        if !*x {
+            *x = true;
+            p.nready += 1;
+        }
+    }
+    if p.nready < p.parts {
+        return Ok(());
+    }
+    let pr = r.persist.expect("partitioned requests are persistent");
+    let ci = r.comm;
+    let c = st.comms[ci].as_ref().ok_or_else(|| MpiErr {
+        code: MPI_ERR_COMM,
+        msg: "communicator was freed".into(),
+    })?;
+    let w = peer(c, pr.peer, false)?.expect("MPI_PROC_NULL sends complete at MPI_Start");
+    let ctx = c.coll;
+    let mut bp = pr.buf as *const u8;
+    if pr.packed {
+        let x = Box::new(crate::datatype::Xfer {
+            tmp: crate::datatype::pack_vec(pr.buf, pr.count, pr.dt, pr.bytes)?,
+            unpack: None,
+        });
+        bp = x.tmp.as_ptr();
+        st.reqs[i].xfer = Some(x);
+    }
+    let id = st
+        .fab
+        .engine()
+        .isend(bp, pr.bytes, w, part_tag(pr.tag), ctx, SendMode::Standard)
+        .map_err(from_core)?;
+    st.reqs[i].eng = Some(id);
     Ok(())
 }
 
@@ -628,6 +777,7 @@ unsafe fn send_nonblocking(
             sched: None,
             link: None,
             greq: None,
+            part: None,
         },
     );
     Ok(())
@@ -729,6 +879,7 @@ unsafe fn recv_nonblocking(
             sched: None,
             link: None,
             greq: None,
+            part: None,
         },
     );
     Ok(())
@@ -784,6 +935,7 @@ unsafe fn persistent(
             sched: None,
             link: None,
             greq: None,
+            part: None,
         },
     );
     Ok(())
@@ -813,7 +965,23 @@ unsafe fn start(st: &mut State, h: MPI_Request) -> R {
         msg: "communicator was freed".into(),
     })?;
     let w = peer(c, p.peer, is_recv)?;
-    let pt = c.pt;
+    let partitioned = st.reqs[i].part.is_some();
+    let (pt, tag) = if partitioned {
+        (c.coll, part_tag(p.tag))
+    } else {
+        (c.pt, p.tag)
+    };
+    if partitioned && !is_recv && w.is_some() {
+        // The message leaves when the last partition is marked ready (MPI_Pready*).
+        let part = st.reqs[i].part.as_mut().unwrap();
+        part.ready.iter_mut().for_each(|x| *x = false);
+        part.nready = 0;
+        let r = &mut st.reqs[i];
+        r.eng = None;
+        r.fin = None;
+        r.active = true;
+        return Ok(());
+    }
     let mut xfer = None;
     let mut bp = p.buf;
     if p.packed && w.is_some() {
@@ -839,7 +1007,7 @@ unsafe fn start(st: &mut State, h: MPI_Request) -> R {
             Some(
                 st.fab
                     .engine()
-                    .irecv(bp, p.bytes, w, p.tag, pt)
+                    .irecv(bp, p.bytes, w, tag, pt)
                     .map_err(from_core)?,
             ),
             None,
@@ -869,6 +1037,11 @@ unsafe fn wait(h: *mut MPI_Request, status: *mut MPI_Status, ecomm: &mut MPI_Com
     }
     let i = req_index(st, *h)?;
     *ecomm = comm_handle(st.reqs[i].comm);
+    if let Some(p) = &st.reqs[i].part {
+        if st.reqs[i].active && !st.reqs[i].is_recv && p.nready < p.parts {
+            return err(MPI_ERR_REQUEST, format!("MPI_Wait on a partitioned send with {} of {} partitions marked ready (it can never complete)", p.nready, p.parts));
+        }
+    }
     if st.reqs[i].sched.is_some()
         || st.nbc_active > 0
         || st.reqs[i].link.is_some()
@@ -1376,6 +1549,51 @@ mpi_api! {
         fin(comm, "MPI_Sendrecv_replace", r)
     }
 
+    fn MPI_Psend_init / PMPI_Psend_init(buf: *const c_void, partitions: c_int, count: MPI_Count, datatype: MPI_Datatype, dest: c_int, tag: c_int, comm: MPI_Comm, info: MPI_Info, request: *mut MPI_Request) -> c_int {
+        fin(comm, "MPI_Psend_init", part_init(buf as *mut c_void, partitions, count, datatype, dest, tag, comm, info, false, request))
+    }
+    fn MPI_Precv_init / PMPI_Precv_init(buf: *mut c_void, partitions: c_int, count: MPI_Count, datatype: MPI_Datatype, source: c_int, tag: c_int, comm: MPI_Comm, info: MPI_Info, request: *mut MPI_Request) -> c_int {
+        fin(comm, "MPI_Precv_init", part_init(buf, partitions, count, datatype, source, tag, comm, info, true, request))
+    }
+    fn MPI_Pready / PMPI_Pready(partition: c_int, request: MPI_Request) -> c_int {
+        fin(MPI_COMM_WORLD, "MPI_Pready", pready(request, &mut std::iter::once(partition)))
+    }
+    fn MPI_Pready_range / PMPI_Pready_range(partition_low: c_int, partition_high: c_int, request: MPI_Request) -> c_int {
+        fin(MPI_COMM_WORLD, "MPI_Pready_range", pready(request, &mut (partition_low..=partition_high)))
+    }
+    fn MPI_Pready_list / PMPI_Pready_list(length: c_int, array_of_partitions: *const c_int, request: MPI_Request) -> c_int {
+        let r = (|| -> R {
+            if length < 0 || (length > 0 && array_of_partitions.is_null()) {
+                return err(MPI_ERR_ARG, "length is negative or the partition list is NULL");
+            }
+            let list = std::slice::from_raw_parts(array_of_partitions, length as usize);
+            pready(request, &mut list.iter().copied())
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Pready_list", r)
+    }
+    fn MPI_Parrived / PMPI_Parrived(request: MPI_Request, partition: c_int, flag: *mut c_int) -> c_int {
+        let r = (|| -> R {
+            let st = state()?;
+            let i = req_index(st, request)?;
+            let (Some(p), true) = (st.reqs[i].part.as_ref(), st.reqs[i].is_recv) else {
+                return err(MPI_ERR_REQUEST, "MPI_Parrived needs a partitioned receive request");
+            };
+            if partition < 0 || partition as usize >= p.parts {
+                return err(MPI_ERR_ARG, format!("partition {partition} of {}", p.parts));
+            }
+            if flag.is_null() {
+                return err(MPI_ERR_ARG, "flag is NULL");
+            }
+            let mut done = req_done(&st.fab.engine(), &st.reqs[i]);
+            if !done {
+                st.fab.engine().progress().map_err(from_core)?;
+                done = req_done(&st.fab.engine(), &st.reqs[i]);
+            }
+            *flag = done as c_int;
+            Ok(())
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Parrived", r)
+    }
     fn MPI_Grequest_start / PMPI_Grequest_start(query_fn: Option<GreqQuery>, free_fn: Option<GreqFree>, cancel_fn: Option<GreqCancel>, extra_state: *mut c_void, request: *mut MPI_Request) -> c_int {
         let r = (|| -> R {
             let st = state()?;
@@ -1386,7 +1604,7 @@ mpi_api! {
                 return err(MPI_ERR_ARG, "request is NULL");
             }
             let g = Greq { query, free, cancel, extra: extra_state, done: Default::default(), freed: false };
-            *request = new_req(st, MReq { live: true, comm: 1, is_recv: false, eng: None, fin: None, persist: None, active: true, xfer: None, sched: None, link: None, greq: Some(Box::new(g)) });
+            *request = new_req(st, MReq { live: true, comm: 1, is_recv: false, eng: None, fin: None, persist: None, active: true, xfer: None, sched: None, link: None, greq: Some(Box::new(g)), part: None });
             Ok(())
         })();
         fin(MPI_COMM_WORLD, "MPI_Grequest_start", r)
@@ -1664,7 +1882,7 @@ mpi_api! {
                 Some((id, ci)) => (Some(id), None, ci),
             };
             ec = comm_handle(ci);
-            *request = new_req(st, MReq { live: true, comm: ci, is_recv: true, eng, fin, persist: None, active: true, xfer: None, sched: None, link: None, greq: None });
+            *request = new_req(st, MReq { live: true, comm: ci, is_recv: true, eng, fin, persist: None, active: true, xfer: None, sched: None, link: None, greq: None, part: None });
             Ok(())
         })();
         fin(ec, "MPI_Imrecv", r)

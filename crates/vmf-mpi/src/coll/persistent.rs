@@ -48,6 +48,7 @@ pub(crate) unsafe fn init(
             sched: None,
             link: None,
             greq: None,
+            part: None,
         },
     );
     let i = ((h as u32) & 0x03ff_ffff) as usize;
