@@ -183,6 +183,48 @@ static void large_count_checks(int rank, int size)
     CHECK(b == 77);
     free(all);
 
+    /* v/w forms: rank r contributes r + 1 ints. */
+    MPI_Count *cnt = malloc(sizeof(MPI_Count) * size);
+    MPI_Aint *dsp = malloc(sizeof(MPI_Aint) * size);
+    int tot = 0;
+    for (int i = 0; i < size; i++) {
+        cnt[i] = i + 1;
+        dsp[i] = tot;
+        tot += i + 1;
+    }
+    int *mine_v = malloc(sizeof(int) * (rank + 1)), *gath = malloc(sizeof(int) * tot);
+    for (int i = 0; i <= rank; i++)
+        mine_v[i] = rank * 10 + i;
+    MPI_Allgatherv_c(mine_v, rank + 1, MPI_INT, gath, cnt, dsp, MPI_INT, MPI_COMM_WORLD);
+    for (int p = 0; p < size; p++)
+        for (int i = 0; i <= p; i++)
+            CHECK(gath[dsp[p] + i] == p * 10 + i);
+    memset(gath, 0, sizeof(int) * tot);
+    MPI_Igatherv_c(mine_v, rank + 1, MPI_INT, gath, cnt, dsp, MPI_INT, size - 1, MPI_COMM_WORLD, &q);
+    MPI_Wait(&q, MPI_STATUS_IGNORE);
+    if (rank == size - 1)
+        for (int p = 0; p < size; p++)
+            CHECK(gath[dsp[p] + p] == p * 10 + p);
+    int *ones = malloc(sizeof(int) * tot), *part = malloc(sizeof(int) * (rank + 1));
+    for (int i = 0; i < tot; i++)
+        ones[i] = i;
+    MPI_Reduce_scatter_c(ones, part, cnt, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    for (int i = 0; i <= rank; i++)
+        CHECK(part[i] == (int)(dsp[rank] + i) * size);
+    /* Alltoallv: one int to every peer, displacements counted in elements. */
+    MPI_Count *c1 = malloc(sizeof(MPI_Count) * size);
+    MPI_Aint *d1 = malloc(sizeof(MPI_Aint) * size);
+    int *a2a_s = malloc(sizeof(int) * size), *a2a_r = malloc(sizeof(int) * size);
+    for (int i = 0; i < size; i++) {
+        c1[i] = 1;
+        d1[i] = i;
+        a2a_s[i] = rank * 100 + i;
+    }
+    MPI_Alltoallv_c(a2a_s, c1, d1, MPI_INT, a2a_r, c1, d1, MPI_INT, MPI_COMM_WORLD);
+    for (int i = 0; i < size; i++)
+        CHECK(a2a_r[i] == i * 100 + rank);
+    free(cnt); free(dsp); free(mine_v); free(gath); free(ones); free(part); free(c1); free(d1); free(a2a_s); free(a2a_r);
+
     MPI_Count big = (MPI_Count)1 << 40, n;
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     CHECK_RC(MPI_Send_c(src, big, MPI_INT, MPI_PROC_NULL, 0, MPI_COMM_WORLD), MPI_ERR_COUNT);

@@ -5,6 +5,51 @@ use crate::op::MPI_Op;
 use crate::*;
 use std::ffi::{c_char, c_int, c_void};
 
+/// What the count arrays of a v/w collective on a communicator describe.
+struct Shape {
+    /// Blocks in the arrays (the remote group's size on an intercommunicator).
+    peers: usize,
+    /// The local group's size (MPI_Reduce_scatter's counts).
+    size: usize,
+    rank: c_int,
+    inter: bool,
+}
+
+impl Shape {
+    fn of(comm: MPI_Comm) -> R<Shape> {
+        let (_, c) = state()?.comm(comm)?;
+        Ok(Shape {
+            peers: c.remote.as_ref().map_or(c.size as usize, |r| r.len()),
+            size: c.size as usize,
+            rank: c.rank,
+            inter: c.remote.is_some(),
+        })
+    }
+    /// Whether a rooted collective's arrays are significant here.
+    fn rooted(&self, root: c_int) -> bool {
+        if self.inter {
+            root == crate::intercomm::MPI_ROOT
+        } else {
+            root == self.rank
+        }
+    }
+}
+
+/// A count or displacement array as ints when `used` (each value must fit); None when unused or NULL.
+unsafe fn arr(p: *const i64, n: usize, used: bool) -> R<Option<Vec<c_int>>> {
+    if !used || p.is_null() {
+        return Ok(None);
+    }
+    (0..n)
+        .map(|i| ci(*p.add(i)))
+        .collect::<R<Vec<c_int>>>()
+        .map(Some)
+}
+
+fn ptr(v: &Option<Vec<c_int>>) -> *const c_int {
+    v.as_ref().map_or(std::ptr::null(), |v| v.as_ptr())
+}
+
 /// `n` large-count values as ints (each must fit).
 unsafe fn ints(p: *const MPI_Count, n: MPI_Count) -> R<Vec<c_int>> {
     let n = usize::try_from(n).map_err(|_| MpiErr {
@@ -304,6 +349,232 @@ mpi_api! {
         let rc = crate::p2p::PMPI_Buffer_detach(buffer_addr, &mut n);
         *size = n as MPI_Count;
         rc
+    }
+
+    fn MPI_Gatherv_c / PMPI_Gatherv_c(sendbuf: *const c_void, sendcount: MPI_Count, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcounts: *const MPI_Count, displs: *const MPI_Aint, recvtype: MPI_Datatype, root: c_int, comm: MPI_Comm) -> c_int {
+        let r = (|| -> R<c_int> {
+            let v = Shape::of(comm)?;
+            let at = v.rooted(root);
+            let (rc, rd) = (arr(recvcounts, v.peers, at)?, arr(displs as *const i64, v.peers, at)?);
+            let sc = ci(sendcount)?;
+            Ok(crate::coll::PMPI_Gatherv(sendbuf, sc, sendtype, recvbuf, ptr(&rc), ptr(&rd), recvtype, root, comm))
+        })();
+        match r {
+            Ok(rc) => rc,
+            Err(e) => raise(comm, "MPI_Gatherv_c", e),
+        }
+    }
+    fn MPI_Igatherv_c / PMPI_Igatherv_c(sendbuf: *const c_void, sendcount: MPI_Count, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcounts: *const MPI_Count, displs: *const MPI_Aint, recvtype: MPI_Datatype, root: c_int, comm: MPI_Comm, request: *mut MPI_Request) -> c_int {
+        let r = (|| -> R<c_int> {
+            let v = Shape::of(comm)?;
+            let at = v.rooted(root);
+            let (rc, rd) = (arr(recvcounts, v.peers, at)?, arr(displs as *const i64, v.peers, at)?);
+            let sc = ci(sendcount)?;
+            Ok(crate::coll::PMPI_Igatherv(sendbuf, sc, sendtype, recvbuf, ptr(&rc), ptr(&rd), recvtype, root, comm, request))
+        })();
+        match r {
+            Ok(rc) => rc,
+            Err(e) => raise(comm, "MPI_Igatherv_c", e),
+        }
+    }
+    fn MPI_Gatherv_init_c / PMPI_Gatherv_init_c(sendbuf: *const c_void, sendcount: MPI_Count, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcounts: *const MPI_Count, displs: *const MPI_Aint, recvtype: MPI_Datatype, root: c_int, comm: MPI_Comm, info: MPI_Info, request: *mut MPI_Request) -> c_int {
+        let r = (|| -> R<c_int> {
+            let v = Shape::of(comm)?;
+            let at = v.rooted(root);
+            let (rc, rd) = (arr(recvcounts, v.peers, at)?, arr(displs as *const i64, v.peers, at)?);
+            let sc = ci(sendcount)?;
+            Ok(crate::coll::persistent::PMPI_Gatherv_init(sendbuf, sc, sendtype, recvbuf, ptr(&rc), ptr(&rd), recvtype, root, comm, info, request))
+        })();
+        match r {
+            Ok(rc) => rc,
+            Err(e) => raise(comm, "MPI_Gatherv_init_c", e),
+        }
+    }
+    fn MPI_Scatterv_c / PMPI_Scatterv_c(sendbuf: *const c_void, sendcounts: *const MPI_Count, displs: *const MPI_Aint, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcount: MPI_Count, recvtype: MPI_Datatype, root: c_int, comm: MPI_Comm) -> c_int {
+        let r = (|| -> R<c_int> {
+            let v = Shape::of(comm)?;
+            let at = v.rooted(root);
+            let (sc, sd) = (arr(sendcounts, v.peers, at)?, arr(displs as *const i64, v.peers, at)?);
+            let rc = ci(recvcount)?;
+            Ok(crate::coll::PMPI_Scatterv(sendbuf, ptr(&sc), ptr(&sd), sendtype, recvbuf, rc, recvtype, root, comm))
+        })();
+        match r {
+            Ok(rc) => rc,
+            Err(e) => raise(comm, "MPI_Scatterv_c", e),
+        }
+    }
+    fn MPI_Iscatterv_c / PMPI_Iscatterv_c(sendbuf: *const c_void, sendcounts: *const MPI_Count, displs: *const MPI_Aint, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcount: MPI_Count, recvtype: MPI_Datatype, root: c_int, comm: MPI_Comm, request: *mut MPI_Request) -> c_int {
+        let r = (|| -> R<c_int> {
+            let v = Shape::of(comm)?;
+            let at = v.rooted(root);
+            let (sc, sd) = (arr(sendcounts, v.peers, at)?, arr(displs as *const i64, v.peers, at)?);
+            let rc = ci(recvcount)?;
+            Ok(crate::coll::PMPI_Iscatterv(sendbuf, ptr(&sc), ptr(&sd), sendtype, recvbuf, rc, recvtype, root, comm, request))
+        })();
+        match r {
+            Ok(rc) => rc,
+            Err(e) => raise(comm, "MPI_Iscatterv_c", e),
+        }
+    }
+    fn MPI_Scatterv_init_c / PMPI_Scatterv_init_c(sendbuf: *const c_void, sendcounts: *const MPI_Count, displs: *const MPI_Aint, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcount: MPI_Count, recvtype: MPI_Datatype, root: c_int, comm: MPI_Comm, info: MPI_Info, request: *mut MPI_Request) -> c_int {
+        let r = (|| -> R<c_int> {
+            let v = Shape::of(comm)?;
+            let at = v.rooted(root);
+            let (sc, sd) = (arr(sendcounts, v.peers, at)?, arr(displs as *const i64, v.peers, at)?);
+            let rc = ci(recvcount)?;
+            Ok(crate::coll::persistent::PMPI_Scatterv_init(sendbuf, ptr(&sc), ptr(&sd), sendtype, recvbuf, rc, recvtype, root, comm, info, request))
+        })();
+        match r {
+            Ok(rc) => rc,
+            Err(e) => raise(comm, "MPI_Scatterv_init_c", e),
+        }
+    }
+    fn MPI_Allgatherv_c / PMPI_Allgatherv_c(sendbuf: *const c_void, sendcount: MPI_Count, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcounts: *const MPI_Count, displs: *const MPI_Aint, recvtype: MPI_Datatype, comm: MPI_Comm) -> c_int {
+        let r = (|| -> R<c_int> {
+            let v = Shape::of(comm)?;
+            let (rc, rd) = (arr(recvcounts, v.peers, true)?, arr(displs as *const i64, v.peers, true)?);
+            let sc = ci(sendcount)?;
+            Ok(crate::coll::PMPI_Allgatherv(sendbuf, sc, sendtype, recvbuf, ptr(&rc), ptr(&rd), recvtype, comm))
+        })();
+        match r {
+            Ok(rc) => rc,
+            Err(e) => raise(comm, "MPI_Allgatherv_c", e),
+        }
+    }
+    fn MPI_Iallgatherv_c / PMPI_Iallgatherv_c(sendbuf: *const c_void, sendcount: MPI_Count, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcounts: *const MPI_Count, displs: *const MPI_Aint, recvtype: MPI_Datatype, comm: MPI_Comm, request: *mut MPI_Request) -> c_int {
+        let r = (|| -> R<c_int> {
+            let v = Shape::of(comm)?;
+            let (rc, rd) = (arr(recvcounts, v.peers, true)?, arr(displs as *const i64, v.peers, true)?);
+            let sc = ci(sendcount)?;
+            Ok(crate::coll::PMPI_Iallgatherv(sendbuf, sc, sendtype, recvbuf, ptr(&rc), ptr(&rd), recvtype, comm, request))
+        })();
+        match r {
+            Ok(rc) => rc,
+            Err(e) => raise(comm, "MPI_Iallgatherv_c", e),
+        }
+    }
+    fn MPI_Allgatherv_init_c / PMPI_Allgatherv_init_c(sendbuf: *const c_void, sendcount: MPI_Count, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcounts: *const MPI_Count, displs: *const MPI_Aint, recvtype: MPI_Datatype, comm: MPI_Comm, info: MPI_Info, request: *mut MPI_Request) -> c_int {
+        let r = (|| -> R<c_int> {
+            let v = Shape::of(comm)?;
+            let (rc, rd) = (arr(recvcounts, v.peers, true)?, arr(displs as *const i64, v.peers, true)?);
+            let sc = ci(sendcount)?;
+            Ok(crate::coll::persistent::PMPI_Allgatherv_init(sendbuf, sc, sendtype, recvbuf, ptr(&rc), ptr(&rd), recvtype, comm, info, request))
+        })();
+        match r {
+            Ok(rc) => rc,
+            Err(e) => raise(comm, "MPI_Allgatherv_init_c", e),
+        }
+    }
+    fn MPI_Alltoallv_c / PMPI_Alltoallv_c(sendbuf: *const c_void, sendcounts: *const MPI_Count, sdispls: *const MPI_Aint, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcounts: *const MPI_Count, rdispls: *const MPI_Aint, recvtype: MPI_Datatype, comm: MPI_Comm) -> c_int {
+        let r = (|| -> R<c_int> {
+            let v = Shape::of(comm)?;
+            let s_on = sendbuf != crate::coll::IN_PLACE;
+            let (sc, sd) = (arr(sendcounts, v.peers, s_on)?, arr(sdispls as *const i64, v.peers, s_on)?);
+            let (rc, rd) = (arr(recvcounts, v.peers, true)?, arr(rdispls as *const i64, v.peers, true)?);
+            Ok(crate::coll::PMPI_Alltoallv(sendbuf, ptr(&sc), ptr(&sd), sendtype, recvbuf, ptr(&rc), ptr(&rd), recvtype, comm))
+        })();
+        match r {
+            Ok(rc) => rc,
+            Err(e) => raise(comm, "MPI_Alltoallv_c", e),
+        }
+    }
+    fn MPI_Ialltoallv_c / PMPI_Ialltoallv_c(sendbuf: *const c_void, sendcounts: *const MPI_Count, sdispls: *const MPI_Aint, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcounts: *const MPI_Count, rdispls: *const MPI_Aint, recvtype: MPI_Datatype, comm: MPI_Comm, request: *mut MPI_Request) -> c_int {
+        let r = (|| -> R<c_int> {
+            let v = Shape::of(comm)?;
+            let s_on = sendbuf != crate::coll::IN_PLACE;
+            let (sc, sd) = (arr(sendcounts, v.peers, s_on)?, arr(sdispls as *const i64, v.peers, s_on)?);
+            let (rc, rd) = (arr(recvcounts, v.peers, true)?, arr(rdispls as *const i64, v.peers, true)?);
+            Ok(crate::coll::PMPI_Ialltoallv(sendbuf, ptr(&sc), ptr(&sd), sendtype, recvbuf, ptr(&rc), ptr(&rd), recvtype, comm, request))
+        })();
+        match r {
+            Ok(rc) => rc,
+            Err(e) => raise(comm, "MPI_Ialltoallv_c", e),
+        }
+    }
+    fn MPI_Alltoallv_init_c / PMPI_Alltoallv_init_c(sendbuf: *const c_void, sendcounts: *const MPI_Count, sdispls: *const MPI_Aint, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcounts: *const MPI_Count, rdispls: *const MPI_Aint, recvtype: MPI_Datatype, comm: MPI_Comm, info: MPI_Info, request: *mut MPI_Request) -> c_int {
+        let r = (|| -> R<c_int> {
+            let v = Shape::of(comm)?;
+            let s_on = sendbuf != crate::coll::IN_PLACE;
+            let (sc, sd) = (arr(sendcounts, v.peers, s_on)?, arr(sdispls as *const i64, v.peers, s_on)?);
+            let (rc, rd) = (arr(recvcounts, v.peers, true)?, arr(rdispls as *const i64, v.peers, true)?);
+            Ok(crate::coll::persistent::PMPI_Alltoallv_init(sendbuf, ptr(&sc), ptr(&sd), sendtype, recvbuf, ptr(&rc), ptr(&rd), recvtype, comm, info, request))
+        })();
+        match r {
+            Ok(rc) => rc,
+            Err(e) => raise(comm, "MPI_Alltoallv_init_c", e),
+        }
+    }
+    fn MPI_Alltoallw_c / PMPI_Alltoallw_c(sendbuf: *const c_void, sendcounts: *const MPI_Count, sdispls: *const MPI_Aint, sendtypes: *const MPI_Datatype, recvbuf: *mut c_void, recvcounts: *const MPI_Count, rdispls: *const MPI_Aint, recvtypes: *const MPI_Datatype, comm: MPI_Comm) -> c_int {
+        let r = (|| -> R<c_int> {
+            let v = Shape::of(comm)?;
+            let s_on = sendbuf != crate::coll::IN_PLACE;
+            let (sc, sd) = (arr(sendcounts, v.peers, s_on)?, arr(sdispls as *const i64, v.peers, s_on)?);
+            let (rc, rd) = (arr(recvcounts, v.peers, true)?, arr(rdispls as *const i64, v.peers, true)?);
+            Ok(crate::coll::PMPI_Alltoallw(sendbuf, ptr(&sc), ptr(&sd), sendtypes, recvbuf, ptr(&rc), ptr(&rd), recvtypes, comm))
+        })();
+        match r {
+            Ok(rc) => rc,
+            Err(e) => raise(comm, "MPI_Alltoallw_c", e),
+        }
+    }
+    fn MPI_Ialltoallw_c / PMPI_Ialltoallw_c(sendbuf: *const c_void, sendcounts: *const MPI_Count, sdispls: *const MPI_Aint, sendtypes: *const MPI_Datatype, recvbuf: *mut c_void, recvcounts: *const MPI_Count, rdispls: *const MPI_Aint, recvtypes: *const MPI_Datatype, comm: MPI_Comm, request: *mut MPI_Request) -> c_int {
+        let r = (|| -> R<c_int> {
+            let v = Shape::of(comm)?;
+            let s_on = sendbuf != crate::coll::IN_PLACE;
+            let (sc, sd) = (arr(sendcounts, v.peers, s_on)?, arr(sdispls as *const i64, v.peers, s_on)?);
+            let (rc, rd) = (arr(recvcounts, v.peers, true)?, arr(rdispls as *const i64, v.peers, true)?);
+            Ok(crate::coll::PMPI_Ialltoallw(sendbuf, ptr(&sc), ptr(&sd), sendtypes, recvbuf, ptr(&rc), ptr(&rd), recvtypes, comm, request))
+        })();
+        match r {
+            Ok(rc) => rc,
+            Err(e) => raise(comm, "MPI_Ialltoallw_c", e),
+        }
+    }
+    fn MPI_Alltoallw_init_c / PMPI_Alltoallw_init_c(sendbuf: *const c_void, sendcounts: *const MPI_Count, sdispls: *const MPI_Aint, sendtypes: *const MPI_Datatype, recvbuf: *mut c_void, recvcounts: *const MPI_Count, rdispls: *const MPI_Aint, recvtypes: *const MPI_Datatype, comm: MPI_Comm, info: MPI_Info, request: *mut MPI_Request) -> c_int {
+        let r = (|| -> R<c_int> {
+            let v = Shape::of(comm)?;
+            let s_on = sendbuf != crate::coll::IN_PLACE;
+            let (sc, sd) = (arr(sendcounts, v.peers, s_on)?, arr(sdispls as *const i64, v.peers, s_on)?);
+            let (rc, rd) = (arr(recvcounts, v.peers, true)?, arr(rdispls as *const i64, v.peers, true)?);
+            Ok(crate::coll::persistent::PMPI_Alltoallw_init(sendbuf, ptr(&sc), ptr(&sd), sendtypes, recvbuf, ptr(&rc), ptr(&rd), recvtypes, comm, info, request))
+        })();
+        match r {
+            Ok(rc) => rc,
+            Err(e) => raise(comm, "MPI_Alltoallw_init_c", e),
+        }
+    }
+    fn MPI_Reduce_scatter_c / PMPI_Reduce_scatter_c(sendbuf: *const c_void, recvbuf: *mut c_void, recvcounts: *const MPI_Count, datatype: MPI_Datatype, op: MPI_Op, comm: MPI_Comm) -> c_int {
+        let r = (|| -> R<c_int> {
+            let v = Shape::of(comm)?;
+            let rc = arr(recvcounts, v.size, true)?;
+            Ok(crate::coll::PMPI_Reduce_scatter(sendbuf, recvbuf, ptr(&rc), datatype, op, comm))
+        })();
+        match r {
+            Ok(rc) => rc,
+            Err(e) => raise(comm, "MPI_Reduce_scatter_c", e),
+        }
+    }
+    fn MPI_Ireduce_scatter_c / PMPI_Ireduce_scatter_c(sendbuf: *const c_void, recvbuf: *mut c_void, recvcounts: *const MPI_Count, datatype: MPI_Datatype, op: MPI_Op, comm: MPI_Comm, request: *mut MPI_Request) -> c_int {
+        let r = (|| -> R<c_int> {
+            let v = Shape::of(comm)?;
+            let rc = arr(recvcounts, v.size, true)?;
+            Ok(crate::coll::PMPI_Ireduce_scatter(sendbuf, recvbuf, ptr(&rc), datatype, op, comm, request))
+        })();
+        match r {
+            Ok(rc) => rc,
+            Err(e) => raise(comm, "MPI_Ireduce_scatter_c", e),
+        }
+    }
+    fn MPI_Reduce_scatter_init_c / PMPI_Reduce_scatter_init_c(sendbuf: *const c_void, recvbuf: *mut c_void, recvcounts: *const MPI_Count, datatype: MPI_Datatype, op: MPI_Op, comm: MPI_Comm, info: MPI_Info, request: *mut MPI_Request) -> c_int {
+        let r = (|| -> R<c_int> {
+            let v = Shape::of(comm)?;
+            let rc = arr(recvcounts, v.size, true)?;
+            Ok(crate::coll::persistent::PMPI_Reduce_scatter_init(sendbuf, recvbuf, ptr(&rc), datatype, op, comm, info, request))
+        })();
+        match r {
+            Ok(rc) => rc,
+            Err(e) => raise(comm, "MPI_Reduce_scatter_init_c", e),
+        }
     }
 
 }
