@@ -80,6 +80,16 @@ static void partitioned_checks(int rank, int size)
     MPI_Wait(&pr, MPI_STATUS_IGNORE);
     MPI_Request_free(&ps);
     MPI_Request_free(&pr);
+    /* MPI_PROC_NULL on either side completes at once. */
+    MPI_Psend_init(sb, P, N, MPI_INT, MPI_PROC_NULL, 7, MPI_COMM_WORLD, MPI_INFO_NULL, &ps);
+    MPI_Precv_init(rb, P, N, MPI_INT, MPI_PROC_NULL, 7, MPI_COMM_WORLD, MPI_INFO_NULL, &pr);
+    MPI_Start(&ps);
+    MPI_Start(&pr);
+    MPI_Pready(0, ps);
+    MPI_Wait(&ps, MPI_STATUS_IGNORE);
+    MPI_Wait(&pr, MPI_STATUS_IGNORE);
+    MPI_Request_free(&ps);
+    MPI_Request_free(&pr);
     free(sb);
     free(rb);
 }
@@ -477,10 +487,29 @@ static void isendrecv_checks(int rank, int size)
     CHECK(in == left + 500);
     MPI_Barrier(MPI_COMM_WORLD);
 
-    /* Errors: a bad destination fails and posts nothing. */
+    /* Errors: a bad destination fails and posts nothing (the next message from the same source and tag
+     * goes to the next receive). */
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-    CHECK_RC(MPI_Isendrecv(&v, 1, MPI_INT, size + 3, 0, &v, 1, MPI_INT, left, 0, MPI_COMM_WORLD, &q), MPI_ERR_RANK);
+    CHECK_RC(MPI_Isendrecv(&v, 1, MPI_INT, size + 3, 0, &v, 1, MPI_INT, rank, 99, MPI_COMM_WORLD, &q), MPI_ERR_RANK);
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_ARE_FATAL);
+    int mark = 1234, back2 = 0;
+    MPI_Sendrecv(&mark, 1, MPI_INT, rank, 99, &back2, 1, MPI_INT, rank, 99, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    CHECK(back2 == 1234);
+
+    /* A type freed while a receive that unpacks with it is pending: the receive still lands right, even
+     * when a new type takes the freed handle's place. */
+    MPI_Datatype strided, big;
+    MPI_Type_vector(4, 1, 2, MPI_INT, &strided);
+    MPI_Type_commit(&strided);
+    int land[8] = {0}, srcv[4] = {11, 22, 33, 44};
+    MPI_Irecv(land, 1, strided, rank, 98, MPI_COMM_WORLD, &q);
+    MPI_Type_free(&strided);
+    MPI_Type_vector(1000, 1, 50, MPI_INT, &big);
+    MPI_Type_commit(&big);
+    MPI_Send(srcv, 4, MPI_INT, rank, 98, MPI_COMM_WORLD);
+    MPI_Wait(&q, MPI_STATUS_IGNORE);
+    CHECK(land[0] == 11 && land[1] == 0 && land[2] == 22 && land[4] == 33 && land[6] == 44 && land[7] == 0);
+    MPI_Type_free(&big);
 }
 
 static void status_and_type_checks(void)
@@ -498,6 +527,10 @@ static void status_and_type_checks(void)
     MPI_Status_set_elements_x(&st, MPI_INT, (MPI_Count)3 << 30); /* 12 GiB: needs the high count bits */
     MPI_Get_elements_x(&st, MPI_INT, &cx);
     CHECK(cx == (MPI_Count)3 << 30);
+    MPI_Status_set_elements_x(&st, MPI_BYTE, 3000000000LL); /* between 2^31 and 2^32 */
+    MPI_Get_elements_x(&st, MPI_BYTE, &cx);
+    CHECK(cx == 3000000000LL);
+    CHECK(st.count_lo == (int)(3000000000LL & 0xffffffff) && (st.count_hi_and_cancelled >> 1) == 0); /* MPICH's encoding */
     int flag;
     MPI_Status_set_cancelled(&st, 1);
     MPI_Test_cancelled(&st, &flag);

@@ -14,6 +14,13 @@ static void session_eh(MPI_Session *s, int *code, ...)
 
 int main(void)
 {
+    /* A failing MPI_Session_init reports to the handler it was given (with MPI_SESSION_NULL). */
+    MPI_Errhandler early_eh;
+    MPI_Session_create_errhandler(session_eh, &early_eh);
+    MPI_Session bad_s;
+    CHECK(MPI_Session_init((MPI_Info)MPI_COMM_WORLD, early_eh, &bad_s) != MPI_SUCCESS);
+    CHECK(eh_calls == 1);
+    eh_calls = 0;
     MPI_Session s;
     MPI_Info sinfo;
     MPI_Info_create(&sinfo);

@@ -324,7 +324,7 @@ impl Ctx {
 pub(crate) fn begin(st: &mut State, ci: usize) -> (Box<Sched>, Ctx) {
     let c = st.comms[ci].as_mut().unwrap();
     let tag = c.coll_seq;
-    c.coll_seq = (c.coll_seq + 1) & 0x3fff_ffff;
+    c.coll_seq = (c.coll_seq + 1) & 0x1fff_ffff; // below the partitioned range (p2p.rs)
     let (ctx, cx) = (
         c.coll,
         Ctx {

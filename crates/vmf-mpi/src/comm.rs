@@ -144,7 +144,7 @@ pub(crate) fn new_ctx(st: &mut State, ci: usize) -> R<u32> {
     let tag = {
         let c = st.comms[ci].as_mut().unwrap();
         let t = c.coll_seq;
-        c.coll_seq = (c.coll_seq + 1) & 0x3fff_ffff;
+        c.coll_seq = (c.coll_seq + 1) & 0x1fff_ffff; // below the partitioned range (p2p.rs)
         t
     };
     let mut v = [st.next_ctx as i32];

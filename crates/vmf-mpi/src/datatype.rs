@@ -139,6 +139,32 @@ pub(crate) fn get(st: &State, dt: MPI_Datatype) -> R<&Dtype> {
     }
 }
 
+/// A pending operation will use derived type `dt` later (a staged receive unpacks with it, a persistent
+/// request packs with it at each start): MPI_Type_free must not let its slot be reused until `release`.
+pub(crate) fn hold(st: &mut State, dt: MPI_Datatype) {
+    if is_derived(dt) {
+        let i = (dt as u32 & 0x03ff_ffff) as usize;
+        if st.type_holds.len() <= i {
+            st.type_holds.resize(i + 1, (0, false));
+        }
+        st.type_holds[i].0 += 1;
+    }
+}
+
+/// The end of a `hold`: a type the program already freed goes now.
+pub(crate) fn release(st: &mut State, dt: MPI_Datatype) {
+    if is_derived(dt) {
+        let i = (dt as u32 & 0x03ff_ffff) as usize;
+        if let Some(h) = st.type_holds.get_mut(i) {
+            h.0 = h.0.saturating_sub(1);
+            if h.0 == 0 && h.1 {
+                h.1 = false;
+                st.types[i] = None;
+            }
+        }
+    }
+}
+
 fn add(st: &mut State, d: Dtype) -> MPI_Datatype {
     let i = match st.types.iter().position(|t| t.is_none()) {
         Some(i) => i,
@@ -941,9 +967,13 @@ mpi_api! {
             for (k, v) in attrs.iter().rev() {
                 crate::comm::delete_obj_attr(st, *datatype, *k, *v)?;
             }
-            // Types are flattened at construction: freeing never affects types built from this one, and
-            // pending operations keep their own staging.
-            st.types[(*datatype as u32 & 0x03ff_ffff) as usize] = None;
+            // Types are flattened at construction: freeing never affects types built from this one.
+            // Pending operations that still pack or unpack with it hold it: then it goes at their end.
+            let i = (*datatype as u32 & 0x03ff_ffff) as usize;
+            match st.type_holds.get_mut(i) {
+                Some(h) if h.0 > 0 => h.1 = true,
+                _ => st.types[i] = None,
+            }
             *datatype = MPI_DATATYPE_NULL;
             Ok(())
         })();

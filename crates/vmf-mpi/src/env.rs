@@ -235,6 +235,7 @@ pub(crate) fn start(required: c_int) -> R {
         keyvals: Vec::new(),
         ops: Vec::new(),
         types: Vec::new(),
+        type_holds: Vec::new(),
         next_ctx: 32,
         spare: None,
         nbc_active: 0,

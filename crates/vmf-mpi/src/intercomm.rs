@@ -55,7 +55,7 @@ pub(crate) fn ctx_members(c: &Comm) -> (Vec<usize>, usize) {
 fn next_tag(st: &mut State, ci: usize) -> i32 {
     let c = st.comms[ci].as_mut().unwrap();
     let t = c.coll_seq;
-    c.coll_seq = (c.coll_seq + 1) & 0x3fff_ffff;
+    c.coll_seq = (c.coll_seq + 1) & 0x1fff_ffff; // below the partitioned range (p2p.rs)
     t
 }
 

@@ -267,12 +267,13 @@ impl St {
 #[inline]
 pub(crate) fn set_count(s: &mut MPI_Status, n: i64) {
     s.count_lo = n as c_int;
-    s.count_hi_and_cancelled = (s.count_hi_and_cancelled & 1) | (((n as u64) >> 31 << 1) as c_int);
+    // MPICH's: the low 32 bits, and the bits above them shifted left by one past the cancelled bit.
+    s.count_hi_and_cancelled = (s.count_hi_and_cancelled & 1) | (((n as u64) >> 32 << 1) as c_int);
 }
 
 #[inline]
 pub(crate) fn get_count(s: &MPI_Status) -> i64 {
-    ((((s.count_hi_and_cancelled as u32) >> 1) as u64) << 31) as i64 + (s.count_lo as u32) as i64
+    ((((s.count_hi_and_cancelled as u32) >> 1) as u64) << 32) as i64 + (s.count_lo as u32) as i64
 }
 
 /// An MPI request (or an entry of the message table).
@@ -326,6 +327,9 @@ pub(crate) struct State {
     pub ops: Vec<Option<op::UserOp>>,
     /// Derived datatypes (handle 0xcc000000|i).
     pub types: Vec<Option<datatype::Dtype>>,
+    /// Per type slot: operations still pending that will pack or unpack with it, and whether the program
+    /// freed it meanwhile (the slot is reused only when both are over: `datatype::hold`/`release`).
+    pub type_holds: Vec<(u32, bool)>,
     /// Next free context id (every communicator takes two: point-to-point and collective).
     pub next_ctx: u32,
     /// A finished schedule kept for reuse (its vectors and temporaries): blocking collectives allocate

@@ -80,12 +80,13 @@ pub(crate) struct Part {
     nready: usize,
 }
 
-/// Tag range of partitioned messages on the collective context (below: collective schedules; above:
-/// intercommunicator set-up).
+/// Tag range of partitioned messages on the collective context (below: collective schedules, whose
+/// sequence numbers wrap below it; above: intercommunicator set-up). Partitioned tags must fit in it.
 const PART_TAG: c_int = 0x2000_0000;
+const PART_TAG_MAX: c_int = 0x1fff_ffff;
 
 fn part_tag(tag: c_int) -> c_int {
-    PART_TAG | (tag & 0x1fff_ffff)
+    PART_TAG | (tag & PART_TAG_MAX)
 }
 
 /// A generalized request (MPI_Grequest_start): the program completes it with MPI_Grequest_complete
@@ -263,7 +264,7 @@ fn req_done(e: &Engine, r: &MReq) -> bool {
         return g.is_done();
     }
     if let Some(p) = &r.part {
-        if r.active && !r.is_recv && p.nready < p.parts {
+        if r.active && !r.is_recv && r.fin.is_none() && p.nready < p.parts {
             return false; // its message has not left yet
         }
     }
@@ -320,7 +321,11 @@ unsafe fn complete(st: &mut State, i: usize, h: *mut MPI_Request) -> R<(St, R)> 
         };
         if let Some(x) = st.reqs[i].xfer.take() {
             if let Some((b, n, dt)) = x.unpack {
-                crate::datatype::unpack_from(&x.tmp, s.bytes, b, n, dt)?;
+                let r = crate::datatype::unpack_from(&x.tmp, s.bytes, b, n, dt);
+                if st.reqs[i].persist.is_none() {
+                    crate::datatype::release(st, dt); // the hold taken when the receive was posted
+                }
+                r?;
             }
         }
         (s, core_err(e))
@@ -368,7 +373,11 @@ fn peek_one(st: &State, i: usize) -> (St, R) {
         Some((s, e)) => {
             let c = st.comms[r.comm].as_ref().expect("request's communicator");
             let s = if r.is_recv {
-                st_from(c, s)
+                let mut s = st_from(c, s);
+                if r.part.is_some() {
+                    s.tag = r.persist.map_or(s.tag, |p| p.tag); // the program's tag
+                }
+                s
             } else {
                 St {
                     cancelled: s.cancelled,
@@ -403,20 +412,34 @@ pub(crate) fn reap(st: &mut State, all: bool) -> R {
         }
     }
     let mut k = 0;
+    let mut landed = Vec::new();
     while k < st.orphans.len() {
         if e.is_done(st.orphans[k].0) {
             let (id, staging) = st.orphans.swap_remove(k);
             let done = e.take_full(id);
-            // A freed receive of a non-contiguous type still lands in the program's buffer.
-            if let (Some(x), Ok((s, None))) = (staging, done) {
-                if let Some((b, n, dt)) = x.unpack {
-                    // SAFETY: the buffer the program named when it posted the receive.
-                    let _ = unsafe { crate::datatype::unpack_from(&x.tmp, s.count, b, n, dt) };
-                }
+            if let Some((b, n, dt)) = staging.as_ref().and_then(|x| x.unpack) {
+                landed.push((
+                    staging.unwrap(),
+                    done.ok()
+                        .filter(|(_, err)| err.is_none())
+                        .map(|(s, _)| s.count),
+                    b,
+                    n,
+                    dt,
+                ));
             }
         } else {
             k += 1;
         }
+    }
+    drop(e);
+    // A freed receive of a non-contiguous type still lands in the program's buffer; then its type hold ends.
+    for (x, bytes, b, n, dt) in landed {
+        if let Some(bytes) = bytes {
+            // SAFETY: the buffer the program named when it posted the receive.
+            let _ = unsafe { crate::datatype::unpack_from(&x.tmp, bytes, b, n, dt) };
+        }
+        crate::datatype::release(st, dt);
     }
     Ok(())
 }
@@ -447,10 +470,10 @@ unsafe fn part_init(
             code: MPI_ERR_COUNT,
             msg: format!("{partitions} partitions of {count} elements: negative or above INT_MAX"),
         })?;
-    if tag < 0 {
+    if !(0..=PART_TAG_MAX).contains(&tag) {
         return err(
             MPI_ERR_TAG,
-            format!("tag {tag} is invalid (partitioned operations take no wildcards)"),
+            format!("tag {tag} is invalid for a partitioned operation (0..={PART_TAG_MAX}, no wildcards)"),
         );
     }
     persistent(
@@ -564,7 +587,14 @@ fn free_req(st: &mut State, i: usize) -> R {
         // The operation completes normally in the background (a freed receive still takes the message it
         // would have matched). The engine may still read (send) or write (receive) the staging buffer: it
         // goes with it.
-        st.orphans.push((id, r.xfer.take()));
+        let x = r.xfer.take();
+        if let (Some((_, _, dt)), Some(_)) = (x.as_ref().and_then(|x| x.unpack), r.persist) {
+            crate::datatype::hold(st, dt); // the orphan unpacks after the request's own hold ends
+        }
+        st.orphans.push((id, x));
+    }
+    if let Some(p) = st.reqs[i].persist {
+        crate::datatype::release(st, p.dt);
     }
     let r = &mut st.reqs[i];
     r.live = false;
@@ -859,6 +889,9 @@ unsafe fn recv_nonblocking(
             )
         }
     };
+    if tmp.is_some() {
+        crate::datatype::hold(st, dt); // unpacked at completion, maybe after MPI_Type_free
+    }
     let xfer = tmp.map(|tmp| {
         Box::new(crate::datatype::Xfer {
             tmp,
@@ -911,6 +944,7 @@ unsafe fn persistent(
                 crate::datatype::layout(buf, count, dt)?,
                 crate::datatype::Lay::Contig(_)
             ));
+    crate::datatype::hold(st, dt); // each start packs or unpacks with it, maybe after MPI_Type_free
     let p = Persist {
         buf: buf as *mut u8,
         bytes,
@@ -1038,7 +1072,11 @@ unsafe fn wait(h: *mut MPI_Request, status: *mut MPI_Status, ecomm: &mut MPI_Com
     let i = req_index(st, *h)?;
     *ecomm = comm_handle(st.reqs[i].comm);
     if let Some(p) = &st.reqs[i].part {
-        if st.reqs[i].active && !st.reqs[i].is_recv && p.nready < p.parts {
+        if st.reqs[i].active
+            && !st.reqs[i].is_recv
+            && st.reqs[i].fin.is_none()
+            && p.nready < p.parts
+        {
             return err(MPI_ERR_REQUEST, format!("MPI_Wait on a partitioned send with {} of {} partitions marked ready (it can never complete)", p.nready, p.parts));
         }
     }
@@ -2000,6 +2038,8 @@ unsafe fn isendrecv(
     if request.is_null() {
         return err(MPI_ERR_ARG, "request pointer is NULL");
     }
+    // Check the send's arguments before posting the receive, so that a bad one posts nothing.
+    send_args(state()?, sendbuf, sendcount, sendtype, dest, sendtag, comm)?;
     let mut hr = MPI_REQUEST_NULL;
     recv_nonblocking(recvbuf, recvcount, recvtype, source, recvtag, comm, &mut hr)?;
     let mut hs = MPI_REQUEST_NULL;
@@ -2016,6 +2056,20 @@ unsafe fn isendrecv(
     let st = state()?;
     let i = req_index(st, hr)?;
     if let Err(e) = sent {
+        // Take the receive back (it must not catch a later message); if it already matched, it finishes
+        // in the background.
+        if let Some(id) = st.reqs[i].eng {
+            let cancelled = {
+                let mut eng = st.fab.engine();
+                eng.cancel_recv(id) && eng.take_full(id).is_ok()
+            };
+            if cancelled {
+                st.reqs[i].eng = None;
+                if let Some((_, _, dt)) = st.reqs[i].xfer.take().and_then(|x| x.unpack) {
+                    crate::datatype::release(st, dt);
+                }
+            }
+        }
         free_req(st, i)?;
         return Err(e);
     }

@@ -187,8 +187,15 @@ mpi_api! {
         })();
         match r {
             Ok(()) => MPI_SUCCESS,
-            // No session yet: the error handler argument decides.
+            // No session yet: the error handler argument decides (a handler of the program gets
+            // MPI_SESSION_NULL).
             Err(e) if errhandler == MPI_ERRORS_RETURN => e.code,
+            Err(e) if is_session_eh(errhandler) => {
+                let f = g().handlers[((errhandler as u32) & 0x01ff_ffff) as usize];
+                let (mut s, mut code) = (SESSION_NULL, e.code);
+                f(&mut s, &mut code);
+                e.code
+            }
             Err(e) => fatal("MPI_Session_init", &e),
         }
     }

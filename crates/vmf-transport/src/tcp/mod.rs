@@ -24,7 +24,7 @@
 use crate::proto::{Kind, PktHeader, HDR_SIZE};
 use crate::{Incoming, Transport, TransportError};
 use std::hash::Hasher;
-use std::io::{ErrorKind, Read, Write};
+use std::io::{ErrorKind, Read};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::{Duration, Instant};
@@ -326,12 +326,10 @@ impl TcpTransport {
             &[0; 16],
         );
         hello.extend_from_slice(&mh.to_le_bytes());
-        (&stream)
-            .write_all(&hello)
-            .map_err(|e| TransportError::ConnectionLost {
-                peer,
-                why: e.to_string(),
-            })?;
+        send_all(stream.as_raw_fd(), &hello).map_err(|e| TransportError::ConnectionLost {
+            peer,
+            why: e.to_string(),
+        })?;
         stream.set_nonblocking(true).map_err(setup)?;
         self.outgoing[peer] = Some(Handshake {
             stream,
@@ -524,7 +522,7 @@ impl TcpTransport {
             reply.extend_from_slice(&0u32.to_le_bytes());
             reply.extend_from_slice(&h.nonce_a);
             reply.extend_from_slice(&m.to_le_bytes());
-            (&h.stream).write_all(&reply).map_err(|e| e.to_string())?;
+            send_all(h.stream.as_raw_fd(), &reply).map_err(|e| e.to_string())?;
             if reject {
                 self.incoming.swap_remove(i);
                 self.epoll_dirty = true;
@@ -553,6 +551,7 @@ impl TcpTransport {
             return Err("authentication failed (wrong job secret)".into());
         }
         let h = self.incoming.swap_remove(i);
+        self.epoll_dirty = true;
         if self.conns[src].is_none() {
             // Our own attempt, if any, loses (the peer will reject it).
             self.outgoing[src] = None;
@@ -629,7 +628,7 @@ impl TcpTransport {
             let mut p = Vec::with_capacity(PROOF_LEN);
             p.extend_from_slice(PROOF_MAGIC);
             p.extend_from_slice(&proof.to_le_bytes());
-            (&h.stream).write_all(&p).map_err(|e| lost(e.to_string()))?;
+            send_all(h.stream.as_raw_fd(), &p).map_err(|e| lost(e.to_string()))?;
             let h = self.outgoing[peer].take().unwrap();
             self.establish(peer, h.stream);
             n += 1;
@@ -1085,6 +1084,23 @@ fn recv(fd: RawFd, buf: &mut [u8]) -> std::io::Result<usize> {
     }
 }
 
+/// Write all of `buf` (a handshake message: small, into an empty socket buffer) without SIGPIPE.
+fn send_all(fd: RawFd, mut buf: &[u8]) -> std::io::Result<()> {
+    while !buf.is_empty() {
+        // SAFETY: a live buffer of buf.len() bytes.
+        let r = unsafe { libc::send(fd, buf.as_ptr().cast(), buf.len(), libc::MSG_NOSIGNAL) };
+        if r < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        buf = &buf[r as usize..];
+    }
+    Ok(())
+}
+
 fn writev(fd: RawFd, parts: &[&[u8]]) -> std::io::Result<usize> {
     // At most three parts (frame head, header part, data part): an array on the stack, no allocation.
     let mut iov = [libc::iovec {
@@ -1103,8 +1119,15 @@ fn writev(fd: RawFd, parts: &[&[u8]]) -> std::io::Result<usize> {
     if iov.is_empty() {
         return Ok(0);
     }
-    // SAFETY: every iovec describes a live slice.
-    let r = unsafe { libc::writev(fd, iov.as_ptr(), iov.len() as libc::c_int) };
+    // sendmsg with MSG_NOSIGNAL rather than writev: a peer that died must be an error (EPIPE), not a
+    // SIGPIPE that kills the program (a C MPI program keeps the default disposition).
+    // SAFETY: every iovec describes a live slice; the header names them.
+    let r = unsafe {
+        let mut m: libc::msghdr = std::mem::zeroed();
+        m.msg_iov = iov.as_ptr() as *mut libc::iovec;
+        m.msg_iovlen = iov.len();
+        libc::sendmsg(fd, &m, libc::MSG_NOSIGNAL)
+    };
     if r < 0 {
         Err(std::io::Error::last_os_error())
     } else {
@@ -1215,6 +1238,7 @@ impl Transport for TcpTransport {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Write;
     use std::net::Ipv4Addr;
 
     fn cfg(secret: u8) -> TcpConfig {
