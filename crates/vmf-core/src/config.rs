@@ -38,6 +38,7 @@ pub const PARAMS: &[Param] = &[
     Param { name: "WAIT_YIELD_US", default: "50", doc: "adaptive, when ranks outnumber cores: time (microseconds) spent yielding before sleeping" },
     Param { name: "SPIN_COUNT", default: "100", doc: "yield policy: idle polls before the first sched_yield" },
     Param { name: "HOST_CPUS", default: "auto", doc: "CPUs available to this host's ranks (set by the launcher); auto: this process's affinity mask" },
+    Param { name: "MACHINE_RANKS", default: "auto", doc: "ranks of the job that share this machine's CPUs, whatever transport joins them (set by vmfabric run, which starts every rank here, emulated hosts included); auto: the ranks sharing this rank's region" },
     Param { name: "INIT_TIMEOUT", default: "30", doc: "seconds to wait for the region to be initialised by another rank" },
     Param { name: "LIVENESS_MS", default: "100", doc: "while waiting, check co-resident peers for death every this many milliseconds" },
     Param { name: "VERBOSE", default: "0", doc: "1: print setup decisions (region, channels, protocols) to stderr" },
@@ -128,6 +129,8 @@ pub struct Config {
     pub spin_count: u32,
     /// HOST_CPUS (None = auto).
     pub host_cpus: Option<usize>,
+    /// MACHINE_RANKS (None = auto).
+    pub machine_ranks: Option<usize>,
     /// INIT_TIMEOUT.
     pub init_timeout_s: u64,
     /// LIVENESS_MS.
@@ -246,6 +249,11 @@ impl Config {
                 None
             } else {
                 Some(size("HOST_CPUS", 1, 1 << 20)? as usize)
+            },
+            machine_ranks: if get("MACHINE_RANKS") == "auto" {
+                None
+            } else {
+                Some(size("MACHINE_RANKS", 1, 1 << 24)? as usize)
             },
             init_timeout_s: size("INIT_TIMEOUT", 1, 86400)?,
             liveness_ms: size("LIVENESS_MS", 1, 60_000)?,

@@ -270,7 +270,8 @@ pub struct Waiter {
 impl Waiter {
     fn new(cfg: &Config, local_ranks: usize) -> Waiter {
         let cpus = cfg.host_cpus.unwrap_or_else(vmf_pal::available_cpus).max(1);
-        let oversubscribed = local_ranks > cpus;
+        // Ranks joined by TCP on this machine (VMF_SHM=0, emulated hosts) compete for its CPUs too.
+        let oversubscribed = local_ranks.max(cfg.machine_ranks.unwrap_or(0)) > cpus;
         // With a core per rank the budget never drops below 200 us: under background load a preempted peer
         // makes some waits long, and a budget learnt down to nothing would put every later wait to sleep,
         // whose wake-up latency then makes the next waits long too. With more ranks than cores, 2 us.

@@ -17,6 +17,7 @@
 //! | `VMF_REGION_DIR` | the region directory |
 //! | `VMF_LOCAL_SIZE`, `MPI_LOCALNRANKS` | ranks on this host (`np`) |
 //! | `VMF_HOST_CPUS` | CPUs in the launcher's affinity mask (for the waiting policy) |
+//! | `VMF_MACHINE_RANKS` | ranks this launch starts on this machine (for the waiting policy) |
 //! | `MPI_LOCALRANKID` | the rank's index on this host (its rank) |
 //!
 //! then [`RunOptions::extra_env`], which may override any of these. Every rank's stdin is `/dev/null`.
@@ -410,6 +411,8 @@ impl Job<'_> {
         let cpus = vmf_pal::process::allowed_cpus();
         let bind_cpu = o.bind_cores.then(|| cpus[rank % cpus.len()]);
         cmd.env("VMF_HOST_CPUS", cpus.len().to_string());
+        // Every rank of this launch runs on this machine (emulated hosts included), whatever joins them.
+        cmd.env("VMF_MACHINE_RANKS", o.np.to_string());
         // Control socket (migration requests) and, with --hosts, the host this rank starts on.
         let (ctl_ours, ctl_theirs) = UnixStream::pair().map_err(Self::io(format!(
             "create the control socket of rank {rank}"

@@ -18,7 +18,8 @@ fn human(b: u64) -> String {
     }
 }
 
-/// Inside a job (`vmfabric run -n N vmfabric info`): every rank prints the channel it uses to every peer.
+/// Inside a job (`vmfabric run -n N vmfabric info`): every rank prints the channel it uses to every peer
+/// and its waiting policy (and whether the job's ranks on this machine outnumber its cores).
 fn in_job() -> i32 {
     let f = match vmf_core::Fabric::init() {
         Ok(f) => f,
@@ -37,7 +38,21 @@ fn in_job() -> i32 {
         .engine()
         .tcp()
         .map_or(String::new(), |t| format!(", tcp {}", t.local_addr()));
-    println!("rank {}{host}: channels {}{tcp}", f.rank(), ch.join(" "));
+    let w = f.engine().waiter().clone();
+    let waiting = format!(
+        ", waiting {} ({})",
+        w.policy.name(),
+        if w.oversubscribed {
+            "ranks outnumber cores"
+        } else {
+            "a core per rank"
+        }
+    );
+    println!(
+        "rank {}{host}: channels {}{tcp}{waiting}",
+        f.rank(),
+        ch.join(" ")
+    );
     match f.finalize() {
         Ok(()) => 0,
         Err(e) => {

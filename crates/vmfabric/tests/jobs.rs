@@ -565,6 +565,29 @@ fn tcp_only_job_every_rank_on_its_own_host_works() {
     no_leftovers(&d);
 }
 
+/// Ranks on emulated hosts share this machine's cores: 4 ranks on 2 hosts count as 4 for the waiting
+/// policy, not 2 per host (a rank that spins on TCP while the rank it waits for needs its core made
+/// ScaLAPACK's LU test 17x slower on 2 cores).
+#[test]
+fn ranks_on_emulated_hosts_count_all_of_the_machines_ranks_for_waiting() {
+    let d = Dir::new("machineranks");
+    let out = assert_ok(&hosts_job(&d, 2, 4, &["info"], &[]));
+    let cpus = vmf_pal::process::allowed_cpus().len();
+    let want = if 4 > cpus {
+        "(ranks outnumber cores)"
+    } else {
+        "(a core per rank)"
+    };
+    assert_eq!(
+        out.lines()
+            .filter(|l| l.contains("channels") && l.contains(want))
+            .count(),
+        4,
+        "{cpus} cpus:\n{out}"
+    );
+    no_leftovers(&d);
+}
+
 #[test]
 fn mixed_shm_and_tcp_with_block_map_works() {
     let d = Dir::new("mixed");
