@@ -616,7 +616,8 @@ fn scalapack_test_programs_from_debian_run_unmodified_and_pass_their_residual_ch
         "xdhrd", "xdtrd", "xdbrd", "xddblu", "xddtlu", "xdgblu", "xdpbllt", "xdptllt", "xdsvd",
         "xdhseqr", "xcevc", "xdsyevr",
     ];
-    for p in progs {
+    // One of Debian's programs at 4 ranks on our library, in `dir` (where its input files are).
+    let run4 = |p: &str| -> (Output, String) {
         let o = Command::new("timeout")
             .arg("120")
             .arg(s.rel.join("vmfabric"))
@@ -628,6 +629,10 @@ fn scalapack_test_programs_from_debian_run_unmodified_and_pass_their_residual_ch
             .unwrap();
         let out =
             String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
+        (o, out)
+    };
+    for p in progs {
+        let (o, out) = run4(p);
         // The summary some programs print: "N tests completed and passed/failed residual checks."
         let count = |what: &str| -> Option<usize> {
             out.lines()
@@ -656,17 +661,7 @@ fn scalapack_test_programs_from_debian_run_unmodified_and_pass_their_residual_ch
         std::fs::copy(f.path(), dir.join(f.file_name())).unwrap();
     }
     for p in ["xCbtest", "xFbtest"] {
-        let o = Command::new("timeout")
-            .arg("120")
-            .arg(s.rel.join("vmfabric"))
-            .args(["run", "-n", "4"])
-            .arg(bin.join(p))
-            .env("LD_LIBRARY_PATH", &s.libdir)
-            .current_dir(&dir)
-            .output()
-            .unwrap();
-        let out =
-            String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
+        let (o, out) = run4(p);
         let verdicts: Vec<&str> = out
             .lines()
             .filter(|l| l.contains("TESTS;") && l.contains("FAILED."))
