@@ -300,6 +300,26 @@ pub(crate) struct MReq {
     pub part: Option<Box<p2p::Part>>,
 }
 
+impl MReq {
+    /// A live, active request on communicator `ci` with nothing attached: constructors name what differs.
+    pub fn on(ci: usize) -> MReq {
+        MReq {
+            live: true,
+            comm: ci,
+            is_recv: false,
+            eng: None,
+            fin: None,
+            persist: None,
+            active: true,
+            xfer: None,
+            sched: None,
+            link: None,
+            greq: None,
+            part: None,
+        }
+    }
+}
+
 /// A user error handler.
 pub(crate) type CommErrFn = unsafe extern "C" fn(*mut c_int, *mut c_int, ...);
 

@@ -159,18 +159,8 @@ pub(crate) fn new_sched_req(st: &mut State, ci: usize, s: Box<crate::coll::Sched
     new_req(
         st,
         MReq {
-            live: true,
-            comm: ci,
-            is_recv: false,
-            eng: None,
-            fin: None,
-            persist: None,
-            active: true,
-            xfer: None,
             sched: Some(s),
-            link: None,
-            greq: None,
-            part: None,
+            ..MReq::on(ci)
         },
     )
 }
@@ -180,18 +170,8 @@ pub(crate) fn new_done_req(st: &mut State, ci: usize) -> MPI_Request {
     new_req(
         st,
         MReq {
-            live: true,
-            comm: ci,
-            is_recv: false,
-            eng: None,
             fin: Some(St::EMPTY),
-            persist: None,
-            active: true,
-            xfer: None,
-            sched: None,
-            link: None,
-            greq: None,
-            part: None,
+            ..MReq::on(ci)
         },
     )
 }
@@ -796,18 +776,10 @@ unsafe fn send_nonblocking(
     *req = new_req(
         st,
         MReq {
-            live: true,
-            comm: ci,
-            is_recv: false,
             eng,
             fin,
-            persist: None,
-            active: true,
             xfer,
-            sched: None,
-            link: None,
-            greq: None,
-            part: None,
+            ..MReq::on(ci)
         },
     );
     Ok(())
@@ -901,18 +873,11 @@ unsafe fn recv_nonblocking(
     *req = new_req(
         st,
         MReq {
-            live: true,
-            comm: ci,
             is_recv: true,
             eng,
             fin,
-            persist: None,
-            active: true,
             xfer,
-            sched: None,
-            link: None,
-            greq: None,
-            part: None,
+            ..MReq::on(ci)
         },
     );
     Ok(())
@@ -958,18 +923,10 @@ unsafe fn persistent(
     *req = new_req(
         st,
         MReq {
-            live: true,
-            comm: ci,
             is_recv,
-            eng: None,
-            fin: None,
             persist: Some(p),
             active: false,
-            xfer: None,
-            sched: None,
-            link: None,
-            greq: None,
-            part: None,
+            ..MReq::on(ci)
         },
     );
     Ok(())
@@ -1642,7 +1599,7 @@ mpi_api! {
                 return err(MPI_ERR_ARG, "request is NULL");
             }
             let g = Greq { query, free, cancel, extra: extra_state, done: Default::default(), freed: false };
-            *request = new_req(st, MReq { live: true, comm: 1, is_recv: false, eng: None, fin: None, persist: None, active: true, xfer: None, sched: None, link: None, greq: Some(Box::new(g)), part: None });
+            *request = new_req(st, MReq { greq: Some(Box::new(g)), ..MReq::on(1) });
             Ok(())
         })();
         fin(MPI_COMM_WORLD, "MPI_Grequest_start", r)
@@ -1920,7 +1877,7 @@ mpi_api! {
                 Some((id, ci)) => (Some(id), None, ci),
             };
             ec = comm_handle(ci);
-            *request = new_req(st, MReq { live: true, comm: ci, is_recv: true, eng, fin, persist: None, active: true, xfer: None, sched: None, link: None, greq: None, part: None });
+            *request = new_req(st, MReq { is_recv: true, eng, fin, ..MReq::on(ci) });
             Ok(())
         })();
         fin(ec, "MPI_Imrecv", r)

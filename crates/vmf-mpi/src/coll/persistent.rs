@@ -37,18 +37,8 @@ pub(crate) unsafe fn init(
     let h = new_req(
         st,
         MReq {
-            live: true,
-            comm: ci,
-            is_recv: false,
-            eng: None,
-            fin: None,
-            persist: None,
             active: false,
-            xfer: None,
-            sched: None,
-            link: None,
-            greq: None,
-            part: None,
+            ..MReq::on(ci)
         },
     );
     let i = ((h as u32) & 0x03ff_ffff) as usize;
