@@ -156,6 +156,16 @@ static void grequest_checks(int rank)
     CHECK(w == rank && sts[0].MPI_TAG == 42 && q_calls == 2 && f_calls == 3);
 }
 
+/* A large-count user function: its length argument is an MPI_Count. */
+static MPI_Count big_len_seen;
+static void sum_c(void *in, void *inout, MPI_Count *len, MPI_Datatype *dt)
+{
+    (void)dt;
+    big_len_seen = *len;
+    for (MPI_Count i = 0; i < *len; i++)
+        ((int *)inout)[i] += ((int *)in)[i];
+}
+
 /* A sample of the MPI 4.0 large-count (_c) calls: each runs the normal path. */
 static void large_count_checks(int rank, int size)
 {
@@ -234,6 +244,14 @@ static void large_count_checks(int rank, int size)
     for (int i = 0; i < size; i++)
         CHECK(a2a_r[i] == i * 100 + rank);
     free(cnt); free(dsp); free(mine_v); free(gath); free(ones); free(part); free(c1); free(d1); free(a2a_s); free(a2a_r);
+
+    MPI_Op opc;
+    MPI_Op_create_c(sum_c, 1, &opc);
+    int three[3] = {rank, 1, 2 * rank}, red3[3];
+    MPI_Allreduce(three, red3, 3, MPI_INT, opc, MPI_COMM_WORLD);
+    CHECK(red3[0] == size * (size - 1) / 2 && red3[1] == size && red3[2] == size * (size - 1));
+    CHECK(size == 1 || big_len_seen == 3);
+    MPI_Op_free(&opc);
 
     MPI_Count big = (MPI_Count)1 << 40, n;
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);

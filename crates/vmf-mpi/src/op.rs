@@ -6,6 +6,16 @@ use std::ffi::{c_int, c_void};
 
 pub type MPI_Op = c_int;
 pub type UserFn = unsafe extern "C" fn(*mut c_void, *mut c_void, *mut c_int, *mut MPI_Datatype);
+/// MPI 4.0's large-count form (`MPI_Op_create_c`): the length is an `MPI_Count`.
+pub type UserFnC =
+    unsafe extern "C" fn(*mut c_void, *mut c_void, *mut MPI_Count, *mut MPI_Datatype);
+
+/// A user function, in either form.
+#[derive(Clone, Copy)]
+pub(crate) enum UserCall {
+    Int(UserFn),
+    Big(UserFnC),
+}
 
 pub const MPI_OP_NULL: MPI_Op = 0x1800_0000;
 pub const MPI_MAX: MPI_Op = 0x5800_0001;
@@ -27,7 +37,7 @@ const OP_BASE: u32 = 0x9800_0000;
 /// A user-defined operation.
 #[derive(Clone, Copy)]
 pub(crate) struct UserOp {
-    pub f: UserFn,
+    pub f: UserCall,
     pub commute: bool,
 }
 
@@ -39,7 +49,7 @@ pub(crate) struct Red {
     pub dt: MPI_Datatype,
     /// Bytes of one element (the extent).
     pub elem: usize,
-    pub user: Option<UserFn>,
+    pub user: Option<UserCall>,
     pub commute: bool,
 }
 
@@ -287,9 +297,18 @@ pub(crate) unsafe fn apply(r: &Red, a: *const u8, b: *mut u8, n: usize) {
         return;
     }
     if let Some(f) = r.user {
-        let mut len = n as c_int;
         let mut dt = r.dt;
-        f(a as *mut c_void, b as *mut c_void, &mut len, &mut dt);
+        match f {
+            UserCall::Int(f) => {
+                // Reductions run in pieces of at most INT_MAX elements (counts are ints on this path).
+                let mut len = n as c_int;
+                f(a as *mut c_void, b as *mut c_void, &mut len, &mut dt);
+            }
+            UserCall::Big(f) => {
+                let mut len = n as MPI_Count;
+                f(a as *mut c_void, b as *mut c_void, &mut len, &mut dt);
+            }
+        }
         return;
     }
     match r.op {
@@ -364,26 +383,37 @@ unsafe fn locf<V: Copy + PartialOrd>(op: MPI_Op, a: *const u8, b: *mut u8, n: us
     }
 }
 
+/// MPI_Op_create(_c): a user-defined operation.
+unsafe fn create(f: Option<UserCall>, commute: c_int, op: *mut MPI_Op) -> R {
+    let st = state()?;
+    let f = f.ok_or_else(|| MpiErr {
+        code: MPI_ERR_ARG,
+        msg: "user function is NULL".into(),
+    })?;
+    if op.is_null() {
+        return err(MPI_ERR_ARG, "op is NULL");
+    }
+    let i = match st.ops.iter().position(|o| o.is_none()) {
+        Some(i) => i,
+        None => {
+            st.ops.push(None);
+            st.ops.len() - 1
+        }
+    };
+    st.ops[i] = Some(UserOp {
+        f,
+        commute: commute != 0,
+    });
+    *op = (OP_BASE | i as u32) as c_int;
+    Ok(())
+}
+
 mpi_api! {
     fn MPI_Op_create / PMPI_Op_create(user_fn: Option<UserFn>, commute: c_int, op: *mut MPI_Op) -> c_int {
-        let r = (|| -> R {
-            let st = state()?;
-            let f = user_fn.ok_or_else(|| MpiErr { code: MPI_ERR_ARG, msg: "user function is NULL".into() })?;
-            if op.is_null() {
-                return err(MPI_ERR_ARG, "op is NULL");
-            }
-            let i = match st.ops.iter().position(|o| o.is_none()) {
-                Some(i) => i,
-                None => {
-                    st.ops.push(None);
-                    st.ops.len() - 1
-                }
-            };
-            st.ops[i] = Some(UserOp { f, commute: commute != 0 });
-            *op = (OP_BASE | i as u32) as c_int;
-            Ok(())
-        })();
-        fin(MPI_COMM_WORLD, "MPI_Op_create", r)
+        fin(MPI_COMM_WORLD, "MPI_Op_create", create(user_fn.map(UserCall::Int), commute, op))
+    }
+    fn MPI_Op_create_c / PMPI_Op_create_c(user_fn: Option<UserFnC>, commute: c_int, op: *mut MPI_Op) -> c_int {
+        fin(MPI_COMM_WORLD, "MPI_Op_create_c", create(user_fn.map(UserCall::Big), commute, op))
     }
     fn MPI_Op_free / PMPI_Op_free(op: *mut MPI_Op) -> c_int {
         let r = (|| -> R {
