@@ -300,7 +300,7 @@ pub(crate) unsafe fn apply(r: &Red, a: *const u8, b: *mut u8, n: usize) {
         let mut dt = r.dt;
         match f {
             UserCall::Int(f) => {
-                // Reductions run in pieces of at most INT_MAX elements (counts are ints on this path).
+                // Element counts never exceed INT_MAX (a larger count is MPI_ERR_COUNT at the call).
                 let mut len = n as c_int;
                 f(a as *mut c_void, b as *mut c_void, &mut len, &mut dt);
             }
