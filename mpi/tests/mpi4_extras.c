@@ -528,6 +528,21 @@ static void isendrecv_checks(int rank, int size)
     MPI_Wait(&q, MPI_STATUS_IGNORE);
     CHECK(land[0] == 11 && land[1] == 0 && land[2] == 22 && land[4] == 33 && land[6] == 44 && land[7] == 0);
     MPI_Type_free(&big);
+
+    /* The same for a nonblocking collective that unpacks at completion. */
+    MPI_Type_vector(4, 1, 2, MPI_INT, &strided);
+    MPI_Type_commit(&strided);
+    int bc[8];
+    for (int i = 0; i < 8; i++)
+        bc[i] = rank == 0 ? 100 + i : -1;
+    MPI_Ibcast(bc, 1, strided, 0, MPI_COMM_WORLD, &q);
+    MPI_Type_free(&strided);
+    MPI_Type_vector(1000, 1, 50, MPI_INT, &big);
+    MPI_Type_commit(&big);
+    MPI_Wait(&q, MPI_STATUS_IGNORE);
+    for (int i = 0; i < 8; i++)
+        CHECK(bc[i] == (i % 2 == 0 ? 100 + i : (rank == 0 ? 100 + i : -1)));
+    MPI_Type_free(&big);
 }
 
 static void status_and_type_checks(void)

@@ -774,14 +774,22 @@ fn finish_unpack(s: &mut Sched, u: Unp) {
         return;
     }
     let list = u.0;
+    // A nonblocking collective unpacks when it completes, maybe after MPI_Type_free: hold the types.
+    if let Ok(st) = state() {
+        list.iter().for_each(|e| datatype::hold(st, e.4));
+    }
     s.call(move || {
+        let mut r = Ok(());
         for &(t, b, bytes, count, dt) in &list {
             // SAFETY: t is a schedule temporary of `bytes`; b the user's buffer.
-            unsafe {
-                datatype::unpack_from(std::slice::from_raw_parts(t, bytes), bytes, b, count, dt)?
-            };
+            if r.is_ok() {
+                r = unsafe {
+                    datatype::unpack_from(std::slice::from_raw_parts(t, bytes), bytes, b, count, dt)
+                };
+            }
+            datatype::release(state()?, dt);
         }
-        Ok(())
+        r
     });
 }
 
