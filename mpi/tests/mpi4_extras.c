@@ -543,6 +543,24 @@ static void isendrecv_checks(int rank, int size)
     for (int i = 0; i < 8; i++)
         CHECK(bc[i] == (i % 2 == 0 ? 100 + i : (rank == 0 ? 100 + i : -1)));
     MPI_Type_free(&big);
+
+    /* And a persistent collective: its type is freed after MPI_Bcast_init, and every start still uses it. */
+    MPI_Type_vector(4, 1, 2, MPI_INT, &strided);
+    MPI_Type_commit(&strided);
+    MPI_Bcast_init(bc, 1, strided, 0, MPI_COMM_WORLD, MPI_INFO_NULL, &q);
+    MPI_Type_free(&strided);
+    MPI_Type_vector(1000, 1, 50, MPI_INT, &big);
+    MPI_Type_commit(&big);
+    for (int round = 0; round < 2; round++) {
+        for (int i = 0; i < 8; i++)
+            bc[i] = rank == 0 ? 200 + 10 * round + i : -1;
+        MPI_Start(&q);
+        MPI_Wait(&q, MPI_STATUS_IGNORE);
+        for (int i = 0; i < 8; i++)
+            CHECK(bc[i] == (i % 2 == 0 || rank == 0 ? 200 + 10 * round + i : -1));
+    }
+    MPI_Request_free(&q);
+    MPI_Type_free(&big);
 }
 
 static void status_and_type_checks(void)

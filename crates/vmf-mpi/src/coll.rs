@@ -1664,7 +1664,8 @@ macro_rules! nbr_pair {
                     let ci = $st.comm($comm)?.0;
                     let ($ns, $nd) = neighbors($st, ci)?;
                     let (sc, sd, stp, rc, rd, rt) = $args;
-                    persistent::init($comm, info, request, Box::new(neighbor_w($sb, sc, sd, stp, $rb, rc, rd, rt, $ns, $nd)))
+                    let types = stp.iter().chain(rt.iter()).copied().collect();
+                    persistent::init($comm, info, request, types, Box::new(neighbor_w($sb, sc, sd, stp, $rb, rc, rd, rt, $ns, $nd)))
                 })();
                 fin($comm, stringify!($xname), r)
             }

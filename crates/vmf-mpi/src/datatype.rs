@@ -142,7 +142,7 @@ pub(crate) fn get(st: &State, dt: MPI_Datatype) -> R<&Dtype> {
 /// A pending operation will use derived type `dt` later (a staged receive unpacks with it, a persistent
 /// request packs with it at each start): MPI_Type_free must not let its slot be reused until `release`.
 pub(crate) fn hold(st: &mut State, dt: MPI_Datatype) {
-    if is_derived(dt) {
+    if is_derived(dt) && get(st, dt).is_ok() {
         let i = (dt as u32 & 0x03ff_ffff) as usize;
         if st.type_holds.len() <= i {
             st.type_holds.resize(i + 1, (0, false));

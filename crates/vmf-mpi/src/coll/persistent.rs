@@ -15,9 +15,11 @@ use crate::p2p::new_req;
 /// A collective's schedule builder (what `go()` runs for the blocking and nonblocking forms).
 type Builder = Box<dyn FnMut(&mut State, &mut Sched, &Ctx) -> R>;
 
-/// The builder of one persistent collective.
+/// The builder of one persistent collective, and the datatypes it builds schedules with (held, so that
+/// MPI_Type_free between starts does not let another type take their handles).
 pub(crate) struct PColl {
     build: Builder,
+    types: Vec<MPI_Datatype>,
 }
 
 /// Create the inactive request for a persistent collective on `comm`.
@@ -25,6 +27,7 @@ pub(crate) unsafe fn init(
     comm: MPI_Comm,
     info: MPI_Info,
     request: *mut MPI_Request,
+    types: Vec<MPI_Datatype>,
     build: Builder,
 ) -> R {
     let st = state()?;
@@ -45,7 +48,13 @@ pub(crate) unsafe fn init(
     if st.pcolls.len() <= i {
         st.pcolls.resize_with(i + 1, || None);
     }
-    st.pcolls[i] = Some(Box::new(PColl { build }));
+    // Only live derived types are held (and so released at MPI_Request_free); a bad handle is MPI_Start's error.
+    let types: Vec<MPI_Datatype> = types
+        .into_iter()
+        .filter(|&t| crate::datatype::is_derived(t) && crate::datatype::get(st, t).is_ok())
+        .collect();
+    types.iter().for_each(|&t| crate::datatype::hold(st, t));
+    st.pcolls[i] = Some(Box::new(PColl { build, types }));
     *request = h;
     Ok(())
 }
@@ -79,8 +88,10 @@ pub(crate) fn start(st: &mut State, i: usize) -> R {
 
 /// Drop the builder of request `i` (MPI_Request_free).
 pub(crate) fn forget(st: &mut State, i: usize) {
-    if let Some(p) = st.pcolls.get_mut(i) {
-        *p = None;
+    if let Some(p) = st.pcolls.get_mut(i).and_then(|p| p.take()) {
+        p.types
+            .iter()
+            .for_each(|&t| crate::datatype::release(st, t));
     }
 }
 
@@ -111,19 +122,21 @@ unsafe fn a2aw_init(
         v_args(st, comm, scounts, sdispls, stypes, stype, w)?
     };
     let (sc, sd, stp, rc, rd, rt) = six(s, r);
+    let types = stp.iter().chain(rt.iter()).copied().collect();
     init(
         comm,
         info,
         request,
+        types,
         Box::new(alltoallw(sbuf, sc, sd, stp, rbuf, rc, rd, rt)),
     )
 }
 
 macro_rules! pcoll_init {
-    ($( fn $name:ident / $pname:ident ( $($a:ident : $t:ty),* ) => $body:expr; )*) => {$(
+    ($( fn $name:ident / $pname:ident ( $($a:ident : $t:ty),* ) types [$($ty:ident),*] => $body:expr; )*) => {$(
         mpi_api! {
             fn $name / $pname($($a: $t,)* comm: MPI_Comm, info: MPI_Info, request: *mut MPI_Request) -> c_int {
-                let r = init(comm, info, request, Box::new($body));
+                let r = init(comm, info, request, vec![$($ty),*], Box::new($body));
                 fin(comm, stringify!($name), r)
             }
         }
@@ -131,40 +144,40 @@ macro_rules! pcoll_init {
 }
 
 pcoll_init! {
-    fn MPI_Bcast_init / PMPI_Bcast_init(buffer: *mut c_void, count: c_int, datatype: MPI_Datatype, root: c_int)
+    fn MPI_Bcast_init / PMPI_Bcast_init(buffer: *mut c_void, count: c_int, datatype: MPI_Datatype, root: c_int) types [datatype]
         => bcast(buffer, count, datatype, root);
-    fn MPI_Reduce_init / PMPI_Reduce_init(sendbuf: *const c_void, recvbuf: *mut c_void, count: c_int, datatype: MPI_Datatype, op: MPI_Op, root: c_int)
+    fn MPI_Reduce_init / PMPI_Reduce_init(sendbuf: *const c_void, recvbuf: *mut c_void, count: c_int, datatype: MPI_Datatype, op: MPI_Op, root: c_int) types [datatype]
         => reduce(sendbuf, recvbuf, count, datatype, op, root);
-    fn MPI_Allreduce_init / PMPI_Allreduce_init(sendbuf: *const c_void, recvbuf: *mut c_void, count: c_int, datatype: MPI_Datatype, op: MPI_Op)
+    fn MPI_Allreduce_init / PMPI_Allreduce_init(sendbuf: *const c_void, recvbuf: *mut c_void, count: c_int, datatype: MPI_Datatype, op: MPI_Op) types [datatype]
         => allreduce(sendbuf, recvbuf, count, datatype, op);
-    fn MPI_Gather_init / PMPI_Gather_init(sendbuf: *const c_void, sendcount: c_int, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcount: c_int, recvtype: MPI_Datatype, root: c_int)
+    fn MPI_Gather_init / PMPI_Gather_init(sendbuf: *const c_void, sendcount: c_int, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcount: c_int, recvtype: MPI_Datatype, root: c_int) types [sendtype, recvtype]
         => gatherv(sendbuf, sendcount, sendtype, recvbuf, None, recvcount, None, recvtype, root);
-    fn MPI_Gatherv_init / PMPI_Gatherv_init(sendbuf: *const c_void, sendcount: c_int, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcounts: *const c_int, displs: *const c_int, recvtype: MPI_Datatype, root: c_int)
+    fn MPI_Gatherv_init / PMPI_Gatherv_init(sendbuf: *const c_void, sendcount: c_int, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcounts: *const c_int, displs: *const c_int, recvtype: MPI_Datatype, root: c_int) types [sendtype, recvtype]
         => gatherv(sendbuf, sendcount, sendtype, recvbuf, Some(recvcounts), 0, Some(displs), recvtype, root);
-    fn MPI_Scatter_init / PMPI_Scatter_init(sendbuf: *const c_void, sendcount: c_int, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcount: c_int, recvtype: MPI_Datatype, root: c_int)
+    fn MPI_Scatter_init / PMPI_Scatter_init(sendbuf: *const c_void, sendcount: c_int, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcount: c_int, recvtype: MPI_Datatype, root: c_int) types [sendtype, recvtype]
         => scatterv(sendbuf, None, sendcount, None, sendtype, recvbuf, recvcount, recvtype, root);
-    fn MPI_Scatterv_init / PMPI_Scatterv_init(sendbuf: *const c_void, sendcounts: *const c_int, displs: *const c_int, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcount: c_int, recvtype: MPI_Datatype, root: c_int)
+    fn MPI_Scatterv_init / PMPI_Scatterv_init(sendbuf: *const c_void, sendcounts: *const c_int, displs: *const c_int, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcount: c_int, recvtype: MPI_Datatype, root: c_int) types [sendtype, recvtype]
         => scatterv(sendbuf, Some(sendcounts), 0, Some(displs), sendtype, recvbuf, recvcount, recvtype, root);
-    fn MPI_Allgather_init / PMPI_Allgather_init(sendbuf: *const c_void, sendcount: c_int, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcount: c_int, recvtype: MPI_Datatype)
+    fn MPI_Allgather_init / PMPI_Allgather_init(sendbuf: *const c_void, sendcount: c_int, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcount: c_int, recvtype: MPI_Datatype) types [sendtype, recvtype]
         => allgatherv(sendbuf, sendcount, sendtype, recvbuf, None, recvcount, None, recvtype);
-    fn MPI_Allgatherv_init / PMPI_Allgatherv_init(sendbuf: *const c_void, sendcount: c_int, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcounts: *const c_int, displs: *const c_int, recvtype: MPI_Datatype)
+    fn MPI_Allgatherv_init / PMPI_Allgatherv_init(sendbuf: *const c_void, sendcount: c_int, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcounts: *const c_int, displs: *const c_int, recvtype: MPI_Datatype) types [sendtype, recvtype]
         => allgatherv(sendbuf, sendcount, sendtype, recvbuf, Some(recvcounts), 0, Some(displs), recvtype);
-    fn MPI_Alltoall_init / PMPI_Alltoall_init(sendbuf: *const c_void, sendcount: c_int, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcount: c_int, recvtype: MPI_Datatype)
+    fn MPI_Alltoall_init / PMPI_Alltoall_init(sendbuf: *const c_void, sendcount: c_int, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcount: c_int, recvtype: MPI_Datatype) types [sendtype, recvtype]
         => alltoall(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype);
-    fn MPI_Reduce_scatter_init / PMPI_Reduce_scatter_init(sendbuf: *const c_void, recvbuf: *mut c_void, recvcounts: *const c_int, datatype: MPI_Datatype, op: MPI_Op)
+    fn MPI_Reduce_scatter_init / PMPI_Reduce_scatter_init(sendbuf: *const c_void, recvbuf: *mut c_void, recvcounts: *const c_int, datatype: MPI_Datatype, op: MPI_Op) types [datatype]
         => reduce_scatter(sendbuf, recvbuf, Some(recvcounts), 0, datatype, op);
-    fn MPI_Reduce_scatter_block_init / PMPI_Reduce_scatter_block_init(sendbuf: *const c_void, recvbuf: *mut c_void, recvcount: c_int, datatype: MPI_Datatype, op: MPI_Op)
+    fn MPI_Reduce_scatter_block_init / PMPI_Reduce_scatter_block_init(sendbuf: *const c_void, recvbuf: *mut c_void, recvcount: c_int, datatype: MPI_Datatype, op: MPI_Op) types [datatype]
         => reduce_scatter(sendbuf, recvbuf, None, recvcount, datatype, op);
-    fn MPI_Scan_init / PMPI_Scan_init(sendbuf: *const c_void, recvbuf: *mut c_void, count: c_int, datatype: MPI_Datatype, op: MPI_Op)
+    fn MPI_Scan_init / PMPI_Scan_init(sendbuf: *const c_void, recvbuf: *mut c_void, count: c_int, datatype: MPI_Datatype, op: MPI_Op) types [datatype]
         => scan(sendbuf, recvbuf, count, datatype, op, false);
-    fn MPI_Exscan_init / PMPI_Exscan_init(sendbuf: *const c_void, recvbuf: *mut c_void, count: c_int, datatype: MPI_Datatype, op: MPI_Op)
+    fn MPI_Exscan_init / PMPI_Exscan_init(sendbuf: *const c_void, recvbuf: *mut c_void, count: c_int, datatype: MPI_Datatype, op: MPI_Op) types [datatype]
         => scan(sendbuf, recvbuf, count, datatype, op, true);
 }
 
 mpi_api! {
     fn MPI_Barrier_init / PMPI_Barrier_init(comm: MPI_Comm, info: MPI_Info, request: *mut MPI_Request) -> c_int {
         let b = |_st: &mut State, s: &mut Sched, c: &Ctx| -> R { barrier_s(s, c); Ok(()) };
-        let r = init(comm, info, request, Box::new(b));
+        let r = init(comm, info, request, Vec::new(), Box::new(b));
         fin(comm, "MPI_Barrier_init", r)
     }
     fn MPI_Alltoallv_init / PMPI_Alltoallv_init(sendbuf: *const c_void, sendcounts: *const c_int, sdispls: *const c_int, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcounts: *const c_int, rdispls: *const c_int, recvtype: MPI_Datatype, comm: MPI_Comm, info: MPI_Info, request: *mut MPI_Request) -> c_int {
