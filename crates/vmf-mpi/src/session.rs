@@ -71,6 +71,14 @@ pub(crate) fn is_session_eh(eh: MPI_Errhandler) -> bool {
         && g().handlers.len() > ((eh as u32) & 0x01ff_ffff) as usize
 }
 
+/// Call session error handler `eh` (made by MPI_Session_create_errhandler) for `session` and `code`.
+fn call_handler(eh: MPI_Errhandler, session: MPI_Session, code: c_int) {
+    let f = g().handlers[((eh as u32) & 0x01ff_ffff) as usize];
+    let (mut s, mut code) = (session, code);
+    // SAFETY: a handler registered by the program through MPI_Session_create_errhandler.
+    unsafe { f(&mut s, &mut code) };
+}
+
 fn session_eh_ok(eh: MPI_Errhandler) -> bool {
     eh == MPI_ERRORS_ARE_FATAL
         || eh == MPI_ERRORS_RETURN
@@ -89,10 +97,7 @@ fn fin_s(session: MPI_Session, name: &str, r: R) -> c_int {
         MPI_ERRORS_RETURN => e.code,
         x if x == MPI_ERRORS_ARE_FATAL || x == MPI_ERRORS_ABORT => fatal(name, &e),
         user => {
-            let f = g().handlers[((user as u32) & 0x01ff_ffff) as usize];
-            let (mut s, mut code) = (session, e.code);
-            // SAFETY: a handler registered by the program through MPI_Session_create_errhandler.
-            unsafe { f(&mut s, &mut code) };
+            call_handler(user, session, e.code);
             e.code
         }
     }
@@ -191,9 +196,7 @@ mpi_api! {
             // MPI_SESSION_NULL).
             Err(e) if errhandler == MPI_ERRORS_RETURN => e.code,
             Err(e) if is_session_eh(errhandler) => {
-                let f = g().handlers[((errhandler as u32) & 0x01ff_ffff) as usize];
-                let (mut s, mut code) = (SESSION_NULL, e.code);
-                f(&mut s, &mut code);
+                call_handler(errhandler, SESSION_NULL, e.code);
                 e.code
             }
             Err(e) => fatal("MPI_Session_init", &e),
