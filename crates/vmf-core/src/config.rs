@@ -37,12 +37,36 @@ pub const PARAMS: &[Param] = &[
     Param { name: "WAIT_SPIN_MAX_US", default: "1000", doc: "adaptive: longest spin (microseconds) when every rank of the host has a core (the learnt budget stays between 200 us and this)" },
     Param { name: "WAIT_YIELD_US", default: "50", doc: "adaptive, when ranks outnumber cores: time (microseconds) spent yielding before sleeping" },
     Param { name: "SPIN_COUNT", default: "100", doc: "yield policy: idle polls before the first sched_yield" },
+    Param { name: "BIND", default: "auto", doc: "CPU binding of each rank: auto (pin the ranks of a region to its CPUs in blocks when they outnumber them, so that waiting ranks know which peers share their CPU), core (always pin, one CPU each while there are enough), none (leave the affinity alone)" },
+    Param { name: "WAIT_PEER_SPIN_US", default: "20", doc: "adaptive, when ranks outnumber cores and are pinned: longest spin (microseconds) for peers pinned to other CPUs before yielding" },
     Param { name: "HOST_CPUS", default: "auto", doc: "CPUs available to this host's ranks (set by the launcher); auto: this process's affinity mask" },
     Param { name: "MACHINE_RANKS", default: "auto", doc: "ranks of the job that share this machine's CPUs, whatever transport joins them (set by vmfabric run, which starts every rank here, emulated hosts included); auto: the ranks sharing this rank's region" },
     Param { name: "INIT_TIMEOUT", default: "30", doc: "seconds to wait for the region to be initialised by another rank" },
     Param { name: "LIVENESS_MS", default: "100", doc: "while waiting, check co-resident peers for death every this many milliseconds" },
     Param { name: "VERBOSE", default: "0", doc: "1: print setup decisions (region, channels, protocols) to stderr" },
 ];
+
+/// How ranks are bound to CPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bind {
+    /// Pin the ranks of a region in blocks when they outnumber its CPUs; otherwise leave them alone.
+    Auto,
+    /// Always pin (one CPU each while there are enough, blocks of consecutive ranks when not).
+    Core,
+    /// Never change the affinity.
+    None,
+}
+
+impl Bind {
+    /// Name as accepted by `VMF_BIND`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Bind::Auto => "auto",
+            Bind::Core => "core",
+            Bind::None => "none",
+        }
+    }
+}
 
 /// How a waiting rank uses the CPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -125,6 +149,10 @@ pub struct Config {
     pub wait_spin_max_us: u64,
     /// WAIT_YIELD_US.
     pub wait_yield_us: u64,
+    /// WAIT_PEER_SPIN_US.
+    pub wait_peer_spin_us: u64,
+    /// BIND.
+    pub bind: Bind,
     /// SPIN_COUNT.
     pub spin_count: u32,
     /// HOST_CPUS (None = auto).
@@ -244,6 +272,19 @@ impl Config {
             },
             wait_spin_max_us: size("WAIT_SPIN_MAX_US", 1, 10_000_000)?,
             wait_yield_us: size("WAIT_YIELD_US", 0, 10_000_000)?,
+            wait_peer_spin_us: size("WAIT_PEER_SPIN_US", 0, 10_000_000)?,
+            bind: match get("BIND").as_str() {
+                "auto" => Bind::Auto,
+                "core" => Bind::Core,
+                "none" => Bind::None,
+                _ => {
+                    return Err(ConfigError {
+                        name: "BIND",
+                        value: get("BIND"),
+                        why: "it is not auto, core or none",
+                    })
+                }
+            },
             spin_count: size("SPIN_COUNT", 0, u32::MAX as u64)? as u32,
             host_cpus: if get("HOST_CPUS") == "auto" {
                 None

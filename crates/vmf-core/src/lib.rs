@@ -310,6 +310,7 @@ impl Fabric {
         if let Some(c) = mig_ctx {
             eng.set_migration_context(c);
         }
+        eng.bind_cpu();
         if verbose {
             let ch: Vec<String> = (0..size)
                 .map(|p| format!("{p}:{}", eng.route(p).name()))

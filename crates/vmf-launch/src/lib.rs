@@ -98,8 +98,11 @@ pub struct RunOptions {
     pub verbose: bool,
     /// Extra environment variables for every rank (applied last, so they override the launcher's).
     pub extra_env: Vec<(String, String)>,
-    /// Pin rank `r` to the `r mod n`-th CPU the launcher may use (`--bind core`).
+    /// Pin every rank to a CPU before it starts (`--bind core`).
     pub bind_cores: bool,
+    /// `--bind` as given (auto, core or none), passed to the ranks as `VMF_BIND` (None: their
+    /// environment decides).
+    pub bind: Option<String>,
     /// Emulated hosts (network namespaces); 0: every rank on this host, no namespaces.
     pub hosts: usize,
     /// Placement on hosts: block (consecutive ranks together) instead of round robin.
@@ -127,6 +130,7 @@ impl RunOptions {
             verbose: false,
             extra_env: Vec::new(),
             bind_cores: false,
+            bind: None,
             hosts: 0,
             map_block: false,
         }
@@ -409,7 +413,19 @@ impl Job<'_> {
         // The CPUs of this host's job (the launcher's affinity mask): ranks compare their count with the
         // number of ranks to know whether they are oversubscribed, even when pinned to one CPU each.
         let cpus = vmf_pal::process::allowed_cpus();
-        let bind_cpu = o.bind_cores.then(|| cpus[rank % cpus.len()]);
+        // `--bind core`: pinned before the program starts, where the fabric would pin it (by position
+        // among the ranks of its host); the fabric applies `--bind auto` itself once it knows its region.
+        let on_host: Vec<usize> = (0..o.np)
+            .filter(|&r| self.placement[r] == self.placement[rank])
+            .collect();
+        let pos = on_host.iter().position(|&r| r == rank).unwrap_or(0);
+        let bind_cpu = o
+            .bind_cores
+            .then(|| vmf_pal::process::cpu_for_rank(pos, on_host.len(), &cpus))
+            .flatten();
+        if let Some(b) = &o.bind {
+            cmd.env("VMF_BIND", b);
+        }
         cmd.env("VMF_HOST_CPUS", cpus.len().to_string());
         // Every rank of this launch runs on this machine (emulated hosts included), whatever joins them.
         cmd.env("VMF_MACHINE_RANKS", o.np.to_string());

@@ -38,7 +38,7 @@ use crate::datatype::{self, Lay};
 use crate::op::{self, MPI_Op};
 use crate::*;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use vmf_core::engine::Engine;
+use vmf_core::engine::{Awaiting, Engine};
 use vmf_core::Op as COp;
 
 /// Data bytes of each buffer of an area.
@@ -106,6 +106,17 @@ pub(crate) struct Area {
     /// each half (readers are done with it once every member's `done` reaches that number).
     big_turn: usize,
     big_last: [u64; 2],
+    /// Ranks outnumber this host's cores (this rank's view).
+    oversub: bool,
+    /// The member whose barrier release this rank waits for instead of every arrival (None: every
+    /// arrival). See [`Area::fresh`].
+    lead: Option<usize>,
+    /// The last collective was a barrier.
+    after_barrier: bool,
+    /// Members pinned to this rank's CPU (see [`Area::wait_members`]).
+    mates: Vec<usize>,
+    /// This rank and every member run on one known CPU each.
+    pinned: bool,
 }
 
 /// True when the communicator has a shared-memory area and every member reported oversubscription.
@@ -141,6 +152,27 @@ fn stamp<'a>(a: *mut u8, k: u64) -> &'a AtomicU64 {
 }
 
 impl Area {
+    /// Called by every collective first, with its root (None: every member waits for every other).
+    /// Which member should leave a barrier first depends on the collective that follows it: when ranks
+    /// outnumber cores, whoever leaves first runs while the others wait for a CPU. Waiting for every
+    /// arrival lets each CPU switch once per barrier, and symmetric collectives (allreduce, alltoall,
+    /// barriers back to back) do best with it; but then the root of a following broadcast is not the
+    /// first to leave, and the members that reach the broadcast before it wait a context switch or two
+    /// (4 ranks on 2 CPUs: 2.0 us against 0.07). So a barrier followed by a rooted collective makes the
+    /// next barrier's non-roots wait for the root's release (the root leaves first), while a barrier
+    /// followed by a symmetric one goes back to every arrival. Every member sees the same sequence of
+    /// collectives, so leads never form a cycle: after any collective that follows a barrier, the root
+    /// has no lead and everyone else leads with the root or with nobody. Ranks free to run anywhere keep
+    /// rank 0 as their lead.
+    fn fresh(&mut self, root: Option<usize>) {
+        if !self.after_barrier {
+            return;
+        }
+        self.after_barrier = false;
+        if self.oversub && self.pinned {
+            self.lead = root.filter(|&r| r != self.me);
+        }
+    }
     fn next(&mut self) -> u64 {
         self.seq += 1;
         self.seq
@@ -148,33 +180,61 @@ impl Area {
     fn mine(&self) -> *mut u8 {
         self.areas[self.me]
     }
+    /// Wait until `ok(a, r)` holds for every member `r` with area `a`. When ranks outnumber cores and are
+    /// pinned, the wait tells the engine whether a member it still waits for shares this rank's CPU (then
+    /// it yields to it at once) or all run elsewhere (then it spins a little: yielding would only hand the
+    /// CPU to a mate that waits as well). 4 ranks on 2 CPUs: a barrier costs one context switch per CPU.
+    ///
+    /// Spinning is safe only while every mate has reached collective `k` itself (stamped or finished it):
+    /// a mate that has not may be the one the awaited members wait for (4 ranks on 2 CPUs, rank 2 waiting
+    /// for rank 0's barrier release while rank 0 waits for rank 3, rank 2's mate: a spin there cost the
+    /// whole budget, 20 us, per barrier).
+    fn wait_members(&self, e: &mut Engine, k: u64, ok: impl Fn(*mut u8, usize) -> bool) -> R {
+        let areas = &self.areas;
+        let all = || areas.iter().enumerate().all(|(r, &a)| ok(a, r));
+        if all() {
+            return Ok(());
+        }
+        let (mates, pinned) = (&self.mates, self.pinned);
+        let reached = |a: *mut u8| {
+            stamp(a, k).load(Ordering::Acquire) >= k || ctl(a).done.load(Ordering::Acquire) >= k
+        };
+        e.wait_for_peers(COp::Wait, |_| {
+            if all() {
+                Awaiting::Done
+            } else if mates
+                .iter()
+                .any(|&r| !ok(areas[r], r) || !reached(areas[r]))
+            {
+                Awaiting::Here
+            } else if pinned {
+                Awaiting::Elsewhere
+            } else {
+                Awaiting::Here
+            }
+        })
+        .map_err(from_core)
+    }
     /// Wait until every member is done with collective `k - 2` (whose buffer `k` reuses).
     fn may_write(&mut self, e: &mut Engine, k: u64) -> R {
         if k <= 2 || self.known_done >= k - 2 {
             return Ok(());
         }
-        let areas = &self.areas;
-        wait(e, || {
-            areas
-                .iter()
-                .all(|&a| ctl(a).done.load(Ordering::Acquire) >= k - 2)
+        self.wait_members(e, k - 2, |a, _| {
+            ctl(a).done.load(Ordering::Acquire) >= k - 2
         })?;
         self.known_done = k - 2;
         Ok(())
     }
-    fn wait_arrived(&self, e: &mut Engine, r: usize, k: u64) -> R {
-        let a = self.areas[r];
-        wait(e, || stamp(a, k).load(Ordering::Acquire) >= k)
+    fn wait_arrived(&self, e: &mut Engine, root: usize, k: u64) -> R {
+        self.wait_members(e, k, |a, r| {
+            r != root || stamp(a, k).load(Ordering::Acquire) >= k
+        })
     }
     /// Wait for every member's stamp `k`. A member stamps `k` only after storing `done = k - 1`, so this
     /// also tells that everyone finished collective `k - 1`.
     fn wait_all_arrived(&mut self, e: &mut Engine, k: u64) -> R {
-        let areas = &self.areas;
-        wait(e, || {
-            areas
-                .iter()
-                .all(|&a| stamp(a, k).load(Ordering::Acquire) >= k)
-        })?;
+        self.wait_members(e, k, |a, _| stamp(a, k).load(Ordering::Acquire) >= k)?;
         self.known_done = self.known_done.max(k - 1);
         Ok(())
     }
@@ -183,12 +243,7 @@ impl Area {
         if self.known_done >= k {
             return Ok(());
         }
-        let areas = &self.areas;
-        wait(e, || {
-            areas
-                .iter()
-                .all(|&a| ctl(a).done.load(Ordering::Acquire) >= k)
-        })?;
+        self.wait_members(e, k, |a, _| ctl(a).done.load(Ordering::Acquire) >= k)?;
         self.known_done = k;
         Ok(())
     }
@@ -437,7 +492,20 @@ fn setup_inner(st: &mut State, ci: usize) -> R<Option<Box<Area>>> {
             }
         }
     }
+    // Who shares our CPU, from what members published when they started (before this exchange).
+    let cpus: Vec<Option<usize>> = world.iter().map(|&w| e.peer_cpu(w)).collect();
+    let mates = (0..n)
+        .filter(|&r| r != me && cpus[r].is_some() && cpus[r] == cpus[me])
+        .collect();
+    let pinned = cpus.iter().all(Option::is_some);
+    let oversub = e.waiter().oversubscribed;
     Ok(Some(Box::new(Area {
+        oversub,
+        // Oversubscribed ranks that may run anywhere wait for rank 0's release; see `fresh` for the rest.
+        lead: (oversub && !pinned && me != 0).then_some(0),
+        after_barrier: false,
+        mates,
+        pinned,
         seq: 0,
         me,
         world,
@@ -563,25 +631,27 @@ pub(crate) fn barrier(st: &mut State, comm: MPI_Comm) -> R<bool> {
         return Ok(false);
     };
     run(st, ci, |_, e, a| {
+        a.fresh(None);
         let k = a.next();
         a.set(e, Some(k), Some(k));
-        if a.me == 0 {
-            // Rank 0 sees everyone arrive and then releases them with one line.
-            a.wait_all_arrived(e, k)?;
+        match a.lead {
+            // Leave after the leader: one line to watch, and the leader's next collective is under way
+            // before we run.
+            Some(l) if l != a.me => {
+                a.wait_members(e, k, |x, r| {
+                    r != l || ctl(x).release.load(Ordering::Acquire) >= k
+                })?;
+                a.known_done = a.known_done.max(k - 1);
+            }
+            _ => a.wait_all_arrived(e, k)?,
+        }
+        if a.oversub {
+            // Anyone may lead the next barrier of another member: say we left (seen everyone arrive).
             ctl(a.mine()).release.store(k, Ordering::Release);
             a.set(e, None, None);
-            Ok(())
-        } else if e.waiter().oversubscribed {
-            // Ranks outnumber cores: wait for rank 0's release (one line to watch; rank 0 leaves first,
-            // so a collective rooted there that follows is under way before the others run). Either
-            // wait is a correct barrier, so ranks need not agree on which one they use.
-            let r0 = a.areas[0];
-            wait(e, || ctl(r0).release.load(Ordering::Acquire) >= k)?;
-            a.known_done = a.known_done.max(k - 1);
-            Ok(())
-        } else {
-            a.wait_all_arrived(e, k)
         }
+        a.after_barrier = true;
+        Ok(())
     })
 }
 
@@ -605,6 +675,7 @@ pub(crate) unsafe fn bcast(
         // With a core per rank, the pipelined point-to-point broadcast is as fast from 1 MiB on (2 ranks:
         // 25-27 µs against 28-29).
         return run_big(st, ci, bytes, BIG_CORE_MAX / 2, |st, e, a| {
+            a.fresh(Some(root));
             let k = a.next();
             if a.me == root {
                 a.may_write(e, k)?;
@@ -645,6 +716,7 @@ pub(crate) unsafe fn bcast(
         });
     }
     run(st, ci, |st, e, a| {
+        a.fresh(Some(root));
         let k = a.next();
         if a.me == root {
             a.may_write(e, k)?;
@@ -702,6 +774,7 @@ pub(crate) unsafe fn reduce(
     if big {
         return run_big(st, ci, bytes, BIG_CORE_MAX, |_, e, a| {
             // Two collective numbers: k1 publishes the contributions, k2 the reduced segments.
+            a.fresh(None);
             let k1 = a.next();
             let k2 = a.next();
             a.may_write(e, k1)?;
@@ -755,6 +828,7 @@ pub(crate) unsafe fn reduce(
         });
     }
     run(st, ci, |_, e, a| {
+        a.fresh(None);
         let k = a.next();
         a.may_write(e, k)?;
         std::ptr::copy_nonoverlapping(input as *const u8, buf(a.mine(), k), bytes);
@@ -825,6 +899,7 @@ pub(crate) unsafe fn gather(
         0
     };
     run(st, ci, |st, e, a| {
+        a.fresh(None);
         let k = a.next();
         a.may_write(e, k)?;
         let mine = buf(a.mine(), k);
@@ -915,6 +990,7 @@ pub(crate) unsafe fn scatter(
     };
     if big {
         return run_big(st, ci, need, BIG_CORE_MAX, |st, e, a| {
+            a.fresh(None);
             let k = a.next();
             a.may_write(e, k)?;
             let (h, ok) = a.begin_big(e, need)?;
@@ -947,6 +1023,7 @@ pub(crate) unsafe fn scatter(
         });
     }
     run(st, ci, |st, e, a| {
+        a.fresh(root);
         let k = a.next();
         if sender {
             a.may_write(e, k)?;

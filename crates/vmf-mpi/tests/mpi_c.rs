@@ -13,6 +13,7 @@ use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 
 const PROGRAMS: &[&str] = &[
+    "coll_mix",
     "p2p_basic",
     "p2p_modes",
     "p2p_order",
@@ -239,6 +240,25 @@ fn coll_all_every_collective_exact_on_world_dup_and_split() {
         "coll_all with a 512 KiB pool:\n{out}\n{}",
         String::from_utf8_lossy(&o.stderr)
     );
+}
+
+#[test]
+fn coll_mix_random_collective_sequences_with_pinned_and_unpinned_ranks() {
+    // 1-4 ranks with both builds, 5-8 (more ranks than cores here: pinned in blocks by VMF_BIND=auto).
+    semantic("coll_mix");
+    semantic_wide("coll_mix");
+    // The same with the affinity left alone (ranks may run anywhere: leader-release barriers), and with
+    // every rank pinned even where there are cores enough.
+    let bin = setup().build.join("ours").join("coll_mix");
+    for (n, bind) in [(4, "none"), (5, "none"), (2, "core"), (3, "core")] {
+        let o = job_env(n, &bin, &[("VMF_BIND", bind)]);
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            o.status.success() && out.contains("PASS"),
+            "coll_mix with VMF_BIND={bind} ({n} ranks):\n{out}\n{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
 }
 
 #[test]

@@ -114,6 +114,22 @@ pub fn allowed_cpus() -> Vec<usize> {
     }
 }
 
+/// The CPU of `cpus` for the rank at position `pos` among the `n` ranks that share them: one each while
+/// there are enough, else blocks of consecutive ranks (4 ranks on 2 CPUs: 0 and 1 on the first, 2 and 3
+/// on the second), so that ranks that talk most (neighbours) share a CPU's cache and each CPU holds
+/// as few ranks as possible. The launcher (`--bind core`) and the fabric (`VMF_BIND`) both use it.
+pub fn cpu_for_rank(pos: usize, n: usize, cpus: &[usize]) -> Option<usize> {
+    if cpus.is_empty() || n == 0 {
+        return None;
+    }
+    let pos = pos.min(n - 1);
+    Some(if n <= cpus.len() {
+        cpus[pos]
+    } else {
+        cpus[pos * cpus.len() / n]
+    })
+}
+
 /// CPU time (user + system) consumed so far by the calling process, in seconds.
 pub fn cpu_time_s() -> f64 {
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
@@ -126,6 +142,35 @@ pub fn cpu_time_s() -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ranks_get_a_cpu_each_or_blocks_of_consecutive_ranks() {
+        let c = [0, 1];
+        let got: Vec<_> = (0..4).map(|p| cpu_for_rank(p, 4, &c).unwrap()).collect();
+        assert_eq!(got, [0, 0, 1, 1]);
+        let got: Vec<_> = (0..5).map(|p| cpu_for_rank(p, 5, &c).unwrap()).collect();
+        assert_eq!(got, [0, 0, 0, 1, 1]);
+        let c = [2, 5, 7];
+        let got: Vec<_> = (0..2).map(|p| cpu_for_rank(p, 2, &c).unwrap()).collect();
+        assert_eq!(got, [2, 5]);
+        assert_eq!(cpu_for_rank(0, 1, &[]), None);
+    }
+
+    #[test]
+    fn pinning_a_thread_narrows_its_affinity_to_that_cpu() {
+        let cpus = allowed_cpus();
+        let last = *cpus.last().unwrap();
+        // A thread of its own, so that the test harness keeps every CPU.
+        let seen = std::thread::spawn(move || {
+            pin_to_cpu(last).unwrap();
+            allowed_cpus()
+        })
+        .join()
+        .unwrap();
+        assert_eq!(seen, vec![last]);
+        assert_eq!(allowed_cpus(), cpus);
+        assert!(pin_to_cpu(1 << 20).is_err());
+    }
 
     #[test]
     fn current_process_is_alive() {

@@ -47,7 +47,7 @@ fn in_job() -> i32 {
         } else {
             "a core per rank"
         }
-    );
+    ) + &w.cpu.map_or(String::new(), |c| format!(", cpu {c}"));
     println!(
         "rank {}{host}: channels {}{tcp}{waiting}",
         f.rank(),

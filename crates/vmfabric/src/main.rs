@@ -38,9 +38,11 @@ enum Cmd {
         /// How waiting ranks use the CPU (sets VMF_WAIT for every rank).
         #[arg(long, value_parser = ["spin", "yield", "block", "adaptive"])]
         wait: Option<String>,
-        /// Pin ranks to cores (rank r on the r-th allowed CPU, round robin) or not.
-        #[arg(long, value_parser = ["none", "core"], default_value = "none")]
-        bind: String,
+        /// CPU binding (sets VMF_BIND): auto pins a host's ranks in blocks when they outnumber its CPUs;
+        /// core always pins (one CPU each while there are enough); none leaves placement to the kernel.
+        /// Default: VMF_BIND if set, else auto.
+        #[arg(long, value_parser = ["auto", "core", "none"])]
+        bind: Option<String>,
         /// Place ranks on this many emulated hosts (network namespaces joined by a bridge; needs root).
         #[arg(long, default_value_t = 0)]
         hosts: usize,
@@ -130,7 +132,11 @@ fn main() {
                 region_dir: default_region_dir(region_dir),
                 verbose,
                 extra_env,
-                bind_cores: bind == "core",
+                bind_cores: bind
+                    .clone()
+                    .or_else(|| std::env::var("VMF_BIND").ok())
+                    .is_some_and(|b| b == "core"),
+                bind,
                 hosts,
                 map_block: map == "block",
             };

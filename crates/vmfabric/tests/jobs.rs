@@ -433,6 +433,64 @@ fn every_wait_policy_passes_correctness_tests() {
     }
 }
 
+/// The CPU each rank's `vmfabric info` line reports ("..., cpu N"), by rank.
+fn info_cpus(out: &str, np: usize) -> Vec<Option<usize>> {
+    let mut cpus = vec![None; np];
+    for l in out.lines().filter(|l| l.contains("channels")) {
+        let r: usize = l
+            .strip_prefix("rank ")
+            .and_then(|t| t.split([' ', ':']).next())
+            .and_then(|t| t.parse().ok())
+            .unwrap_or_else(|| panic!("no rank in {l:?}"));
+        cpus[r] = l
+            .rsplit_once(", cpu ")
+            .map(|(_, c)| c.trim().parse().unwrap());
+    }
+    cpus
+}
+
+#[test]
+fn ranks_outnumbering_cpus_are_pinned_in_blocks_unless_told_not_to() {
+    let d = Dir::new("bindauto");
+    let cpus = vmf_pal::process::allowed_cpus();
+    let np = 2 * cpus.len();
+    // auto (the default): 2 ranks per CPU, consecutive ranks together.
+    let out = assert_ok(&job(&d, np, &["info"], &[]));
+    let want: Vec<Option<usize>> = (0..np).map(|r| Some(cpus[r * cpus.len() / np])).collect();
+    assert_eq!(info_cpus(&out, np), want, "{out}");
+    assert!(out.contains("(ranks outnumber cores)"), "{out}");
+    // none: placement is the kernel's (unless this test itself runs on one CPU).
+    let out = assert_ok(&job_with(
+        &d,
+        &["--bind", "none"],
+        np,
+        &["info"],
+        &[],
+        Duration::from_secs(60),
+    ));
+    let none = if cpus.len() == 1 { Some(cpus[0]) } else { None };
+    assert_eq!(info_cpus(&out, np), vec![none; np], "{out}");
+    // VMF_BIND=none in the environment does the same when --bind is not given.
+    let out = assert_ok(&job(&d, np, &["info"], &[("VMF_BIND", "none")]));
+    assert_eq!(info_cpus(&out, np), vec![none; np], "{out}");
+    // auto with a CPU per rank leaves them alone; core pins them one each.
+    let out = assert_ok(&job(&d, 1, &["info"], &[]));
+    assert_eq!(info_cpus(&out, 1), vec![none], "{out}");
+    let out = assert_ok(&job_with(
+        &d,
+        &["--bind", "core"],
+        1,
+        &["info"],
+        &[],
+        Duration::from_secs(60),
+    ));
+    assert_eq!(info_cpus(&out, 1), vec![Some(cpus[0])], "{out}");
+    let o = job(&d, 1, &["info"], &[("VMF_BIND", "sometimes")]);
+    assert!(!o.status.success(), "a bad VMF_BIND is refused");
+    assert!(text(&o).1.contains("VMF_BIND"), "{}", text(&o).1);
+    no_leftovers(&d);
+}
+
 #[test]
 fn wait_and_bind_flags_work() {
     let d = Dir::new("flags");

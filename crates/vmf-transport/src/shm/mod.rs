@@ -461,6 +461,35 @@ impl ShmTransport {
         self.peers.get(peer)?.as_ref().map(|p| p.local)
     }
 
+    /// The co-resident peers that share our kernel (ranks in the same VM or container host).
+    pub fn same_kernel_peers(&self) -> impl Iterator<Item = usize> + '_ {
+        self.peers
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.as_ref().is_some_and(|p| p.same_kernel))
+            .map(|(r, _)| r)
+    }
+
+    /// Publish the one CPU this rank is pinned to (None: it may run on several).
+    pub fn set_cpu(&self, cpu: Option<usize>) {
+        if let Ok(s) = self.region.slot(self.me_local) {
+            s.cpu
+                .store(cpu.map_or(0, |c| c as u32 + 1), Ordering::Release);
+        }
+    }
+
+    /// The one CPU co-resident `peer` published that it is pinned to (a hint: nothing depends on it for
+    /// correctness, so a stale or bogus value only costs waiting time).
+    pub fn peer_cpu(&self, peer: usize) -> Option<usize> {
+        let p = self.peers.get(peer)?.as_ref()?;
+        // CPU numbers of another kernel (a peer in another VM) say nothing about ours.
+        if !p.same_kernel {
+            return None;
+        }
+        let c = self.region.slot(p.local).ok()?.cpu.load(Ordering::Acquire);
+        c.checked_sub(1).map(|c| c as usize)
+    }
+
     /// Wake `peer` if it is asleep (after writing shared memory other than a ring that it may wait on).
     #[inline]
     pub fn wake_peer(&self, peer: usize) {

@@ -99,7 +99,9 @@ pub struct Slot {
     pub start_time: AtomicU64,
     /// Nonzero while the owner is (about to be) asleep on `doorbell`.
     pub sleeping: AtomicU32,
-    _r: AtomicU32,
+    /// The one CPU the owner is pinned to, plus 1; 0 when it may run on several (a hint for waiting:
+    /// a rank on another CPU is worth spinning for, one on ours needs the CPU we would spin on).
+    pub cpu: AtomicU32,
     /// Hash of the owner's kernel boot id: equal values share a kernel (futex wake-ups reach).
     pub kernel: AtomicU64,
 }
@@ -405,6 +407,7 @@ impl Region {
                 s.kernel
                     .store(vmf_pal::process::kernel_id(), Ordering::Relaxed);
                 s.sleeping.store(0, Ordering::Relaxed);
+                s.cpu.store(0, Ordering::Relaxed);
                 s.state.store(1, Ordering::Release);
                 self.header().nattached.fetch_add(1, Ordering::AcqRel);
                 return Ok(idx);
