@@ -265,20 +265,25 @@ for round in $(seq 1 "$ROUNDS"); do
             "${COMMON[@]}" --json "$ROUNDS_DIR/openmpi-$mode.r$round.json" --label openmpi
         fi
     done
-    # Collectives at 2 and 4 ranks (4 on 2 cores is oversubscribed: MPICH busy-polls, so fewer iterations
-    # and only the first BENCH_COLL_ROUNDS rounds).
+    # Collectives at 2 and 4 ranks, only the first BENCH_COLL_ROUNDS rounds. 4 ranks on 2 cores are
+    # oversubscribed: 1000 iterations (OSU's default) for vmfabric and Open MPI, whose calls take
+    # microseconds, but 200 for MPICH, which busy-polls and takes milliseconds per call there. With 200,
+    # start-up effects dominate the small sizes (a bare C barrier of 4 pinned processes: 2.2-2.9 us over
+    # 220 iterations against 1.6-1.75 us over 100 000).
     if [ "$round" -le "$COLL_ROUNDS" ]; then
     for np in 2 4; do
-        it="${BENCH_COLL_ITERS:-2000}"; [ "$np" = 4 ] && it="${BENCH_COLL_ITERS4:-200}"
+        it="${BENCH_COLL_ITERS:-2000}"; itm="$it"
+        if [ "$np" = 4 ]; then it="${BENCH_COLL_ITERS4:-1000}"; itm="${BENCH_COLL_ITERS4_MPICH:-200}"; fi
         for coll in "${COLLS[@]}"; do
             b="coll-$coll-$np"; CA=(--coll "$coll" --sizes "$COLL_SIZES" --iters "$it")
+            CAM=(--coll "$coll" --sizes "$COLL_SIZES" --iters "$itm")
             if [ -z "$(skip_reason vmfabric)" ] && [ -f "$ROOT/target/release/lib/libmpich.so.12" ] && [ -x "$BUILD/mpi_coll.mpich" ]; then
                 run_one vmfabric-mpi "$b" "$round" env LD_LIBRARY_PATH="$ROOT/target/release/lib" \
                     "$VMF" run -n "$np" "${X_VMF[@]}" "$BUILD/mpi_coll.mpich" "${CA[@]}" \
                     --json "$ROUNDS_DIR/vmfabric-mpi-$b.r$round.json" --label vmfabric
             fi
             if [ -z "$(skip_reason mpich)" ] && [ -x "$BUILD/mpi_coll.mpich" ]; then
-                run_one mpich "$b" "$round" mpiexec.mpich -n "$np" "${X_MPICH[@]}" "$BUILD/mpi_coll.mpich" "${CA[@]}" \
+                run_one mpich "$b" "$round" mpiexec.mpich -n "$np" "${X_MPICH[@]}" "$BUILD/mpi_coll.mpich" "${CAM[@]}" \
                     --json "$ROUNDS_DIR/mpich-$b.r$round.json" --label mpich
             fi
             if [ -z "$(skip_reason openmpi)" ] && [ -x "$BUILD/mpi_coll.openmpi" ]; then
