@@ -265,7 +265,6 @@ pub struct Waiter {
     min_yield: Duration,
     /// Waits that ended in a sleep.
     pub sleeps: u64,
-
     /// The one CPU this rank runs on (pinned by [`Engine::bind_cpu`] or by whoever started it).
     pub cpu: Option<usize>,
     /// Longest spin for peers that run on other CPUs when ranks outnumber cores.
