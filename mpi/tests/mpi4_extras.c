@@ -630,6 +630,147 @@ static void status_and_type_checks(void)
     CHECK(MPI_Pcontrol(1) == MPI_SUCCESS && MPI_Pcontrol(0, "ignored") == MPI_SUCCESS);
 }
 
+/* Pack `t` (one element over `src`) and compare with packing `ref`: the same bytes, size and extent. */
+static void same_type(MPI_Datatype t, MPI_Datatype ref, const int *src)
+{
+    MPI_Type_commit(&t);
+    MPI_Type_commit(&ref);
+    MPI_Count s1, s2, lb1, lb2, e1, e2;
+    MPI_Type_size_c(t, &s1);
+    MPI_Type_size_c(ref, &s2);
+    MPI_Type_get_extent_c(t, &lb1, &e1);
+    MPI_Type_get_extent_c(ref, &lb2, &e2);
+    CHECK(s1 == s2 && lb1 == lb2 && e1 == e2 && s1 > 0);
+    char p1[512], p2[512];
+    MPI_Count q1 = 0, q2 = 0;
+    MPI_Pack_c(src, 1, t, p1, sizeof p1, &q1, MPI_COMM_SELF);
+    MPI_Pack_c(src, 1, ref, p2, sizeof p2, &q2, MPI_COMM_SELF);
+    CHECK(q1 == s1 && q2 == s2 && memcmp(p1, p2, (size_t)q1) == 0);
+    int ni, na, nd, comb, comb_c;
+    MPI_Count ni_c, na_c, nl_c, nd_c;
+    MPI_Type_get_envelope(ref, &ni, &na, &nd, &comb);
+    MPI_Type_get_envelope_c(t, &ni_c, &na_c, &nl_c, &nd_c, &comb_c);
+    CHECK(comb_c == comb && nd_c == nd && ni_c + na_c + nl_c >= 1);
+    int ints[64];
+    MPI_Aint addrs[64];
+    MPI_Count larges[64];
+    MPI_Datatype types[64];
+    CHECK(ni_c <= 64 && na_c <= 64 && nl_c <= 64 && nd_c <= 64);
+    MPI_Type_get_contents_c(t, ni_c, na_c, nl_c, nd_c, ints, addrs, larges, types);
+    for (int i = 0; i < nd_c; i++) {
+        int ni2, na2, nd2, c2;
+        MPI_Type_get_envelope(types[i], &ni2, &na2, &nd2, &c2);
+        if (c2 != MPI_COMBINER_NAMED)
+            MPI_Type_free(&types[i]);
+    }
+    MPI_Type_free(&t);
+    MPI_Type_free(&ref);
+}
+
+/* The large-count type constructors build the types their int forms build, and the large-count
+ * neighbourhood v/w collectives (blocking, nonblocking, persistent) move what theirs move: a periodic
+ * ring, rank r sends r*100 + k + i to its k-th neighbour (k = 0 left, 1 right), i = 0..k. */
+static void large_count_more_checks(int rank, int size)
+{
+    int src[128];
+    for (int i = 0; i < 128; i++)
+        src[i] = i * 7 + 1;
+    {
+        MPI_Count bl[3] = {2, 1, 3}, dc[3] = {0, 5, 9};
+        int bi[3] = {2, 1, 3}, di[3] = {0, 5, 9};
+        MPI_Aint da[3] = {0, 20, 36};
+        MPI_Count dac[3] = {0, 20, 36};
+        MPI_Datatype t, r;
+        MPI_Type_indexed_c(3, bl, dc, MPI_INT, &t);
+        MPI_Type_indexed(3, bi, di, MPI_INT, &r);
+        same_type(t, r, src);
+        MPI_Type_create_hindexed_c(3, bl, dac, MPI_INT, &t);
+        MPI_Type_create_hindexed(3, bi, da, MPI_INT, &r);
+        same_type(t, r, src);
+        MPI_Datatype tt[3] = {MPI_INT, MPI_SHORT, MPI_INT};
+        MPI_Type_create_struct_c(3, bl, dac, tt, &t);
+        MPI_Type_create_struct(3, bi, da, tt, &r);
+        same_type(t, r, src);
+        MPI_Count sz[2] = {8, 10}, sub[2] = {3, 4}, st[2] = {2, 5};
+        int szi[2] = {8, 10}, subi[2] = {3, 4}, sti[2] = {2, 5};
+        MPI_Type_create_subarray_c(2, sz, sub, st, MPI_ORDER_C, MPI_INT, &t);
+        MPI_Type_create_subarray(2, szi, subi, sti, MPI_ORDER_C, MPI_INT, &r);
+        same_type(t, r, src);
+        MPI_Count gs[2] = {8, 12};
+        int gsi[2] = {8, 12}, dist[2] = {MPI_DISTRIBUTE_BLOCK, MPI_DISTRIBUTE_CYCLIC}, darg[2] = {MPI_DISTRIBUTE_DFLT_DARG, 2}, ps[2] = {2, 2};
+        MPI_Type_create_darray_c(4, 3, 2, gs, dist, darg, ps, MPI_ORDER_C, MPI_INT, &t);
+        MPI_Type_create_darray(4, 3, 2, gsi, dist, darg, ps, MPI_ORDER_C, MPI_INT, &r);
+        same_type(t, r, src);
+        MPI_Count huge[1] = {(MPI_Count)1 << 40}, zero[1] = {0};
+        MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+        CHECK_RC(MPI_Type_indexed_c(1, huge, zero, MPI_INT, &t), MPI_ERR_COUNT);
+        MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_ARE_FATAL);
+    }
+    MPI_Comm ring;
+    int dims[1] = {size}, periods[1] = {1};
+    MPI_Cart_create(MPI_COMM_WORLD, 1, dims, periods, 0, &ring);
+    int left = (rank + size - 1) % size, right = (rank + 1) % size, nb[2] = {left, right};
+    MPI_Count sc[2] = {1, 2}, rc[2] = {2, 1};
+    MPI_Aint sd[2] = {0, 1}, rd[2] = {0, 2}, sdb[2] = {0, 4}, rdb[2] = {0, 8};
+    int sb[3] = {rank * 100, rank * 100 + 1, rank * 100 + 2}, rb[3];
+    /* alltoallv: to k-th neighbour k + 1 ints starting at sb[k]; from left (its right block, 2 ints) and
+     * from right (its left block, 1 int). With fewer than 3 ranks left and right are one rank, and which
+     * block meets which is MPICH's choice (in order, not by direction): only the symmetric allgatherv. */
+    for (int form = 0; form < 3; form++) {
+        MPI_Request q;
+        memset(rb, -1, sizeof rb);
+        if (size < 3)
+            ;
+        else if (form == 0)
+            MPI_Neighbor_alltoallv_c(sb, sc, sd, MPI_INT, rb, rc, rd, MPI_INT, ring);
+        else if (form == 1) {
+            MPI_Ineighbor_alltoallv_c(sb, sc, sd, MPI_INT, rb, rc, rd, MPI_INT, ring, &q);
+            MPI_Wait(&q, MPI_STATUS_IGNORE);
+        } else {
+            MPI_Neighbor_alltoallv_init_c(sb, sc, sd, MPI_INT, rb, rc, rd, MPI_INT, ring, MPI_INFO_NULL, &q);
+            MPI_Start(&q);
+            MPI_Wait(&q, MPI_STATUS_IGNORE);
+            MPI_Request_free(&q);
+        }
+        if (size >= 3)
+            CHECK(rb[0] == nb[0] * 100 + 1 && rb[1] == nb[0] * 100 + 2 && rb[2] == nb[1] * 100);
+        MPI_Datatype ty[2] = {MPI_INT, MPI_INT};
+        memset(rb, -1, sizeof rb);
+        if (size < 3)
+            ;
+        else if (form == 0)
+            MPI_Neighbor_alltoallw_c(sb, sc, sdb, ty, rb, rc, rdb, ty, ring);
+        else if (form == 1) {
+            MPI_Ineighbor_alltoallw_c(sb, sc, sdb, ty, rb, rc, rdb, ty, ring, &q);
+            MPI_Wait(&q, MPI_STATUS_IGNORE);
+        } else {
+            MPI_Neighbor_alltoallw_init_c(sb, sc, sdb, ty, rb, rc, rdb, ty, ring, MPI_INFO_NULL, &q);
+            MPI_Start(&q);
+            MPI_Wait(&q, MPI_STATUS_IGNORE);
+            MPI_Request_free(&q);
+        }
+        if (size >= 3)
+            CHECK(rb[0] == nb[0] * 100 + 1 && rb[1] == nb[0] * 100 + 2 && rb[2] == nb[1] * 100);
+        /* allgatherv: 1 int from the left into rb[0], 1 from the right into rb[2]. */
+        MPI_Count gc[2] = {1, 1};
+        MPI_Aint gd[2] = {0, 2};
+        memset(rb, -1, sizeof rb);
+        if (form == 0)
+            MPI_Neighbor_allgatherv_c(&sb[2], 1, MPI_INT, rb, gc, gd, MPI_INT, ring);
+        else if (form == 1) {
+            MPI_Ineighbor_allgatherv_c(&sb[2], 1, MPI_INT, rb, gc, gd, MPI_INT, ring, &q);
+            MPI_Wait(&q, MPI_STATUS_IGNORE);
+        } else {
+            MPI_Neighbor_allgatherv_init_c(&sb[2], 1, MPI_INT, rb, gc, gd, MPI_INT, ring, MPI_INFO_NULL, &q);
+            MPI_Start(&q);
+            MPI_Wait(&q, MPI_STATUS_IGNORE);
+            MPI_Request_free(&q);
+        }
+        CHECK(rb[0] == nb[0] * 100 + 2 && rb[1] == -1 && rb[2] == nb[1] * 100 + 2);
+    }
+    MPI_Comm_free(&ring);
+}
+
 int main(int argc, char **argv)
 {
     /* Info objects work before MPI_Init (MPI 4.0). */
@@ -663,6 +804,7 @@ int main(int argc, char **argv)
     status_and_type_checks();
     removed_mpi1_checks();
     large_count_checks(rank, size);
+    large_count_more_checks(rank, size);
     grequest_checks(rank);
     partitioned_checks(rank, size);
     MPI_Barrier(MPI_COMM_WORLD);

@@ -311,6 +311,65 @@ mpi_api! {
         let d = match ints(array_of_displacements, count) { Ok(v) => v, Err(e) => return raise(MPI_COMM_WORLD, "MPI_Type_create_indexed_block_c", e) };
         conv!(MPI_COMM_WORLD, "MPI_Type_create_indexed_block_c", count, blocklength; crate::datatype::PMPI_Type_create_indexed_block(count, blocklength, d.as_ptr(), oldtype, newtype))
     }
+    fn MPI_Type_indexed_c / PMPI_Type_indexed_c(count: MPI_Count, array_of_blocklengths: *const MPI_Count, array_of_displacements: *const MPI_Count, oldtype: MPI_Datatype, newtype: *mut MPI_Datatype) -> c_int {
+        let r = (|| -> R<c_int> {
+            let (b, d) = (ints(array_of_blocklengths, count)?, ints(array_of_displacements, count)?);
+            Ok(crate::datatype::PMPI_Type_indexed(ci(count)?, b.as_ptr(), d.as_ptr(), oldtype, newtype))
+        })();
+        r.unwrap_or_else(|e| raise(MPI_COMM_WORLD, "MPI_Type_indexed_c", e))
+    }
+    fn MPI_Type_create_hindexed_c / PMPI_Type_create_hindexed_c(count: MPI_Count, array_of_blocklengths: *const MPI_Count, array_of_displacements: *const MPI_Count, oldtype: MPI_Datatype, newtype: *mut MPI_Datatype) -> c_int {
+        let r = (|| -> R<c_int> {
+            let b = ints(array_of_blocklengths, count)?;
+            Ok(crate::datatype::PMPI_Type_create_hindexed(ci(count)?, b.as_ptr(), array_of_displacements as *const MPI_Aint, oldtype, newtype))
+        })();
+        r.unwrap_or_else(|e| raise(MPI_COMM_WORLD, "MPI_Type_create_hindexed_c", e))
+    }
+    fn MPI_Type_create_struct_c / PMPI_Type_create_struct_c(count: MPI_Count, array_of_blocklengths: *const MPI_Count, array_of_displacements: *const MPI_Count, array_of_types: *const MPI_Datatype, newtype: *mut MPI_Datatype) -> c_int {
+        let r = (|| -> R<c_int> {
+            let b = ints(array_of_blocklengths, count)?;
+            Ok(crate::datatype::PMPI_Type_create_struct(ci(count)?, b.as_ptr(), array_of_displacements as *const MPI_Aint, array_of_types, newtype))
+        })();
+        r.unwrap_or_else(|e| raise(MPI_COMM_WORLD, "MPI_Type_create_struct_c", e))
+    }
+    fn MPI_Type_create_subarray_c / PMPI_Type_create_subarray_c(ndims: c_int, array_of_sizes: *const MPI_Count, array_of_subsizes: *const MPI_Count, array_of_starts: *const MPI_Count, order: c_int, oldtype: MPI_Datatype, newtype: *mut MPI_Datatype) -> c_int {
+        let r = (|| -> R<c_int> {
+            let n = ndims as MPI_Count;
+            let (a, b, c) = (ints(array_of_sizes, n)?, ints(array_of_subsizes, n)?, ints(array_of_starts, n)?);
+            Ok(crate::datatype::PMPI_Type_create_subarray(ndims, a.as_ptr(), b.as_ptr(), c.as_ptr(), order, oldtype, newtype))
+        })();
+        r.unwrap_or_else(|e| raise(MPI_COMM_WORLD, "MPI_Type_create_subarray_c", e))
+    }
+    fn MPI_Type_create_darray_c / PMPI_Type_create_darray_c(size: c_int, rank: c_int, ndims: c_int, array_of_gsizes: *const MPI_Count, array_of_distribs: *const c_int, array_of_dargs: *const c_int, array_of_psizes: *const c_int, order: c_int, oldtype: MPI_Datatype, newtype: *mut MPI_Datatype) -> c_int {
+        let r = (|| -> R<c_int> {
+            let g = ints(array_of_gsizes, ndims as MPI_Count)?;
+            Ok(crate::datatype::PMPI_Type_create_darray(size, rank, ndims, g.as_ptr(), array_of_distribs, array_of_dargs, array_of_psizes, order, oldtype, newtype))
+        })();
+        r.unwrap_or_else(|e| raise(MPI_COMM_WORLD, "MPI_Type_create_darray_c", e))
+    }
+    // Types made by the `_c` constructors are stored as their int forms (every count fits, or the
+    // constructor failed), so they decode with no large counts, as if made by the int constructor.
+    fn MPI_Type_get_envelope_c / PMPI_Type_get_envelope_c(datatype: MPI_Datatype, num_integers: *mut MPI_Count, num_addresses: *mut MPI_Count, num_large_counts: *mut MPI_Count, num_datatypes: *mut MPI_Count, combiner: *mut c_int) -> c_int {
+        if num_large_counts.is_null() {
+            return raise(MPI_COMM_WORLD, "MPI_Type_get_envelope_c", MpiErr { code: MPI_ERR_ARG, msg: "NULL argument".into() });
+        }
+        let (mut ni, mut na, mut nd) = (0, 0, 0);
+        let rc = crate::datatype::PMPI_Type_get_envelope(datatype, &mut ni, &mut na, &mut nd, combiner);
+        if rc == MPI_SUCCESS {
+            if num_integers.is_null() || num_addresses.is_null() || num_datatypes.is_null() {
+                return raise(MPI_COMM_WORLD, "MPI_Type_get_envelope_c", MpiErr { code: MPI_ERR_ARG, msg: "NULL argument".into() });
+            }
+            *num_integers = ni as MPI_Count;
+            *num_addresses = na as MPI_Count;
+            *num_large_counts = 0;
+            *num_datatypes = nd as MPI_Count;
+        }
+        rc
+    }
+    fn MPI_Type_get_contents_c / PMPI_Type_get_contents_c(datatype: MPI_Datatype, max_integers: MPI_Count, max_addresses: MPI_Count, _max_large_counts: MPI_Count, max_datatypes: MPI_Count, array_of_integers: *mut c_int, array_of_addresses: *mut MPI_Aint, _array_of_large_counts: *mut MPI_Count, array_of_datatypes: *mut MPI_Datatype) -> c_int {
+        let m = |v: MPI_Count| v.clamp(0, c_int::MAX as MPI_Count) as c_int;
+        crate::datatype::PMPI_Type_get_contents(datatype, m(max_integers), m(max_addresses), m(max_datatypes), array_of_integers, array_of_addresses, array_of_datatypes)
+    }
     fn MPI_Pack_external_size_c / PMPI_Pack_external_size_c(datarep: *const c_char, incount: MPI_Count, datatype: MPI_Datatype, size: *mut MPI_Count) -> c_int {
         conv!(MPI_COMM_WORLD, "MPI_Pack_external_size_c", incount; crate::datatype::PMPI_Pack_external_size(datarep, incount, datatype, size as *mut MPI_Aint))
     }

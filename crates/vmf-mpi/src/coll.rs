@@ -1532,6 +1532,45 @@ unsafe fn nbr_args(
     Ok((c, bd, t))
 }
 
+/// `nbr_args` for the large-count forms: `k` counts (each must fit in an int, as for every `_c` call) and
+/// displacements in MPI_Aint, in units of `dt`'s extent, or of bytes with `types` (the `w` form).
+unsafe fn nbr_args_c(
+    counts: *const MPI_Count,
+    displs: *const MPI_Aint,
+    dt: MPI_Datatype,
+    types: Option<*const MPI_Datatype>,
+    k: usize,
+) -> R<(Vec<c_int>, Vec<isize>, Vec<MPI_Datatype>)> {
+    if k > 0 && (counts.is_null() || displs.is_null() || types.is_some_and(|t| t.is_null())) {
+        return err(MPI_ERR_ARG, "array argument is NULL");
+    }
+    let mut out = (
+        Vec::with_capacity(k),
+        Vec::with_capacity(k),
+        Vec::with_capacity(k),
+    );
+    for i in 0..k {
+        let c = *counts.add(i);
+        out.0.push(c_int::try_from(c).map_err(|_| MpiErr {
+            code: MPI_ERR_COUNT,
+            msg: format!("count {c} exceeds INT_MAX (not supported yet)"),
+        })?);
+        let t = types.map_or(dt, |p| *p.add(i));
+        let d = *displs.add(i);
+        out.1.push(if types.is_some() {
+            d
+        } else {
+            d.checked_mul(datatype::ext_size(t)?.0)
+                .ok_or_else(|| MpiErr {
+                    code: MPI_ERR_ARG,
+                    msg: format!("displacement {d} overflows"),
+                })?
+        });
+        out.2.push(t);
+    }
+    Ok(out)
+}
+
 macro_rules! coll_pair {
     ($( fn $name:ident / $pname:ident / $iname:ident / $piname:ident ( $($a:ident : $t:ty),* ) => $body:expr $(, shm $shm:expr)?; )*) => {$(
         mpi_api! {
@@ -1730,5 +1769,28 @@ nbr_pair! {
             let rt: Vec<MPI_Datatype> = (0..ns.len()).map(|i| *recvtypes.add(i)).collect();
             let stp: Vec<MPI_Datatype> = (0..nd.len()).map(|i| *sendtypes.add(i)).collect();
             (sc, sd, stp, rc, rd, rt)
+        };
+    // Large-count forms (MPI 4.0): counts are MPI_Count, displacements MPI_Aint.
+    fn MPI_Neighbor_allgatherv_c / PMPI_Neighbor_allgatherv_c / MPI_Ineighbor_allgatherv_c / PMPI_Ineighbor_allgatherv_c / MPI_Neighbor_allgatherv_init_c / PMPI_Neighbor_allgatherv_init_c(sendbuf: *const c_void, sendcount: MPI_Count, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcounts: *const MPI_Count, displs: *const MPI_Aint, recvtype: MPI_Datatype)
+        => |st, ns, nd, comm, sendbuf, recvbuf| {
+            let _ = st.comm(comm)?;
+            let r = nbr_args_c(recvcounts, displs, recvtype, None, ns.len())?;
+            let sc = nbr_args_c(&sendcount, &0, sendtype, None, 1)?.0[0];
+            let s = (vec![sc; nd.len()], vec![0isize; nd.len()], vec![sendtype; nd.len()]);
+            six(s, r)
+        };
+    fn MPI_Neighbor_alltoallv_c / PMPI_Neighbor_alltoallv_c / MPI_Ineighbor_alltoallv_c / PMPI_Ineighbor_alltoallv_c / MPI_Neighbor_alltoallv_init_c / PMPI_Neighbor_alltoallv_init_c(sendbuf: *const c_void, sendcounts: *const MPI_Count, sdispls: *const MPI_Aint, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcounts: *const MPI_Count, rdispls: *const MPI_Aint, recvtype: MPI_Datatype)
+        => |st, ns, nd, comm, sendbuf, recvbuf| {
+            let _ = st.comm(comm)?;
+            let r = nbr_args_c(recvcounts, rdispls, recvtype, None, ns.len())?;
+            let s = nbr_args_c(sendcounts, sdispls, sendtype, None, nd.len())?;
+            six(s, r)
+        };
+    fn MPI_Neighbor_alltoallw_c / PMPI_Neighbor_alltoallw_c / MPI_Ineighbor_alltoallw_c / PMPI_Ineighbor_alltoallw_c / MPI_Neighbor_alltoallw_init_c / PMPI_Neighbor_alltoallw_init_c(sendbuf: *const c_void, sendcounts: *const MPI_Count, sdispls: *const MPI_Aint, sendtypes: *const MPI_Datatype, recvbuf: *mut c_void, recvcounts: *const MPI_Count, rdispls: *const MPI_Aint, recvtypes: *const MPI_Datatype)
+        => |st, ns, nd, comm, sendbuf, recvbuf| {
+            let _ = st.comm(comm)?;
+            let r = nbr_args_c(recvcounts, rdispls, 0, Some(recvtypes), ns.len())?;
+            let s = nbr_args_c(sendcounts, sdispls, 0, Some(sendtypes), nd.len())?;
+            six(s, r)
         };
 }
