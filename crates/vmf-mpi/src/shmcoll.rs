@@ -285,6 +285,14 @@ impl Area {
         self.big = Some((p, half));
         Ok((h, true))
     }
+    /// Collective `k` publishes `need` bytes in our big block: wait until we may write our area for `k`,
+    /// take the next half ([`Area::begin_big`]) and record that `k` uses it.
+    fn claim_big(&mut self, e: &mut Engine, k: u64, need: usize) -> R<(usize, bool)> {
+        self.may_write(e, k)?;
+        let (h, ok) = self.begin_big(e, need)?;
+        self.big_last[h] = k;
+        Ok((h, ok))
+    }
     /// The half the next big collective uses (every member, publisher or not, takes its turn alike).
     fn next_half(&mut self) -> usize {
         let h = self.big_turn;
@@ -685,9 +693,7 @@ pub(crate) unsafe fn bcast(
             a.fresh(Some(root));
             let k = a.next();
             if a.me == root {
-                a.may_write(e, k)?;
-                let (h, ok) = a.begin_big(e, bytes)?;
-                a.big_last[h] = k;
+                let (h, ok) = a.claim_big(e, k, bytes)?;
                 if ok {
                     put(
                         st,
@@ -1022,9 +1028,7 @@ pub(crate) unsafe fn scatter(
         return run_big(st, ci, need, BIG_CORE_MAX, |st, e, a| {
             a.fresh(None);
             let k = a.next();
-            a.may_write(e, k)?;
-            let (h, ok) = a.begin_big(e, need)?;
-            a.big_last[h] = k;
+            let (h, ok) = a.claim_big(e, k, need)?;
             if ok {
                 let mine = a.big_of(e, me, h, need)?;
                 for r in 0..n {
@@ -1147,9 +1151,7 @@ unsafe fn alltoall_rounds(
     while off < block {
         let len = chunk.min(block - off);
         let k = a.next();
-        a.may_write(e, k)?;
-        let (h, ok) = a.begin_big(e, need)?;
-        a.big_last[h] = k;
+        let (h, ok) = a.claim_big(e, k, need)?;
         if ok {
             let mine = a.big_of(e, me, h, need)?;
             for r in (0..n).filter(|&r| r != me) {
