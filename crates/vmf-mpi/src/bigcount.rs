@@ -62,8 +62,9 @@ unsafe fn ints(p: *const MPI_Count, n: MPI_Count) -> R<Vec<c_int>> {
     (0..n).map(|i| ci(*p.add(i))).collect()
 }
 
+/// A large count as an int (the only counts the library moves yet).
 #[inline]
-fn ci(n: MPI_Count) -> R<c_int> {
+pub(crate) fn ci(n: MPI_Count) -> R<c_int> {
     c_int::try_from(n).map_err(|_| MpiErr {
         code: MPI_ERR_COUNT,
         msg: format!("count {n} exceeds INT_MAX (not supported yet)"),
@@ -350,15 +351,12 @@ mpi_api! {
     // Types made by the `_c` constructors are stored as their int forms (every count fits, or the
     // constructor failed), so they decode with no large counts, as if made by the int constructor.
     fn MPI_Type_get_envelope_c / PMPI_Type_get_envelope_c(datatype: MPI_Datatype, num_integers: *mut MPI_Count, num_addresses: *mut MPI_Count, num_large_counts: *mut MPI_Count, num_datatypes: *mut MPI_Count, combiner: *mut c_int) -> c_int {
-        if num_large_counts.is_null() {
+        if num_integers.is_null() || num_addresses.is_null() || num_large_counts.is_null() || num_datatypes.is_null() {
             return raise(MPI_COMM_WORLD, "MPI_Type_get_envelope_c", MpiErr { code: MPI_ERR_ARG, msg: "NULL argument".into() });
         }
         let (mut ni, mut na, mut nd) = (0, 0, 0);
         let rc = crate::datatype::PMPI_Type_get_envelope(datatype, &mut ni, &mut na, &mut nd, combiner);
         if rc == MPI_SUCCESS {
-            if num_integers.is_null() || num_addresses.is_null() || num_datatypes.is_null() {
-                return raise(MPI_COMM_WORLD, "MPI_Type_get_envelope_c", MpiErr { code: MPI_ERR_ARG, msg: "NULL argument".into() });
-            }
             *num_integers = ni as MPI_Count;
             *num_addresses = na as MPI_Count;
             *num_large_counts = 0;

@@ -1532,7 +1532,7 @@ unsafe fn nbr_args(
     Ok((c, bd, t))
 }
 
-/// `nbr_args` for the large-count forms: `k` counts (each must fit in an int, as for every `_c` call) and
+/// `nbr_args` for the large-count forms: `k` counts (each must fit in an int: `bigcount::ci`) and
 /// displacements in MPI_Aint, in units of `dt`'s extent, or of bytes with `types` (the `w` form).
 unsafe fn nbr_args_c(
     counts: *const MPI_Count,
@@ -1550,11 +1550,7 @@ unsafe fn nbr_args_c(
         Vec::with_capacity(k),
     );
     for i in 0..k {
-        let c = *counts.add(i);
-        out.0.push(c_int::try_from(c).map_err(|_| MpiErr {
-            code: MPI_ERR_COUNT,
-            msg: format!("count {c} exceeds INT_MAX (not supported yet)"),
-        })?);
+        out.0.push(crate::bigcount::ci(*counts.add(i))?);
         let t = types.map_or(dt, |p| *p.add(i));
         let d = *displs.add(i);
         out.1.push(if types.is_some() {
@@ -1775,7 +1771,7 @@ nbr_pair! {
         => |st, ns, nd, comm, sendbuf, recvbuf| {
             let _ = st.comm(comm)?;
             let r = nbr_args_c(recvcounts, displs, recvtype, None, ns.len())?;
-            let sc = nbr_args_c(&sendcount, &0, sendtype, None, 1)?.0[0];
+            let sc = crate::bigcount::ci(sendcount)?;
             let s = (vec![sc; nd.len()], vec![0isize; nd.len()], vec![sendtype; nd.len()]);
             six(s, r)
         };
