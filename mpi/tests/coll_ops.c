@@ -132,6 +132,28 @@ int main(int argc, char **argv)
     TEST_FLOAT_OPS(float, MPI_FLOAT);
     TEST_FLOAT_OPS(double, MPI_DOUBLE);
 
+    /* logical ops on floating values (an MPICH extension): any nonzero is true; results are 1 or 0 */
+    {
+        float f[3] = {1.0f, 0.0f, R > 0 ? 2.5f : 0.0f}, fo[3];
+        double d[3] = {1.0, 0.0, R > 0 ? -3.0 : 0.0}, dO[3];
+        long double l[3] = {1.0L, 0.0L, R > 0 ? 0.25L : 0.0L}, lo[3];
+        MPI_Op lops[] = {MPI_LAND, MPI_LOR, MPI_LXOR};
+        for (int o = 0; o < 3; o++) {
+            /* element 0: every rank true; 1: every rank false; 2: all but rank 0 true */
+            double want[3] = {o == 0 ? 1 : o == 1 ? 1 : N % 2, 0, o == 0 ? 0 : o == 1 ? (N > 1) : (N - 1) % 2};
+            CHECK(MPI_Allreduce(f, fo, 3, MPI_FLOAT, lops[o], MPI_COMM_WORLD) == MPI_SUCCESS);
+            CHECK(MPI_Allreduce(d, dO, 3, MPI_DOUBLE, lops[o], MPI_COMM_WORLD) == MPI_SUCCESS);
+            CHECK(MPI_Allreduce(l, lo, 3, MPI_LONG_DOUBLE, lops[o], MPI_COMM_WORLD) == MPI_SUCCESS);
+            for (int i = 0; i < 3; i++) {
+                if (fo[i] != (float)want[i] || dO[i] != want[i] || lo[i] != (long double)want[i]) {
+                    fprintf(stderr, "logical op %d on floating elem %d: got %g %g %Lg want %g\n", o, i,
+                            (double)fo[i], dO[i], lo[i], want[i]);
+                    CHECK(0);
+                }
+            }
+        }
+    }
+
     /* logical on C bool */
     {
         bool b = R % 2, o;

@@ -94,8 +94,10 @@ pub struct RunOptions {
     pub tag_output: bool,
     /// Directory of shared-memory region files (created with mode 0700 if missing).
     pub region_dir: PathBuf,
-    /// Print a one-line job summary to stderr at start.
+    /// Also print the region directory (and let ranks report their setup: VMF_VERBOSE).
     pub verbose: bool,
+    /// No job-id line on stderr.
+    pub quiet: bool,
     /// Extra environment variables for every rank (applied last, so they override the launcher's).
     pub extra_env: Vec<(String, String)>,
     /// Pin every rank to a CPU before it starts (`--bind core`).
@@ -128,6 +130,7 @@ impl RunOptions {
             tag_output: false,
             region_dir: PathBuf::from(DEFAULT_REGION_DIR),
             verbose: false,
+            quiet: false,
             extra_env: Vec::new(),
             bind_cores: false,
             bind: None,
@@ -215,15 +218,17 @@ pub fn run(opts: &RunOptions) -> Result<i32, LaunchError> {
             h => r % h,
         })
         .collect();
-    eprintln!(
-        "vmfabric: job {jobid}: {} ranks{}",
-        opts.np,
-        if opts.hosts > 0 {
-            format!(" on {} emulated hosts", opts.hosts)
-        } else {
-            String::new()
-        }
-    );
+    if !opts.quiet {
+        eprintln!(
+            "vmfabric: job {jobid}: {} ranks{}",
+            opts.np,
+            if opts.hosts > 0 {
+                format!(" on {} emulated hosts", opts.hosts)
+            } else {
+                String::new()
+            }
+        );
+    }
     if opts.verbose {
         eprintln!(
             "vmfabric: job {jobid}: region dir {}",

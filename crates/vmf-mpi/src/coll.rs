@@ -322,9 +322,13 @@ impl Ctx {
 
 /// Take the next collective tag of communicator `ci` and make a schedule and context for it.
 pub(crate) fn begin(st: &mut State, ci: usize) -> (Box<Sched>, Ctx) {
+    let tag = st.comms[ci].as_mut().unwrap().next_coll_tag();
+    begin_tagged(st, ci, tag)
+}
+
+/// A schedule and context for a collective of communicator `ci` on an already taken `tag`.
+pub(crate) fn begin_tagged(st: &mut State, ci: usize, tag: i32) -> (Box<Sched>, Ctx) {
     let c = st.comms[ci].as_mut().unwrap();
-    let tag = c.coll_seq;
-    c.coll_seq = (c.coll_seq + 1) & 0x1fff_ffff; // below the partitioned range (p2p.rs)
     let (ctx, cx) = (
         c.coll,
         Ctx {
@@ -1369,10 +1373,12 @@ unsafe fn scan(
     }
 }
 
-/// Neighbor collectives: (sources, destinations) of the communicator's topology.
-pub(crate) fn neighbors(st: &State, ci: usize) -> R<(Vec<c_int>, Vec<c_int>)> {
+/// Neighbor collectives: (sources, destinations) of the communicator's topology, and whether it is
+/// Cartesian.
+pub(crate) fn neighbors(st: &State, ci: usize) -> R<(Vec<c_int>, Vec<c_int>, bool)> {
     let c = st.comms[ci].as_ref().unwrap();
-    crate::comm::topo_neighbors(c)
+    let (s, d) = crate::comm::topo_neighbors(c)?;
+    Ok((s, d, matches!(c.topo, Some(crate::comm::Topo::Cart { .. }))))
 }
 
 #[allow(clippy::type_complexity)]
@@ -1387,10 +1393,18 @@ unsafe fn neighbor_w(
     rt: Vec<MPI_Datatype>,
     srcs: Vec<c_int>,
     dsts: Vec<c_int>,
+    cart: bool,
 ) -> impl FnMut(&mut State, &mut Sched, &Ctx) -> R {
     move |_st, s, c| {
         let mut u = Unp(vec![]);
-        for (i, &r) in srcs.iter().enumerate() {
+        // Sends go out in neighbour order (per dimension: negative, then positive direction), and
+        // receives match per sender in the order they are posted. In a Cartesian topology the block
+        // sent toward the negative direction must land in the receiver's positive-direction block
+        // (MPI 4.0 §8.6), which differs from order matching when both neighbours of a dimension are
+        // one process (a periodic dimension of size 1 or 2): so receives are posted positive first.
+        for k in 0..srcs.len() {
+            let i = if cart { k ^ 1 } else { k };
+            let r = srcs[i];
             if r == MPI_PROC_NULL {
                 continue;
             }
@@ -1443,6 +1457,41 @@ pub(crate) fn allreduce_max_group(
     let p = vals.as_mut_ptr() as *mut u8;
     allreduce_s(&mut s, &c, p, p, red, vals.len());
     s.run(&mut st.fab.engine())
+}
+
+/// Nonblocking form of [`allreduce_max_group`] for one value (MPI_Comm_idup's context agreement): the
+/// request on communicator `ci` completes with `then(state, max)`.
+pub(crate) fn iallreduce_max_group(
+    st: &mut State,
+    ci: usize,
+    (ctx, tag): (u32, i32),
+    members: &[usize],
+    me: usize,
+    mine: i32,
+    then: impl FnOnce(&mut State, i32) -> R + 'static,
+) -> MPI_Request {
+    let (mut s, c) = begin_group(ctx, tag, members, me);
+    let red = Red {
+        op: op::MPI_MAX,
+        dt: 0x4c00_0405,
+        elem: 4,
+        user: None,
+        commute: true,
+    };
+    // The value lives in the schedule's own buffer, which stays put until `then` has run.
+    let p = s.tmp(4);
+    // SAFETY: `tmp` returned 4 writable bytes.
+    unsafe { (p as *mut i32).write_unaligned(mine) };
+    allreduce_s(&mut s, &c, p, p, red, 1);
+    let mut s = Box::new(s);
+    let _ = s.advance(&mut st.fab.engine());
+    let h = crate::p2p::new_sched_req(st, ci, s);
+    let i = ((h as u32) & 0x03ff_ffff) as usize;
+    // SAFETY: read after the schedule completed, before it is dropped (`p2p::complete`).
+    st.reqs[i].then = Some(Box::new(move |st: &mut State| {
+        then(st, unsafe { (p as *const i32).read_unaligned() })
+    }));
+    h
 }
 
 /// Allgather of fixed-size i32 records over communicator `ci`.
@@ -1697,10 +1746,10 @@ macro_rules! nbr_pair {
                 let r = (|| -> R {
                     let $st = state()?;
                     let ci = $st.comm($comm)?.0;
-                    let ($ns, $nd) = neighbors($st, ci)?;
+                    let ($ns, $nd, cart) = neighbors($st, ci)?;
                     let (sc, sd, stp, rc, rd, rt) = $args;
                     let types = stp.iter().chain(rt.iter()).copied().collect();
-                    persistent::init($comm, info, request, types, Box::new(neighbor_w($sb, sc, sd, stp, $rb, rc, rd, rt, $ns, $nd)))
+                    persistent::init($comm, info, request, types, Box::new(neighbor_w($sb, sc, sd, stp, $rb, rc, rd, rt, $ns, $nd, cart)))
                 })();
                 fin($comm, stringify!($xname), r)
             }
@@ -1708,9 +1757,9 @@ macro_rules! nbr_pair {
                 let r = (|| -> R {
                     let $st = state()?;
                     let ci = $st.comm($comm)?.0;
-                    let ($ns, $nd) = neighbors($st, ci)?;
+                    let ($ns, $nd, cart) = neighbors($st, ci)?;
                     let (sc, sd, stp, rc, rd, rt) = $args;
-                    let mut b = neighbor_w($sb, sc, sd, stp, $rb, rc, rd, rt, $ns, $nd);
+                    let mut b = neighbor_w($sb, sc, sd, stp, $rb, rc, rd, rt, $ns, $nd, cart);
                     go($comm, std::ptr::null_mut(), false, &mut b)
                 })();
                 fin($comm, stringify!($name), r)
@@ -1719,9 +1768,9 @@ macro_rules! nbr_pair {
                 let r = (|| -> R {
                     let $st = state()?;
                     let ci = $st.comm($comm)?.0;
-                    let ($ns, $nd) = neighbors($st, ci)?;
+                    let ($ns, $nd, cart) = neighbors($st, ci)?;
                     let (sc, sd, stp, rc, rd, rt) = $args;
-                    let mut b = neighbor_w($sb, sc, sd, stp, $rb, rc, rd, rt, $ns, $nd);
+                    let mut b = neighbor_w($sb, sc, sd, stp, $rb, rc, rd, rt, $ns, $nd, cart);
                     go($comm, request, true, &mut b)
                 })();
                 fin($comm, stringify!($iname), r)

@@ -67,6 +67,12 @@ pub(crate) enum Topo {
     },
 }
 
+/// MPI_Comm_split_type's types (MPICH's values).
+const MPI_COMM_TYPE_SHARED: c_int = 1;
+const MPI_COMM_TYPE_HW_GUIDED: c_int = 2;
+const MPI_COMM_TYPE_HW_UNGUIDED: c_int = 3;
+const MPIX_COMM_TYPE_NEIGHBORHOOD: c_int = 4;
+
 fn members(c: &Comm) -> Vec<usize> {
     (0..c.size).map(|r| c.to_world(r)).collect()
 }
@@ -141,12 +147,7 @@ pub(crate) fn new_ctx(st: &mut State, ci: usize) -> R<u32> {
     let c = st.comms[ci].as_ref().unwrap();
     let (mem, me) = crate::intercomm::ctx_members(c);
     let ctx = c.coll;
-    let tag = {
-        let c = st.comms[ci].as_mut().unwrap();
-        let t = c.coll_seq;
-        c.coll_seq = (c.coll_seq + 1) & 0x1fff_ffff; // below the partitioned range (p2p.rs)
-        t
-    };
+    let tag = st.comms[ci].as_mut().unwrap().next_coll_tag();
     let mut v = [st.next_ctx as i32];
     coll::allreduce_max_group(st, ctx, tag, &mem, me, &mut v)?;
     st.next_ctx = v[0] as u32 + 2;
@@ -230,6 +231,17 @@ pub(crate) unsafe fn copy_obj_attrs(
     Ok(out)
 }
 
+/// MPI_Finalize's first act (MPI 4.0 §11.2.2): MPI_COMM_SELF is freed as if by MPI_Comm_free, so its
+/// attributes' delete callbacks run, the last set first.
+pub(crate) unsafe fn free_self_attrs(st: &mut State) -> R {
+    let (ci, _) = st.comm(MPI_COMM_SELF)?;
+    let attrs = std::mem::take(&mut st.comms[ci].as_mut().unwrap().attrs);
+    for (k, v) in attrs.iter().rev() {
+        delete_attr(st, MPI_COMM_SELF, *k, *v)?;
+    }
+    Ok(())
+}
+
 unsafe fn delete_attr(st: &mut State, h: MPI_Comm, k: c_int, v: *mut c_void) -> R {
     if let Some(Some(kv)) = st
         .keyvals
@@ -246,10 +258,15 @@ unsafe fn delete_attr(st: &mut State, h: MPI_Comm, k: c_int, v: *mut c_void) -> 
     Ok(())
 }
 
-/// MPI_Comm_dup (`info` None: the hints are copied) and MPI_Comm_dup_with_info (the new communicator's
-/// hints are those of `info`).
-/// MPI_Comm_idup(_with_info): the duplicate is made at once (its context is agreed collectively, like a
-/// blocking dup) and the request is returned complete.
+/// MPI_Comm_idup(_with_info): does not block. Attributes are copied and hints taken at the call; the
+/// context is agreed by a nonblocking allreduce-max, and the new communicator is made, and `*newcomm`
+/// written, when the request completes (MPI 4.0 §7.4.2: newcomm may not be used before). Until then
+/// `*newcomm` is MPI_COMM_NULL.
+///
+/// The ids come from a space of their own (`State::next_ictx`), and each member moves past its own
+/// contribution at the call, so idups outstanding together on one communicator, and blocking
+/// constructions made meanwhile, never get the same id. What this does not rule out: two idups over
+/// *different* groups outstanding at once on one process, where the groups' maxima happen to be equal.
 unsafe fn idup(
     comm: MPI_Comm,
     info: Option<MPI_Info>,
@@ -260,19 +277,48 @@ unsafe fn idup(
     if request.is_null() {
         return err(MPI_ERR_ARG, "request is NULL");
     }
-    dup(st, comm, info, newcomm)?;
-    let ci = st.comm(comm)?.0;
-    *request = crate::p2p::new_done_req(st, ci);
-    Ok(())
-}
-
-unsafe fn dup(st: &mut State, comm: MPI_Comm, info: Option<MPI_Info>, newcomm: *mut MPI_Comm) -> R {
     if newcomm.is_null() {
         return err(MPI_ERR_ARG, "newcomm is NULL");
     }
     let (ci, _) = st.comm(comm)?;
     let hints = match info {
-        Some(i) => crate::info::hints(i)?,
+        Some(i) => crate::info::comm_hints(i)?,
+        None => st.comms[ci].as_ref().unwrap().hints.clone(),
+    };
+    let attrs = copy_attrs(st, ci)?;
+    let c = st.comms[ci].as_ref().unwrap();
+    let mut n = Comm::new(0, c.rank, c.world.clone(), c.size, c.eh);
+    n.topo = c.topo.clone();
+    n.remote = c.remote.clone();
+    n.attrs = attrs;
+    n.hints = hints;
+    let (mem, me) = crate::intercomm::ctx_members(c);
+    let ctx = c.coll;
+    let tag = st.comms[ci].as_mut().unwrap().next_coll_tag();
+    *newcomm = MPI_COMM_NULL;
+    let mine = st.next_ictx as i32;
+    st.next_ictx += 2;
+    *request = coll::iallreduce_max_group(st, ci, (ctx, tag), &mem, me, mine, move |st, v| {
+        let v = v as u32;
+        st.next_ictx = st.next_ictx.max(v + 2);
+        n.pt = v;
+        n.coll = v + 1;
+        *newcomm = add_comm(st, n);
+        Ok(())
+    });
+    Ok(())
+}
+
+/// MPI_Comm_dup (`info` None: the hints are copied) and MPI_Comm_dup_with_info (the new communicator's
+/// hints are those of `info`). On failure (a copy callback's error, say) `*newcomm` is MPI_COMM_NULL.
+unsafe fn dup(st: &mut State, comm: MPI_Comm, info: Option<MPI_Info>, newcomm: *mut MPI_Comm) -> R {
+    if newcomm.is_null() {
+        return err(MPI_ERR_ARG, "newcomm is NULL");
+    }
+    *newcomm = MPI_COMM_NULL;
+    let (ci, _) = st.comm(comm)?;
+    let hints = match info {
+        Some(i) => crate::info::comm_hints(i)?,
         None => st.comms[ci].as_ref().unwrap().hints.clone(),
     };
     let ctx = new_ctx(st, ci)?;
@@ -291,7 +337,7 @@ unsafe fn dup(st: &mut State, comm: MPI_Comm, info: Option<MPI_Info>, newcomm: *
 pub(crate) fn split(st: &mut State, ci: usize, color: c_int, key: c_int) -> R<MPI_Comm> {
     crate::intercomm::intra_only(
         st.comms[ci].as_ref().unwrap(),
-        "splitting (MPI_Comm_split, MPI_Comm_split_type, MPI_Cart_create, MPI_Cart_sub)",
+        "splitting by type or topology (MPI_Comm_split_type, MPI_Cart_create, MPI_Cart_sub)",
     )?;
     let recs = coll::allgather_ints(st, ci, &[color, key, st.next_ctx as i32])?;
     let ctx = recs.chunks(3).map(|r| r[2]).max().unwrap() as u32;
@@ -409,6 +455,66 @@ fn weights(p: *const c_int, n: c_int) -> R<Option<Vec<c_int>>> {
     }
 }
 
+/// The factorisation of `n` into `k` factors, non-increasing, whose largest and smallest differ least;
+/// among those, the one whose smallest factor is largest, then second smallest, and so on. That is
+/// MPICH's choice (checked against its test table baddims.h), e.g. 72 in 2-D is 9 x 8, not 12 x 6,
+/// and 5040 in 3-D is 21 x 16 x 15, not 20 x 18 x 14.
+fn balanced(n: i64, k: usize) -> Vec<i64> {
+    /// Try every non-increasing factor list from `divs` (the divisors of the original n, largest first).
+    fn go(
+        n: i64,
+        k: usize,
+        max: i64,
+        divs: &[i64],
+        cur: &mut Vec<i64>,
+        best: &mut Option<(i64, Vec<i64>)>,
+    ) {
+        if k == 1 {
+            if n <= max {
+                cur.push(n);
+                let diff = cur[0] - n;
+                // on a tie, the larger smallest factor, then the larger second smallest, and so on
+                let wider = |v: &Vec<i64>| cur.iter().rev().gt(v.iter().rev());
+                if best
+                    .as_ref()
+                    .is_none_or(|(d, v)| diff < *d || (diff == *d && wider(v)))
+                {
+                    *best = Some((diff, cur.clone()));
+                }
+                cur.pop();
+            }
+            return;
+        }
+        for &f in divs.iter().filter(|&&f| f <= max.min(n)) {
+            if (f as i128)
+                .checked_pow(k as u32)
+                .is_some_and(|p| p < n as i128)
+            {
+                break; // k factors of at most f cannot reach n, nor can smaller ones
+            }
+            if n % f == 0 {
+                let hi = cur.first().copied().unwrap_or(f);
+                // every later factor is at most f, so the spread is already at least hi - f
+                if best.as_ref().is_none_or(|(d, _)| hi - f <= *d) {
+                    cur.push(f);
+                    go(n / f, k - 1, f, divs, cur, best);
+                    cur.pop();
+                }
+            }
+        }
+    }
+    let mut divs: Vec<i64> = (1..)
+        .take_while(|d| d * d <= n)
+        .filter(|d| n % d == 0)
+        .flat_map(|d| [d, n / d])
+        .collect();
+    divs.sort_unstable_by(|a, b| b.cmp(a));
+    divs.dedup();
+    let mut best = None;
+    go(n, k, n, &divs, &mut Vec::with_capacity(k), &mut best);
+    best.map(|(_, v)| v).unwrap_or_else(|| vec![1; k])
+}
+
 /// Dims_create: fill zero entries of `dims` with a balanced factorisation of the rest of `nnodes`.
 fn dims_create(nnodes: c_int, dims: &mut [c_int]) -> R {
     let fixed: i64 = dims.iter().filter(|&&d| d > 0).map(|&d| d as i64).product();
@@ -429,22 +535,8 @@ fn dims_create(nnodes: c_int, dims: &mut [c_int]) -> R {
             err(MPI_ERR_DIMS, "dimensions do not multiply to nnodes")
         };
     }
-    let mut rest = nnodes as i64 / fixed;
-    let mut f = Vec::new();
-    let mut p = 2;
-    while rest > 1 {
-        while rest % p == 0 {
-            f.push(p);
-            rest /= p;
-        }
-        p += 1;
-    }
-    let mut vals = vec![1i64; free.len()];
-    for x in f.into_iter().rev() {
-        // give the largest remaining factor to the smallest dimension
-        let k = (0..vals.len()).min_by_key(|&i| (vals[i], i)).unwrap();
-        vals[k] *= x;
-    }
+    let rest = nnodes as i64 / fixed;
+    let mut vals = balanced(rest, free.len());
     vals.sort_unstable_by(|a, b| b.cmp(a));
     for (k, &i) in free.iter().enumerate() {
         dims[i] = vals[k] as c_int;
@@ -602,7 +694,7 @@ mpi_api! {
         let r = (|| -> R {
             let st = state()?;
             let (ci, _) = st.comm(comm)?;
-            let add = crate::info::hints(info)?;
+            let add = crate::info::comm_hints(info)?;
             let h = &mut st.comms[ci].as_mut().unwrap().hints;
             for (k, v) in add {
                 match h.iter_mut().find(|(key, _)| *key == k) {
@@ -635,8 +727,12 @@ mpi_api! {
             if color < 0 && color != MPI_UNDEFINED {
                 return err(MPI_ERR_ARG, format!("invalid color {color}"));
             }
-            let (ci, _) = st.comm(comm)?;
-            *newcomm = split(st, ci, color, key)?;
+            let (ci, c) = st.comm(comm)?;
+            *newcomm = if c.remote.is_some() {
+                crate::intercomm::split(st, ci, color, key)?
+            } else {
+                split(st, ci, color, key)?
+            };
             Ok(())
         })();
         fin(comm, "MPI_Comm_split", r)
@@ -649,14 +745,41 @@ mpi_api! {
                 return err(MPI_ERR_ARG, "newcomm is NULL");
             }
             let (ci, c) = st.comm(comm)?;
-            let color = if split_type == MPI_UNDEFINED {
-                MPI_UNDEFINED
-            } else {
-                // Ranks reachable through shared memory (or myself) form one host/region: the colour is
-                // the lowest world rank among them.
-                let mem = members(c);
+            // Ranks reachable through shared memory (or myself) form one host/region: its colour is
+            // the lowest world rank among them.
+            let mem = members(c);
+            let near: Vec<usize> = {
                 let e = st.fab.engine();
-                mem.iter().copied().filter(|&w| matches!(e.route(w), Route::Shm | Route::SelfLoop)).min().unwrap() as c_int
+                mem.iter().copied().filter(|&w| matches!(e.route(w), Route::Shm | Route::SelfLoop)).collect()
+            };
+            let region = *near.iter().min().unwrap() as c_int;
+            let color = match split_type {
+                MPI_UNDEFINED => MPI_UNDEFINED,
+                MPI_COMM_TYPE_SHARED => region,
+                // MPI 4.0 §7.4.2: the resource is named by the mpi_hw_resource_type hint (the same at
+                // every member). The one level this library knows is the shared-memory domain, which
+                // "mpi_shared_memory" and hwloc's "machine" name. Without the hint, or for a level
+                // it does not know, the process gets MPI_COMM_NULL.
+                MPI_COMM_TYPE_HW_GUIDED => match crate::info::get(info, "mpi_hw_resource_type")?.as_deref() {
+                    Some("mpi_shared_memory") | Some("machine") => region,
+                    _ => MPI_UNDEFINED,
+                },
+                // The next level below the communicator: the shared-memory domain when the
+                // communicator spans several; there is none below a single one (MPI_COMM_NULL). The
+                // level's name is returned in the info object.
+                MPI_COMM_TYPE_HW_UNGUIDED => {
+                    if near.len() < mem.len() {
+                        if info != crate::info::INFO_NULL {
+                            crate::info::set(info, "mpi_hw_resource_type", "mpi_shared_memory")?;
+                        }
+                        region
+                    } else {
+                        MPI_UNDEFINED
+                    }
+                }
+                // MPICH's extension needs hints this library does not act on.
+                MPIX_COMM_TYPE_NEIGHBORHOOD => MPI_UNDEFINED,
+                t => return err(MPI_ERR_ARG, format!("invalid split_type {t}")),
             };
             *newcomm = split(st, ci, color, key)?;
             Ok(())
@@ -670,11 +793,22 @@ mpi_api! {
                 return err(MPI_ERR_ARG, "newcomm is NULL");
             }
             let (ci, c) = st.comm(comm)?;
-            crate::intercomm::intra_only(c, "MPI_Comm_create")?;
+            let inter = c.remote.is_some();
             let g = crate::comm::group(st, group)?;
             let mem = members(st.comms[ci].as_ref().unwrap());
             if g.iter().any(|w| !mem.contains(w)) {
-                return err(MPI_ERR_GROUP, "group is not a subset of the communicator");
+                return err(MPI_ERR_GROUP, "group is not a subset of the communicator's (local) group");
+            }
+            if inter {
+                // Intercommunicator (MPI 2.2): each group names a subgroup of itself; the result joins
+                // the two subgroups, ranked in group order. That is a split with one color.
+                let me = my_world(st);
+                let (color, key) = match g.iter().position(|&w| w == me) {
+                    Some(r) => (0, r as c_int),
+                    None => (MPI_UNDEFINED, 0),
+                };
+                *newcomm = crate::intercomm::split(st, ci, color, key)?;
+                return Ok(());
             }
             let ctx = new_ctx(st, ci)?;
             let me = my_world(st);
@@ -1076,13 +1210,17 @@ mpi_api! {
                     color = color * d[i] + co[i];
                 }
             }
-            let ci = st.comm(comm)?.0;
-            let h = split(st, ci, color, key)?;
+            let (ci, c) = st.comm(comm)?;
             if nd.is_empty() {
-                nd.push(1);
-                np.push(0);
+                // No dimension kept (or a zero-dimensional comm): a zero-dimensional topology, which has
+                // one process. As MPICH (and as Cart_create with ndims = 0), rank 0 of `comm` gets it
+                // and the others MPI_COMM_NULL.
+                color = if c.rank == 0 { 0 } else { MPI_UNDEFINED };
             }
-            st.comm(h)?.1.topo = Some(Topo::Cart { dims: nd, periods: np });
+            let h = split(st, ci, color, key)?;
+            if h != MPI_COMM_NULL {
+                st.comm(h)?.1.topo = Some(Topo::Cart { dims: nd, periods: np });
+            }
             *newcomm = h;
             Ok(())
         })();
@@ -1149,7 +1287,11 @@ mpi_api! {
                     k += 1;
                 }
             }
-            let counts = coll::allgather_ints(st, ci, &[mine.len() as i32])?;
+            // (edge-list length, weights given): the graph is weighted if any process gave weights, since
+            // processes with no edges may pass NULL or MPI_UNWEIGHTED (MPICH's distgraph1 does).
+            let hdr = coll::allgather_ints(st, ci, &[mine.len() as i32, w.is_some() as i32])?;
+            let counts: Vec<i32> = hdr.chunks(2).map(|x| x[0]).collect();
+            let weighted = hdr.chunks(2).any(|x| x[1] != 0);
             let maxc = *counts.iter().max().unwrap() as usize;
             let mut padded = mine.clone();
             padded.resize(maxc, -1);
@@ -1162,7 +1304,6 @@ mpi_api! {
                     if e[0] == me { dst.push(e[1]); dw.push(e[2]); }
                 }
             }
-            let weighted = w.is_some();
             let mut h = MPI_COMM_NULL;
             dup(st, comm_old, None, &mut h)?;
             let c = st.comm(h)?.1;
@@ -1236,4 +1377,34 @@ unsafe fn range_list(g: &[usize], n: c_int, ranges: *mut [c_int; 3]) -> R<Vec<us
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dims_create_is_as_balanced_as_mpich() {
+        // Cases from MPICH's test table (test/mpi/topo/baddims.h) where a greedy split goes wrong.
+        for (n, k, want) in [
+            (72, 2, vec![9, 8]),
+            (180, 2, vec![15, 12]),
+            (56592, 4, vec![131, 9, 8, 6]),
+            (95580, 4, vec![59, 15, 12, 9]),
+            (350784, 3, vec![87, 64, 63]),
+            (5040, 3, vec![21, 16, 15]),
+            (216000, 4, vec![27, 20, 20, 20]),
+            (119952, 5, vec![17, 14, 9, 8, 7]),
+            (300000, 7, vec![10, 8, 6, 5, 5, 5, 5]),
+            (16, 4, vec![2, 2, 2, 2]),
+            (7, 3, vec![7, 1, 1]),
+            (1, 2, vec![1, 1]),
+        ] {
+            assert_eq!(balanced(n, k), want, "{n} in {k}-D");
+        }
+        let mut d = [0, 3, 0];
+        dims_create(24, &mut d).unwrap();
+        assert_eq!(d, [4, 3, 2]);
+        assert!(dims_create(10, &mut [3, 0]).is_err());
+    }
 }

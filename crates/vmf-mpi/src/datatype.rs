@@ -924,6 +924,7 @@ mpi_api! {
     fn MPI_Type_dup / PMPI_Type_dup(oldtype: MPI_Datatype, newtype: *mut MPI_Datatype) -> c_int {
         let r = (|| -> R {
             out_type(newtype)?;
+            *newtype = MPI_DATATYPE_NULL; // what the program sees if a copy callback fails
             let st = state()?;
             let mut d = check_old(st, oldtype)?;
             d.attrs = crate::comm::copy_obj_attrs(st, oldtype, &d.attrs)?;

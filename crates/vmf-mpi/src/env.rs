@@ -237,6 +237,7 @@ pub(crate) fn start(required: c_int) -> R {
         types: Vec::new(),
         type_holds: Vec::new(),
         next_ctx: 32,
+        next_ictx: IDUP_CTX_BASE,
         spare: None,
         nbc_active: 0,
         pcolls: Vec::new(),
@@ -322,6 +323,7 @@ mpi_api! {
             if *G.world.get() != WORLD_ON {
                 return err(MPI_ERR_OTHER, "MPI_Finalize without MPI_Init");
             }
+            crate::comm::free_self_attrs(state()?)?;
             *G.world.get() = WORLD_DONE;
             // Sessions still open keep the library running; the last one stops it.
             stop_if_unused(0)

@@ -119,6 +119,36 @@ pub(crate) fn hints(h: MPI_Info) -> R<Pairs> {
     pairs(h).map(|p| p.into_owned())
 }
 
+/// The hints of `h` a communicator keeps: the standard's (keys starting `mpi_`, the prefix MPI reserves,
+/// e.g. `mpi_assert_no_any_tag`). Others are ignored, as MPICH ignores keys it does not know, so
+/// MPI_Comm_get_info does not return them.
+pub(crate) fn comm_hints(h: MPI_Info) -> R<Pairs> {
+    let mut p = hints(h)?;
+    p.retain(|(k, _)| k.starts_with("mpi_"));
+    Ok(p)
+}
+
+/// Set `key` to `value` in the program's info object `h` (MPI_Comm_split_type reports a resource
+/// type this way).
+pub(crate) fn set(h: MPI_Info, key: &str, value: &str) -> R {
+    let i = mutable(h)?;
+    let p = table()[i].as_mut().unwrap();
+    match p.iter_mut().find(|(k, _)| k == key) {
+        Some(e) => e.1 = value.to_string(),
+        None => p.push((key.to_string(), value.to_string())),
+    }
+    Ok(())
+}
+
+/// The value of `key` in `h` (None for MPI_INFO_NULL or a missing key).
+pub(crate) fn get(h: MPI_Info, key: &str) -> R<Option<String>> {
+    if h == INFO_NULL {
+        return Ok(None);
+    }
+    let p = pairs(h)?;
+    Ok(lookup(&p, key).map(str::to_string))
+}
+
 /// A new info object holding `p`.
 pub(crate) fn create(p: Pairs) -> MPI_Info {
     let t = table();

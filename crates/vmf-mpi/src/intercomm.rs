@@ -53,10 +53,7 @@ pub(crate) fn ctx_members(c: &Comm) -> (Vec<usize>, usize) {
 
 /// Take the next collective tag of communicator `ci`.
 fn next_tag(st: &mut State, ci: usize) -> i32 {
-    let c = st.comms[ci].as_mut().unwrap();
-    let t = c.coll_seq;
-    c.coll_seq = (c.coll_seq + 1) & 0x1fff_ffff; // below the partitioned range (p2p.rs)
-    t
+    st.comms[ci].as_mut().unwrap().next_coll_tag()
 }
 
 /// Send `data` to each of `to` and receive `n` ints from each of `from` (world ranks), on `ctx`/`tag`.
@@ -252,6 +249,65 @@ pub(crate) unsafe fn create(
     c.remote = Some(list.iter().map(|&w| w as usize).collect());
     *newintercomm = add_comm(st, c);
     Ok(())
+}
+
+/// MPI_Comm_split on an intercommunicator: the members of each group with one color form the two groups
+/// of a new intercommunicator, each ordered by (key, rank in its old group). A color that has members
+/// in only one group gives MPI_COMM_NULL there, as MPI_UNDEFINED does. Every member of both groups
+/// sends (color, key, next free context) to every other member: construction is rare and groups are
+/// small, and one exchange both decides the groups and agrees on a context above every member's.
+pub(crate) fn split(st: &mut State, ci: usize, color: c_int, key: c_int) -> R<MPI_Comm> {
+    let c = st.comms[ci].as_ref().unwrap();
+    let local: Vec<usize> = (0..c.size).map(|r| c.to_world(r)).collect();
+    let remote = c.remote.clone().expect("an intercommunicator");
+    let (ctx, eh) = (c.coll, c.eh);
+    let me = local[c.rank as usize];
+    let tag = next_tag(st, ci);
+    let others: Vec<usize> = local
+        .iter()
+        .chain(remote.iter())
+        .copied()
+        .filter(|&w| w != me)
+        .collect();
+    let mine = [color, key, st.next_ctx as i32];
+    let got = exchange(st, ctx, tag, &others, &mine, &others, 3)?;
+    let rec = |w: usize| -> &[i32] {
+        if w == me {
+            &mine
+        } else {
+            &got[others.iter().position(|&o| o == w).unwrap()]
+        }
+    };
+    let newctx = others
+        .iter()
+        .map(|&w| rec(w)[2])
+        .chain([mine[2]])
+        .max()
+        .unwrap() as u32;
+    // The same context serves every color: a process is in one of the new communicators at most.
+    st.next_ctx = st.next_ctx.max(newctx + 2);
+    if color == MPI_UNDEFINED {
+        return Ok(MPI_COMM_NULL);
+    }
+    let pick = |g: &[usize]| -> Vec<usize> {
+        let mut v: Vec<(i32, usize, usize)> = g
+            .iter()
+            .enumerate()
+            .filter(|&(_, &w)| rec(w)[0] == color)
+            .map(|(i, &w)| (rec(w)[1], i, w))
+            .collect();
+        v.sort_unstable();
+        v.into_iter().map(|(_, _, w)| w).collect()
+    };
+    let (l, r) = (pick(&local), pick(&remote));
+    if r.is_empty() {
+        return Ok(MPI_COMM_NULL);
+    }
+    let pos = l.iter().position(|&w| w == me).unwrap() as i32;
+    let n = l.len() as i32;
+    let mut nc = Comm::new(newctx, pos, Some(l), n, eh);
+    nc.remote = Some(r);
+    Ok(add_comm(st, nc))
 }
 
 unsafe fn intercomm_merge(intercomm: MPI_Comm, high: c_int, newintracomm: *mut MPI_Comm) -> R {

@@ -99,6 +99,24 @@ pub(crate) enum LOp {
     Min,
     MinLoc,
     MaxLoc,
+    /// Logical and/or/xor on values (MPICH accepts them on floating types): the result is 1.0 or 0.0.
+    Land,
+    Lor,
+    Lxor,
+}
+
+/// `x != 0` (either sign of zero is false; NaN is true, as in C).
+fn nonzero(x: &F80) -> bool {
+    x[..9].iter().any(|&b| b != 0) || x[9] & 0x7f != 0
+}
+
+/// 1.0 or 0.0.
+fn truth(t: bool) -> F80 {
+    if t {
+        [0, 0, 0, 0, 0, 0, 0, 0x80, 0xff, 0x3f]
+    } else {
+        [0; 10]
+    }
 }
 
 /// `b[i] = a[i] op b[i]` over `n` `long double`s (16-byte elements).
@@ -111,6 +129,9 @@ pub(crate) unsafe fn real(op: LOp, a: *const u8, b: *mut u8, n: usize) {
             LOp::Prod => st(pb, &mul(&x, &y)),
             LOp::Max if gt(&x, &y) => st(pb, &x),
             LOp::Min if gt(&y, &x) => st(pb, &x),
+            LOp::Land => st(pb, &truth(nonzero(&x) && nonzero(&y))),
+            LOp::Lor => st(pb, &truth(nonzero(&x) || nonzero(&y))),
+            LOp::Lxor => st(pb, &truth(nonzero(&x) != nonzero(&y))),
             _ => {}
         }
     }

@@ -109,6 +109,9 @@ pub(crate) fn from_core(e: vmf_core::Error) -> MpiErr {
 
 // ------------------------------------------------------------------------------------------------ state
 
+/// First context id of the MPI_Comm_idup space (`State::next_ictx`); blocking constructions stay below.
+pub(crate) const IDUP_CTX_BASE: u32 = 0x4000_0000;
+
 /// A communicator.
 pub(crate) struct Comm {
     /// Context of point-to-point traffic.
@@ -153,6 +156,14 @@ impl Comm {
             remote: None,
             hints: Vec::new(),
         }
+    }
+
+    /// Take the next collective tag (sequence number of this communicator's collectives). The tags
+    /// wrap below the partitioned range (p2p.rs).
+    pub fn next_coll_tag(&mut self) -> i32 {
+        let t = self.coll_seq;
+        self.coll_seq = (t + 1) & 0x1fff_ffff;
+        t
     }
 }
 
@@ -298,6 +309,9 @@ pub(crate) struct MReq {
     pub greq: Option<Box<p2p::Greq>>,
     /// Partitioned send or receive (MPI_Psend_init, MPI_Precv_init).
     pub part: Option<Box<p2p::Part>>,
+    /// Run once the schedule has completed without error, before its buffers go (MPI_Comm_idup makes
+    /// the new communicator here).
+    pub then: Option<Box<dyn FnOnce(&mut State) -> R>>,
 }
 
 impl MReq {
@@ -316,6 +330,7 @@ impl MReq {
             link: None,
             greq: None,
             part: None,
+            then: None,
         }
     }
 }
@@ -352,6 +367,10 @@ pub(crate) struct State {
     pub type_holds: Vec<(u32, bool)>,
     /// Next free context id (every communicator takes two: point-to-point and collective).
     pub next_ctx: u32,
+    /// Next free context id of MPI_Comm_idup (from [`IDUP_CTX_BASE`] up): a space of its own, because
+    /// its agreement finishes only later, while blocking constructions may already have taken the next
+    /// ids of `next_ctx`.
+    pub next_ictx: u32,
     /// A finished schedule kept for reuse (its vectors and temporaries): blocking collectives allocate
     /// nothing in the steady state.
     pub spare: Option<Box<coll::Sched>>,

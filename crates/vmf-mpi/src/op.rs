@@ -190,7 +190,9 @@ fn allowed(op: MPI_Op, k: K) -> bool {
     match op {
         MPI_MAX | MPI_MIN => int || float,
         MPI_SUM | MPI_PROD => int || float || cplx,
-        MPI_LAND | MPI_LOR | MPI_LXOR | MPI_BAND | MPI_BOR | MPI_BXOR => int,
+        // Logical ops on floating types are an MPICH extension (its oplxor test relies on it).
+        MPI_LAND | MPI_LOR | MPI_LXOR => int || float,
+        MPI_BAND | MPI_BOR | MPI_BXOR => int,
         MPI_MINLOC | MPI_MAXLOC => pair,
         MPI_REPLACE | MPI_NO_OP => true,
         _ => false,
@@ -242,6 +244,10 @@ macro_rules! float_op {
             MPI_PROD => zip::<$t>($a, $b, $n, |x, y| x * y),
             MPI_MAX => zip::<$t>($a, $b, $n, |x, y| if x > y { x } else { y }),
             MPI_MIN => zip::<$t>($a, $b, $n, |x, y| if x < y { x } else { y }),
+            // Logical ops on floating values, as MPICH allows: any nonzero value is true.
+            MPI_LAND => zip::<$t>($a, $b, $n, |x, y| ((x != 0.0) && (y != 0.0)) as u8 as $t),
+            MPI_LOR => zip::<$t>($a, $b, $n, |x, y| ((x != 0.0) || (y != 0.0)) as u8 as $t),
+            MPI_LXOR => zip::<$t>($a, $b, $n, |x, y| ((x != 0.0) != (y != 0.0)) as u8 as $t),
             _ => {}
         }
     };
@@ -348,7 +354,10 @@ pub(crate) unsafe fn apply(r: &Red, a: *const u8, b: *mut u8, n: usize) {
                 MPI_MAX => LOp::Max,
                 MPI_MIN => LOp::Min,
                 MPI_MINLOC => LOp::MinLoc,
-                _ => LOp::MaxLoc,
+                MPI_MAXLOC => LOp::MaxLoc,
+                MPI_LAND => LOp::Land,
+                MPI_LOR => LOp::Lor,
+                _ => LOp::Lxor,
             };
             match kind(r.dt) {
                 Some(K::F80) => ld::real(o, a, b, n),

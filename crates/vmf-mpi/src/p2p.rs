@@ -165,17 +165,6 @@ pub(crate) fn new_sched_req(st: &mut State, ci: usize, s: Box<crate::coll::Sched
     )
 }
 
-/// A request that is already complete.
-pub(crate) fn new_done_req(st: &mut State, ci: usize) -> MPI_Request {
-    new_req(
-        st,
-        MReq {
-            fin: Some(St::EMPTY),
-            ..MReq::on(ci)
-        },
-    )
-}
-
 /// Advance the schedules (nonblocking collectives) among requests `idx`.
 fn drive(st: &mut State, idx: &[usize]) {
     let (reqs, fab) = (&mut st.reqs, &st.fab);
@@ -279,7 +268,14 @@ unsafe fn complete(st: &mut State, i: usize, h: *mut MPI_Request) -> R<(St, R)> 
     let is_recv = r.is_recv;
     let res = if let Some(s) = r.sched.take() {
         st.nbc_active -= 1;
-        (St::EMPTY, s.err.clone().map_or(Ok(()), Err))
+        let then = r.then.take();
+        let res = match (s.err.clone(), then) {
+            (Some(x), _) => Err(x),
+            (None, Some(f)) => f(st),
+            (None, None) => Ok(()),
+        };
+        drop(s);
+        (St::EMPTY, res)
     } else if !r.active {
         (St::EMPTY, Ok(()))
     } else if let Some(f) = r.fin.take() {
@@ -561,6 +557,9 @@ fn free_req(st: &mut State, i: usize) -> R {
         // A freed nonblocking collective still has to take part: finish it here.
         st.nbc_active -= 1;
         s.run(&mut st.fab.engine())?;
+        if let Some(f) = st.reqs[i].then.take() {
+            f(st)?;
+        }
     }
     let r = &mut st.reqs[i];
     if let (true, Some(id)) = (r.active, r.eng.take()) {

@@ -304,7 +304,7 @@ mpi_api! {
                 return err(MPI_ERR_GROUP, "this process is not a member of the group");
             };
             let ci = comm_index(c).unwrap();
-            st.comms[ci].as_mut().unwrap().hints = crate::info::hints(info)?;
+            st.comms[ci].as_mut().unwrap().hints = crate::info::comm_hints(info)?;
             *newcomm = c;
             Ok(())
         })();
@@ -338,7 +338,7 @@ mpi_api! {
             let ci = comm_index(*newintercomm).unwrap();
             let c = st.comms[ci].as_mut().unwrap();
             c.eh = eh;
-            c.hints = crate::info::hints(info)?;
+            c.hints = crate::info::comm_hints(info)?;
             Ok(())
         })();
         fin(MPI_COMM_SELF, "MPI_Intercomm_create_from_groups", r)

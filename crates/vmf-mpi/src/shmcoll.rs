@@ -793,35 +793,38 @@ pub(crate) unsafe fn reduce(
             a.may_write(e, k1)?;
             let (h, ok) = a.begin_big(e, bytes)?;
             a.big_last[h] = k2;
+            let seg = |r: usize| (cnt * r / n, cnt * (r + 1) / n);
+            let (lo, hi) = seg(me);
+            let (off, len) = (lo * red.elem, (hi - lo) * red.elem);
+            // Only this rank reads segment `me` of its contribution, so unless the result overwrites the
+            // input (in place) that segment is read from the input and not staged: 1/n less copying.
+            let in_place = input as usize == rbuf as usize;
             if ok {
-                std::ptr::copy_nonoverlapping(
-                    input as *const u8,
-                    a.big_of(e, me, h, bytes)?,
-                    bytes,
-                );
+                let (src, dst) = (input as *const u8, a.big_of(e, me, h, bytes)?);
+                if in_place {
+                    std::ptr::copy_nonoverlapping(src, dst, bytes);
+                } else {
+                    std::ptr::copy_nonoverlapping(src, dst, off);
+                    let end = off + len;
+                    std::ptr::copy_nonoverlapping(src.add(end), dst.add(end), bytes - end);
+                }
             }
             if !a.publish_all(e, k1, ok, k2)? {
                 return Ok(false);
             }
             // Segment `me` of the result, reduced in rank order as in the small path: acc = x[n-1];
-            // acc = x[r] op acc for r = n-2 .. 0. Only this rank reads segment `me` of the contributions,
-            // so the result can replace its own.
-            let seg = |r: usize| (cnt * r / n, cnt * (r + 1) / n);
-            let (lo, hi) = seg(me);
-            let (off, len) = (lo * red.elem, (hi - lo) * red.elem);
+            // acc = x[r] op acc for r = n-2 .. 0. The result then replaces this rank's staged segment.
             let out = rbuf as *mut u8;
-            std::ptr::copy_nonoverlapping(
-                a.big_of(e, n - 1, h, bytes)?.add(off),
-                out.add(off),
-                len,
-            );
+            let contrib = |a: &mut Area, e: &mut Engine, r: usize| -> R<*const u8> {
+                Ok(if r == me && !in_place {
+                    (input as *const u8).add(off)
+                } else {
+                    a.big_of(e, r, h, bytes)?.add(off) as *const u8
+                })
+            };
+            std::ptr::copy_nonoverlapping(contrib(a, e, n - 1)?, out.add(off), len);
             for r in (0..n - 1).rev() {
-                op::apply(
-                    &red,
-                    a.big_of(e, r, h, bytes)?.add(off),
-                    out.add(off),
-                    hi - lo,
-                );
+                op::apply(&red, contrib(a, e, r)?, out.add(off), hi - lo);
             }
             std::ptr::copy_nonoverlapping(out.add(off), a.big_of(e, me, h, bytes)?.add(off), len);
             a.may_write(e, k2)?;

@@ -35,6 +35,10 @@ enum Cmd {
         /// Print setup decisions (job id, regions, channels).
         #[arg(short, long)]
         verbose: bool,
+        /// Print nothing of our own unless the job fails (no job-id line), as mpiexec does; for test
+        /// harnesses that compare a program's whole output.
+        #[arg(short, long, conflicts_with = "verbose")]
+        quiet: bool,
         /// How waiting ranks use the CPU (sets VMF_WAIT for every rank).
         #[arg(long, value_parser = ["spin", "yield", "block", "adaptive"])]
         wait: Option<String>,
@@ -111,6 +115,7 @@ fn main() {
             tag_output,
             region_dir,
             verbose,
+            quiet,
             wait,
             bind,
             hosts,
@@ -131,6 +136,7 @@ fn main() {
                 tag_output,
                 region_dir: default_region_dir(region_dir),
                 verbose,
+                quiet,
                 extra_env,
                 bind_cores: bind
                     .clone()

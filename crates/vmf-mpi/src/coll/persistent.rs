@@ -2,7 +2,11 @@
 //!
 //! An `_init` call creates an inactive persistent request that keeps the collective's *builder* (the
 //! same closure the blocking and nonblocking forms use, capturing the arguments; v/w count arrays are
-//! copied at init). Each MPI_Start takes the communicator's next collective tag, builds a fresh schedule
+//! copied at init). The init takes the communicator's next collective tag and keeps it: persistent
+//! collectives match in the order of their `_init` calls, not of their starts (MPI 4.0 §6.13), so
+//! members may start two of them in different orders. Each start of one request reuses its tag; the
+//! instances of one request cannot mix, because every member runs them in the same order and
+//! point-to-point matching is ordered per sender and tag. Each MPI_Start builds a fresh schedule
 //! and starts it exactly like a nonblocking collective, so Wait/Test (and every other Wait*/Test*)
 //! advance and complete it; completion leaves the request inactive for the next Start, and
 //! MPI_Request_free releases it (finishing a started one first). The builder lives in
@@ -20,6 +24,8 @@ type Builder = Box<dyn FnMut(&mut State, &mut Sched, &Ctx) -> R>;
 pub(crate) struct PColl {
     build: Builder,
     types: Vec<MPI_Datatype>,
+    /// The collective tag taken at init.
+    tag: i32,
 }
 
 /// Create the inactive request for a persistent collective on `comm`.
@@ -54,7 +60,8 @@ pub(crate) unsafe fn init(
         .filter(|&t| crate::datatype::is_derived(t) && crate::datatype::get(st, t).is_ok())
         .collect();
     types.iter().for_each(|&t| crate::datatype::hold(st, t));
-    st.pcolls[i] = Some(Box::new(PColl { build, types }));
+    let tag = st.comms[ci].as_mut().unwrap().next_coll_tag();
+    st.pcolls[i] = Some(Box::new(PColl { build, types, tag }));
     *request = h;
     Ok(())
 }
@@ -72,7 +79,7 @@ pub(crate) fn start(st: &mut State, i: usize) -> R {
         return err(MPI_ERR_COMM, "the request's communicator was freed");
     }
     let mut pc = st.pcolls[i].take().expect("persistent collective");
-    let (mut s, c) = begin(st, ci);
+    let (mut s, c) = begin_tagged(st, ci, pc.tag);
     let r = (pc.build)(st, &mut s, &c);
     st.pcolls[i] = Some(pc);
     r?;
