@@ -21,9 +21,11 @@ build: deps
 demo: build
 	$(BIN) run -n 4 $(BIN) bench demo --sizes 8,64,512,4K,16K,64K,256K,1M,4M --iters 5000
 
-# The whole suite: unit, concurrency and multi-process integration tests.
+# The whole suite: unit, concurrency and multi-process integration tests, then MPICH's own test suite
+# (its C programs, built with Debian's MPICH wrappers, run over vmfabric: scripts/mpich-testsuite.sh).
 test: build
 	$(CARGO) test --release --workspace -- --test-threads=2
+	bash scripts/mpich-testsuite.sh
 
 # Side-by-side with MPICH and Open MPI; results under bench/results/.
 bench: build

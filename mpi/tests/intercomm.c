@@ -239,7 +239,58 @@ int main(int argc, char **argv)
     CHECK_RC(MPI_Exscan(&R, &mx, 1, MPI_INT, MPI_SUM, ic), MPI_ERR_COMM);
     CHECK_RC(MPI_Bcast(&mx, 1, MPI_INT, rsize, ic), MPI_ERR_ROOT);
     MPI_Comm bad;
-    CHECK_RC(MPI_Comm_split(ic, 0, 0, &bad), MPI_ERR_COMM);
+    CHECK_RC(MPI_Comm_split_type(ic, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &bad), MPI_ERR_COMM);
+
+    /* split: colour by local-rank parity, reversed order within each group; a colour with no member
+     * in the remote group gives MPI_COMM_NULL */
+    {
+        MPI_Comm sp;
+        const int color = lr % 2;
+        const int lcount = (lsize - color + 1) / 2, rcount = (rsize - color + 1) / 2;
+        CHECK(MPI_Comm_split(ic, color, -lr, &sp) == MPI_SUCCESS);
+        if (rcount == 0) {
+            CHECK(sp == MPI_COMM_NULL);
+        } else {
+            int a;
+            MPI_Comm_test_inter(sp, &a);
+            CHECK(a == 1);
+            MPI_Comm_size(sp, &a);
+            CHECK(a == lcount);
+            MPI_Comm_remote_size(sp, &a);
+            CHECK(a == rcount);
+            MPI_Comm_rank(sp, &a);
+            CHECK(a == lcount - 1 - lr / 2);
+            long mine = W(par, lr), sum = 0, want = 0;
+            MPI_Allreduce(&mine, &sum, 1, MPI_LONG, MPI_SUM, sp);
+            for (int i = color; i < rsize; i += 2)
+                want += W(1 - par, i);
+            CHECK(sum == want);
+            MPI_Comm_free(&sp);
+        }
+        /* undefined colour everywhere: MPI_COMM_NULL */
+        CHECK(MPI_Comm_split(ic, MPI_UNDEFINED, 0, &sp) == MPI_SUCCESS);
+        CHECK(sp == MPI_COMM_NULL);
+        /* create from a subgroup of each side's local group: local rank 0 of each side */
+        MPI_Group lg, g0;
+        MPI_Comm_group(ic, &lg);
+        int zero = 0;
+        MPI_Group_incl(lg, 1, &zero, &g0);
+        CHECK(MPI_Comm_create(ic, g0, &sp) == MPI_SUCCESS);
+        if (lr == 0) {
+            int a, b;
+            MPI_Comm_size(sp, &a);
+            MPI_Comm_remote_size(sp, &b);
+            CHECK(a == 1 && b == 1);
+            long mine = R, got = -1;
+            MPI_Allreduce(&mine, &got, 1, MPI_LONG, MPI_SUM, sp);
+            CHECK(got == W(1 - par, 0));
+            MPI_Comm_free(&sp);
+        } else {
+            CHECK(sp == MPI_COMM_NULL);
+        }
+        MPI_Group_free(&g0);
+        MPI_Group_free(&lg);
+    }
     int t;
     MPI_Topo_test(ic, &t);
     CHECK(t == MPI_UNDEFINED);

@@ -445,9 +445,10 @@ pub(crate) unsafe fn ints(p: *const c_int, n: c_int) -> R<Vec<c_int>> {
 fn weights(p: *const c_int, n: c_int) -> R<Option<Vec<c_int>>> {
     let uw = crate::env::MPI_UNWEIGHTED.0;
     let we = crate::env::MPI_WEIGHTS_EMPTY.0;
-    if p == uw || p.is_null() {
+    // NULL is not MPI_UNWEIGHTED: it is an (empty) array of weights, as MPICH reads it.
+    if p == uw {
         Ok(None)
-    } else if p == we {
+    } else if p == we || (p.is_null() && n == 0) {
         Ok(Some(vec![]))
     } else {
         // SAFETY: the program passes n weights.
