@@ -1427,11 +1427,11 @@ unsafe fn mrecv_start(
     count: c_int,
     dt: MPI_Datatype,
     msg: *mut MPI_Message,
-) -> R<Option<(ReqId, usize)>> {
+) -> R<Option<(ReqId, usize, Option<Vec<u8>>)>> {
     if msg.is_null() {
         return err(MPI_ERR_ARG, "message pointer is NULL");
     }
-    let bytes = msg_bytes(buf, count, dt)?;
+    let bytes = lay_bytes(buf, count, dt)?;
     if *msg == MPI_MESSAGE_NO_PROC {
         *msg = MPI_MESSAGE_NULL;
         return Ok(None);
@@ -1444,14 +1444,13 @@ unsafe fn mrecv_start(
             format!("invalid message handle {:#x}", *msg),
         );
     }
+    // A non-contiguous datatype receives into a staging buffer, unpacked at completion.
+    let mut tmp = stage(buf, count, dt, bytes, false)?;
+    let p = tmp.as_mut().map_or(buf as *mut u8, |v| v.as_mut_ptr());
     let (m, ci) = st.msgs[slot].take().unwrap();
     *msg = MPI_MESSAGE_NULL;
-    let id = st
-        .fab
-        .engine()
-        .imrecv(buf as *mut u8, bytes, m)
-        .map_err(from_core)?;
-    Ok(Some((id, ci)))
+    let id = st.fab.engine().imrecv(p, bytes, m).map_err(from_core)?;
+    Ok(Some((id, ci, tmp)))
 }
 
 // ------------------------------------------------------------------------------------------------ entry points
@@ -1851,7 +1850,7 @@ mpi_api! {
         let mut ec = MPI_COMM_WORLD;
         let r = (|| -> R {
             let st = state()?;
-            let Some((id, ci)) = mrecv_start(st, buf, count, datatype, message)? else {
+            let Some((id, ci, tmp)) = mrecv_start(st, buf, count, datatype, message)? else {
                 St::PROC_NULL.write(status);
                 return Ok(());
             };
@@ -1859,7 +1858,11 @@ mpi_api! {
             let mut e = st.fab.engine();
             e.wait_until(Op::Recv, |e| e.is_done(id)).map_err(from_core)?;
             let (s, er) = e.take_full(id).map_err(from_core)?;
-            st_from(st.comms[ci].as_ref().unwrap(), s).write(status);
+            let s = st_from(st.comms[ci].as_ref().unwrap(), s);
+            if let Some(t) = tmp {
+                crate::datatype::unpack_from(&t, s.bytes, buf as *mut u8, count as usize, datatype)?;
+            }
+            s.write(status);
             core_err(er)
         })();
         fin(ec, "MPI_Mrecv", r)
@@ -1871,12 +1874,16 @@ mpi_api! {
             if request.is_null() {
                 return err(MPI_ERR_ARG, "request pointer is NULL");
             }
-            let (eng, fin, ci) = match mrecv_start(st, buf, count, datatype, message)? {
-                None => (None, Some(St::PROC_NULL), 0),
-                Some((id, ci)) => (Some(id), None, ci),
+            let (eng, fin, ci, tmp) = match mrecv_start(st, buf, count, datatype, message)? {
+                None => (None, Some(St::PROC_NULL), 0, None),
+                Some((id, ci, tmp)) => (Some(id), None, ci, tmp),
             };
             ec = comm_handle(ci);
-            *request = new_req(st, MReq { is_recv: true, eng, fin, ..MReq::on(ci) });
+            if tmp.is_some() {
+                crate::datatype::hold(st, datatype); // unpacked at completion, maybe after MPI_Type_free
+            }
+            let xfer = tmp.map(|tmp| Box::new(crate::datatype::Xfer { tmp, unpack: Some((buf as *mut u8, count as usize, datatype)) }));
+            *request = new_req(st, MReq { is_recv: true, eng, fin, xfer, ..MReq::on(ci) });
             Ok(())
         })();
         fin(ec, "MPI_Imrecv", r)
@@ -1925,13 +1932,12 @@ unsafe fn set_elements(status: *mut MPI_Status, dt: MPI_Datatype, count: MPI_Cou
         return err(MPI_ERR_COUNT, format!("count {count} is negative"));
     }
     let size = crate::datatype::ext_size(dt)?.1 as i64;
-    let bytes = count
-        .checked_mul(size)
-        .filter(|&b| b < 1 << 62)
-        .ok_or_else(|| MpiErr {
-            code: MPI_ERR_COUNT,
-            msg: format!("{count} elements of {size} bytes overflow a count"),
-        })?;
+    // A status holds 63 bits of byte count (MPICH's layout: 32 low bits, 31 high bits beside the
+    // cancelled bit), which is every non-negative MPI_Count.
+    let bytes = count.checked_mul(size).ok_or_else(|| MpiErr {
+        code: MPI_ERR_COUNT,
+        msg: format!("{count} elements of {size} bytes overflow a count"),
+    })?;
     set_count(&mut *status, bytes);
     Ok(())
 }
