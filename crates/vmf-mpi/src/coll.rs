@@ -1437,6 +1437,15 @@ pub(crate) fn barrier(st: &mut State, comm: MPI_Comm) -> R {
     finish(st, s)
 }
 
+/// MPI_MAX on MPI_INT (context agreement).
+const MAX_INT: Red = Red {
+    op: op::MPI_MAX,
+    dt: 0x4c00_0405,
+    elem: 4,
+    user: None,
+    commute: true,
+};
+
 /// Allreduce of i32 values with MPI_MAX over an explicit member list (communicator construction).
 pub(crate) fn allreduce_max_group(
     st: &mut State,
@@ -1447,13 +1456,7 @@ pub(crate) fn allreduce_max_group(
     vals: &mut [i32],
 ) -> R {
     let (mut s, c) = begin_group(ctx, tag, members, me);
-    let red = Red {
-        op: op::MPI_MAX,
-        dt: 0x4c00_0405,
-        elem: 4,
-        user: None,
-        commute: true,
-    };
+    let red = MAX_INT;
     let p = vals.as_mut_ptr() as *mut u8;
     allreduce_s(&mut s, &c, p, p, red, vals.len());
     s.run(&mut st.fab.engine())
@@ -1471,13 +1474,7 @@ pub(crate) fn iallreduce_max_group(
     then: impl FnOnce(&mut State, i32) -> R + 'static,
 ) -> MPI_Request {
     let (mut s, c) = begin_group(ctx, tag, members, me);
-    let red = Red {
-        op: op::MPI_MAX,
-        dt: 0x4c00_0405,
-        elem: 4,
-        user: None,
-        commute: true,
-    };
+    let red = MAX_INT;
     // The value lives in the schedule's own buffer, which stays put until `then` has run.
     let p = s.tmp(4);
     // SAFETY: `tmp` returned 4 writable bytes.

@@ -281,17 +281,9 @@ unsafe fn idup(
         return err(MPI_ERR_ARG, "newcomm is NULL");
     }
     let (ci, _) = st.comm(comm)?;
-    let hints = match info {
-        Some(i) => crate::info::comm_hints(i)?,
-        None => st.comms[ci].as_ref().unwrap().hints.clone(),
-    };
-    let attrs = copy_attrs(st, ci)?;
+    let hints = dup_hints(st, ci, info)?;
+    let mut n = twin(st, ci, hints, 0)?;
     let c = st.comms[ci].as_ref().unwrap();
-    let mut n = Comm::new(0, c.rank, c.world.clone(), c.size, c.eh);
-    n.topo = c.topo.clone();
-    n.remote = c.remote.clone();
-    n.attrs = attrs;
-    n.hints = hints;
     let (mem, me) = crate::intercomm::ctx_members(c);
     let ctx = c.coll;
     let tag = st.comms[ci].as_mut().unwrap().next_coll_tag();
@@ -317,11 +309,24 @@ unsafe fn dup(st: &mut State, comm: MPI_Comm, info: Option<MPI_Info>, newcomm: *
     }
     *newcomm = MPI_COMM_NULL;
     let (ci, _) = st.comm(comm)?;
-    let hints = match info {
-        Some(i) => crate::info::comm_hints(i)?,
-        None => st.comms[ci].as_ref().unwrap().hints.clone(),
-    };
+    let hints = dup_hints(st, ci, info)?;
     let ctx = new_ctx(st, ci)?;
+    let n = twin(st, ci, hints, ctx)?;
+    *newcomm = add_comm(st, n);
+    Ok(())
+}
+
+/// A duplicate's hints: those of `info` (the `_with_info` forms), else the parent's.
+fn dup_hints(st: &State, ci: usize, info: Option<MPI_Info>) -> R<crate::info::Pairs> {
+    match info {
+        Some(i) => crate::info::comm_hints(i),
+        None => Ok(st.comms[ci].as_ref().unwrap().hints.clone()),
+    }
+}
+
+/// A duplicate of communicator `ci` on context `ctx`: same group(s) and topology, copied attributes
+/// (the copy callbacks run here), `hints`.
+unsafe fn twin(st: &mut State, ci: usize, hints: crate::info::Pairs, ctx: u32) -> R<Comm> {
     let attrs = copy_attrs(st, ci)?;
     let c = st.comms[ci].as_ref().unwrap();
     let mut n = Comm::new(ctx, c.rank, c.world.clone(), c.size, c.eh);
@@ -329,8 +334,7 @@ unsafe fn dup(st: &mut State, comm: MPI_Comm, info: Option<MPI_Info>, newcomm: *
     n.remote = c.remote.clone();
     n.attrs = attrs;
     n.hints = hints;
-    *newcomm = add_comm(st, n);
-    Ok(())
+    Ok(n)
 }
 
 /// Split communicator `ci` by (color, key); returns the new handle (MPI_COMM_NULL for MPI_UNDEFINED).

@@ -19,7 +19,7 @@ const INFO_BASE: u32 = 0x9c00_0000;
 const MAX_KEY: usize = 255;
 const MAX_VAL: usize = 1024;
 
-type Pairs = Vec<(String, String)>;
+pub(crate) type Pairs = Vec<(String, String)>;
 
 struct Infos(UnsafeCell<Vec<Option<Pairs>>>);
 // SAFETY: the library's MPI_THREAD_SERIALIZED contract: calls never overlap.
