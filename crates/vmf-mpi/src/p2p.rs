@@ -860,15 +860,7 @@ unsafe fn recv_nonblocking(
             )
         }
     };
-    if tmp.is_some() {
-        crate::datatype::hold(st, dt); // unpacked at completion, maybe after MPI_Type_free
-    }
-    let xfer = tmp.map(|tmp| {
-        Box::new(crate::datatype::Xfer {
-            tmp,
-            unpack: Some((buf as *mut u8, count as usize, dt)),
-        })
-    });
+    let xfer = recv_xfer(st, tmp, buf, count, dt);
     *req = new_req(
         st,
         MReq {
@@ -880,6 +872,23 @@ unsafe fn recv_nonblocking(
         },
     );
     Ok(())
+}
+
+/// The staging of a nonblocking receive into a non-contiguous datatype (`tmp` from [`stage`]): unpacked
+/// into (buf, count, dt) at completion, with a hold on `dt` so MPI_Type_free meanwhile is harmless.
+fn recv_xfer(
+    st: &mut State,
+    tmp: Option<Vec<u8>>,
+    buf: *mut c_void,
+    count: c_int,
+    dt: MPI_Datatype,
+) -> Option<Box<crate::datatype::Xfer>> {
+    let tmp = tmp?;
+    crate::datatype::hold(st, dt);
+    Some(Box::new(crate::datatype::Xfer {
+        tmp,
+        unpack: Some((buf as *mut u8, count as usize, dt)),
+    }))
 }
 
 unsafe fn persistent(
@@ -1879,10 +1888,7 @@ mpi_api! {
                 Some((id, ci, tmp)) => (Some(id), None, ci, tmp),
             };
             ec = comm_handle(ci);
-            if tmp.is_some() {
-                crate::datatype::hold(st, datatype); // unpacked at completion, maybe after MPI_Type_free
-            }
-            let xfer = tmp.map(|tmp| Box::new(crate::datatype::Xfer { tmp, unpack: Some((buf as *mut u8, count as usize, datatype)) }));
+            let xfer = recv_xfer(st, tmp, buf, count, datatype);
             *request = new_req(st, MReq { is_recv: true, eng, fin, xfer, ..MReq::on(ci) });
             Ok(())
         })();
