@@ -175,9 +175,9 @@ def resolve(value, table):
 def prototypes(text):
     """name -> normalised prototype (without attributes) of every MPI_ function."""
     out = {}
-    for stmt in re.findall(r"^[A-Za-z][^;#{}]*?\bMPI_\w+\s*\([^;]*\)[^;]*;", text, re.M):
+    for stmt in re.findall(r"^[A-Za-z][^;#{}]*?\bMPIX?_\w+\s*\([^;]*\)[^;]*;", text, re.M):
         stmt = " ".join(stmt.split())
-        m = re.match(r"(.*?)\b(MPI_\w+)\s*\((.*)\)\s*(.*);$", stmt)
+        m = re.match(r"(.*?)\b(MPIX?_\w+)\s*\((.*)\)\s*(.*);$", stmt)
         if not m:
             continue
         ret, name, args = m.group(1).strip(), m.group(2), m.group(3)
@@ -195,8 +195,8 @@ def implemented():
         if True:
             # `fn MPI_X / PMPI_X(` and the paired form `fn MPI_X / PMPI_X / MPI_IX / PMPI_IX(` (coll.rs)
             for line in open(f).read().splitlines():
-                if re.match(r"\s*fn\s+MPI_", line):
-                    names.update(re.findall(r"\b(MPI_\w+)\s*/\s*PMPI_", line))
+                if re.match(r"\s*fn\s+MPIX?_", line):
+                    names.update(re.findall(r"\b(MPIX?_\w+)\s*/\s*PMPIX?_", line))
     return sorted(names)
 
 

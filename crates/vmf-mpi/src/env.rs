@@ -58,20 +58,16 @@ static mut ATTR_IO: c_int = MPI_ANY_SOURCE;
 static mut ATTR_WTIME_IS_GLOBAL: c_int = 0;
 static mut ATTR_UNIVERSE_SIZE: c_int = 1;
 static mut ATTR_APPNUM: c_int = 0;
-static mut ATTR_LASTUSEDCODE: c_int = MPICH_ERR_LAST_MPIX;
+static mut ATTR_LASTUSEDCODE: c_int = MPI_ERR_LASTCODE;
 
 // ------------------------------------------------------------------------------------------------ errors
 
 /// Text of an error class or code.
 pub fn error_string(code: c_int) -> String {
     if code >= USER_CLASS_BASE {
-        if let Some((_, s)) = user_errs().strings.iter().rev().find(|(c, _)| *c == code) {
-            return s.clone();
-        }
-        return if valid_code(code) {
-            String::new()
-        } else {
-            format!("unknown error code {code}")
+        return match user_string(code) {
+            Some(s) => s.as_deref().unwrap_or("").to_string(),
+            None => format!("unknown error code {code}"),
         };
     }
     let s = match code {
@@ -147,34 +143,80 @@ pub fn error_string(code: c_int) -> String {
     s.to_string()
 }
 
-fn valid_code(code: c_int) -> bool {
+/// An added class or code: its slot.
+enum UserSlot {
+    Class(usize),
+    Code(usize),
+}
+
+/// The slot of an added class or code that currently exists.
+fn user_slot(code: c_int) -> Option<UserSlot> {
     let u = user_errs();
+    if code >= USER_CODE_BASE {
+        let i = (code - USER_CODE_BASE) as usize;
+        matches!(u.codes.get(i), Some(Some(_))).then_some(UserSlot::Code(i))
+    } else if code >= USER_CLASS_BASE {
+        let i = (code - USER_CLASS_BASE) as usize;
+        matches!(u.classes.get(i), Some(Some(_))).then_some(UserSlot::Class(i))
+    } else {
+        None
+    }
+}
+
+/// The string of an added class or code that exists (`Some(None)`: none set yet).
+fn user_string(code: c_int) -> Option<&'static mut Option<String>> {
+    let u = user_errs();
+    match user_slot(code)? {
+        UserSlot::Class(i) => u.classes[i].as_mut(),
+        UserSlot::Code(i) => u.codes[i].as_mut().map(|(_, s)| s),
+    }
+}
+
+fn valid_code(code: c_int) -> bool {
     (0..=MPICH_ERR_LAST_CLASS).contains(&code)
         || (101..=MPICH_ERR_LAST_MPIX).contains(&code)
-        || (USER_CLASS_BASE..USER_CLASS_BASE + u.classes as c_int).contains(&code)
-        || (USER_CODE_BASE..USER_CODE_BASE + u.codes.len() as c_int).contains(&code)
+        || user_slot(code).is_some()
 }
 
 /// The class of an error code.
 pub fn error_class(code: c_int) -> Option<c_int> {
-    if !valid_code(code) {
-        return None;
+    match user_slot(code) {
+        Some(UserSlot::Code(i)) => user_errs().codes[i].as_ref().map(|(c, _)| *c),
+        Some(UserSlot::Class(_)) => Some(code),
+        None => valid_code(code).then_some(code),
     }
-    if code >= USER_CODE_BASE {
-        return Some(user_errs().codes[(code - USER_CODE_BASE) as usize]);
-    }
-    Some(code)
 }
 
+/// Puts `v` in the lowest free slot of `t` and returns the slot.
+fn take_slot<T>(t: &mut Vec<Option<T>>, v: T) -> R<usize> {
+    let i = t.iter().position(Option::is_none).unwrap_or(t.len());
+    if i >= USER_SLOTS {
+        return err(MPI_ERR_OTHER, "too many added error classes or codes");
+    }
+    if i == t.len() {
+        t.push(Some(v));
+    } else {
+        t[i] = Some(v);
+    }
+    Ok(i)
+}
+
+/// MPI_LASTUSEDCODE: the largest added class or code that exists, and never below MPI_ERR_LASTCODE.
 fn update_lastused() {
     let u = user_errs();
-    let mut last = MPICH_ERR_LAST_MPIX;
-    if u.classes > 0 {
-        last = USER_CLASS_BASE + u.classes as c_int - 1;
+    while matches!(u.classes.last(), Some(None)) {
+        u.classes.pop();
     }
-    if !u.codes.is_empty() {
-        last = USER_CODE_BASE + u.codes.len() as c_int - 1;
+    while matches!(u.codes.last(), Some(None)) {
+        u.codes.pop();
     }
+    let last = if !u.codes.is_empty() {
+        USER_CODE_BASE + u.codes.len() as c_int - 1
+    } else if !u.classes.is_empty() {
+        USER_CLASS_BASE + u.classes.len() as c_int - 1
+    } else {
+        MPI_ERR_LASTCODE
+    };
     // SAFETY: serialised calls.
     unsafe { ATTR_LASTUSEDCODE = last };
 }
@@ -496,9 +538,8 @@ mpi_api! {
             if errorclass.is_null() {
                 return err(MPI_ERR_ARG, "errorclass is NULL");
             }
-            let u = user_errs();
-            *errorclass = USER_CLASS_BASE + u.classes as c_int;
-            u.classes += 1;
+            let i = take_slot(&mut user_errs().classes, None)?;
+            *errorclass = USER_CLASS_BASE + i as c_int;
             update_lastused();
             Ok(())
         })();
@@ -510,14 +551,13 @@ mpi_api! {
             if errorcode.is_null() {
                 return err(MPI_ERR_ARG, "errorcode is NULL");
             }
-            let u = user_errs();
-            let ok = (USER_CLASS_BASE..USER_CLASS_BASE + u.classes as c_int).contains(&errorclass)
+            let ok = matches!(user_slot(errorclass), Some(UserSlot::Class(_)))
                 || (0..=MPICH_ERR_LAST_CLASS).contains(&errorclass);
             if !ok {
                 return err(MPI_ERR_ARG, format!("invalid error class {errorclass}"));
             }
-            *errorcode = USER_CODE_BASE + u.codes.len() as c_int;
-            u.codes.push(errorclass);
+            let i = take_slot(&mut user_errs().codes, (errorclass, None))?;
+            *errorcode = USER_CODE_BASE + i as c_int;
             update_lastused();
             Ok(())
         })();
@@ -529,14 +569,55 @@ mpi_api! {
             if string.is_null() {
                 return err(MPI_ERR_ARG, "string is NULL");
             }
-            if errorcode < USER_CLASS_BASE || !valid_code(errorcode) {
+            let Some(slot) = user_string(errorcode) else {
                 return err(MPI_ERR_ARG, format!("error code {errorcode} was not added by the program"));
-            }
-            let s = CStr::from_ptr(string).to_string_lossy().into_owned();
-            user_errs().strings.push((errorcode, s));
+            };
+            *slot = Some(CStr::from_ptr(string).to_string_lossy().into_owned());
             Ok(())
         })();
         fin(MPI_COMM_WORLD, "MPI_Add_error_string", r)
+    }
+
+    // MPICH 4.0's names for MPI 4.1's MPI_Remove_error_class/code/string.
+    fn MPIX_Delete_error_class / PMPIX_Delete_error_class(errorclass: c_int) -> c_int {
+        let r = (|| -> R {
+            let u = user_errs();
+            let Some(UserSlot::Class(i)) = user_slot(errorclass) else {
+                return err(MPI_ERR_ARG, format!("error class {errorclass} was not added by the program"));
+            };
+            if u.codes.iter().flatten().any(|(c, _)| *c == errorclass) {
+                return err(MPI_ERR_ARG, format!("error class {errorclass} still has error codes"));
+            }
+            u.classes[i] = None;
+            update_lastused();
+            Ok(())
+        })();
+        fin(MPI_COMM_WORLD, "MPIX_Delete_error_class", r)
+    }
+
+    fn MPIX_Delete_error_code / PMPIX_Delete_error_code(errorcode: c_int) -> c_int {
+        let r = (|| -> R {
+            let Some(UserSlot::Code(i)) = user_slot(errorcode) else {
+                return err(MPI_ERR_ARG, format!("error code {errorcode} was not added by the program"));
+            };
+            user_errs().codes[i] = None;
+            update_lastused();
+            Ok(())
+        })();
+        fin(MPI_COMM_WORLD, "MPIX_Delete_error_code", r)
+    }
+
+    fn MPIX_Delete_error_string / PMPIX_Delete_error_string(errorcode: c_int) -> c_int {
+        let r = (|| -> R {
+            match user_string(errorcode) {
+                Some(s) if s.is_some() => {
+                    *s = None;
+                    Ok(())
+                }
+                _ => err(MPI_ERR_ARG, format!("error code {errorcode} has no added string")),
+            }
+        })();
+        fin(MPI_COMM_WORLD, "MPIX_Delete_error_string", r)
     }
 
     fn MPI_Comm_create_errhandler / PMPI_Comm_create_errhandler(function: Option<CommErrFn>, errhandler: *mut MPI_Errhandler) -> c_int {

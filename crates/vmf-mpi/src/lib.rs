@@ -391,15 +391,18 @@ pub(crate) const WORLD_DONE: u8 = 2;
 
 /// Error classes/codes/strings added at run time (usable before MPI_Init).
 pub(crate) struct UserErrors {
-    /// Classes added (value = USER_CLASS_BASE + index).
-    pub classes: usize,
-    /// Codes added: code USER_CODE_BASE + index → class.
-    pub codes: Vec<c_int>,
-    pub strings: Vec<(c_int, String)>,
+    /// Added classes: slot `i` is class `USER_CLASS_BASE + i`; `Some(string)` while it exists (the
+    /// string is `None` until MPI_Add_error_string). Deleted slots are reused, lowest first.
+    pub classes: Vec<Option<Option<String>>>,
+    /// Added codes: slot `i` is code `USER_CODE_BASE + i`; `Some((class, string))` while it exists.
+    pub codes: Vec<Option<(c_int, Option<String>)>>,
 }
 
-pub(crate) const USER_CLASS_BASE: c_int = 200;
-pub(crate) const USER_CODE_BASE: c_int = 0x10000;
+/// Added classes and codes lie above MPI_ERR_LASTCODE (0x3fffffff), as MPICH's do, so MPI_LASTUSEDCODE
+/// never falls below it; at most `USER_SLOTS` of each exist at once.
+pub(crate) const USER_CLASS_BASE: c_int = 0x4000_0000;
+pub(crate) const USER_CODE_BASE: c_int = 0x4100_0000;
+pub(crate) const USER_SLOTS: usize = 0x100_0000;
 
 pub(crate) struct Global {
     pub phase: UnsafeCell<u8>,
@@ -418,9 +421,8 @@ pub(crate) static G: Global = Global {
     world: UnsafeCell::new(WORLD_NONE),
     st: UnsafeCell::new(None),
     user_errs: UnsafeCell::new(UserErrors {
-        classes: 0,
+        classes: Vec::new(),
         codes: Vec::new(),
-        strings: Vec::new(),
     }),
 };
 
