@@ -37,8 +37,9 @@ FNPTR_OK = {"MPI_User_function", "MPI_Comm_errhandler_function", "MPI_Win_errhan
 # Written by hand below (emitted only when the C function exists).
 SPECIAL = {"MPI_Init", "MPI_Init_thread", "MPI_Buffer_detach", "MPI_Pcontrol", "MPI_Comm_get_attr",
            "MPI_Comm_set_attr", "MPI_Attr_get", "MPI_Attr_put", "MPI_Type_get_attr", "MPI_Type_set_attr",
-           "MPI_Win_get_attr", "MPI_Win_set_attr", "MPI_Address", "MPI_Info_create_env",
-           "MPI_Comm_create_keyval", "MPI_Type_create_keyval", "MPI_Win_create_keyval", "MPI_Keyval_create"}
+           "MPI_Win_get_attr", "MPI_Win_set_attr", "MPI_Info_create_env",
+           "MPI_Comm_create_keyval", "MPI_Type_create_keyval", "MPI_Win_create_keyval", "MPI_Keyval_create",
+           "MPI_Grequest_start", "MPI_Info_get_string"}
 # Deprecated MPI-1 functions whose Fortran form has INTEGER where C has MPI_Aint: not bound (removed in MPI-3).
 SKIP_NAMES = {"MPI_Type_hvector": "Fortran INTEGER stride vs C MPI_Aint (removed in MPI-3)",
               "MPI_Type_hindexed": "Fortran INTEGER displacements vs C MPI_Aint (removed in MPI-3)",
@@ -190,12 +191,39 @@ void {p}mpi_buffer_detach_(void *buffer_addr, MPI_Fint *size, MPI_Fint *ierr)
     "MPI_Pcontrol": """
 void {p}mpi_pcontrol_(MPI_Fint *level, MPI_Fint *ierr) {{ *ierr = {P}MPI_Pcontrol(*level); }}
 """,
+    # Fortran's BUFLEN is the value's length without a terminator (C's counts it), and VALUE receives at most
+    # BUFLEN characters, blank-padded; with BUFLEN 0 or FLAG false, VALUE is left alone.
+    "MPI_Info_get_string": """
+void {p}mpi_info_get_string_(MPI_Fint *info, char *key, MPI_Fint *buflen, char *value, MPI_Fint *flag,
+                            MPI_Fint *ierr, size_t key_len, size_t value_len)
+{{
+    char *key_c = vmf_str_in(key, key_len, 1);
+    int n = 0, f = 0;
+    if (!key_c) {{ *ierr = MPI_ERR_NO_MEM; return; }}
+    *ierr = {P}MPI_Info_get_string(*info, key_c, &n, NULL, &f);
+    if (*ierr == MPI_SUCCESS && f && *buflen > 0 && n > 0) {{
+        char *v = malloc((size_t)n);
+        int m = n;
+        if (!v) *ierr = MPI_ERR_NO_MEM;
+        else *ierr = {P}MPI_Info_get_string(*info, key_c, &m, v, &f);
+        if (*ierr == MPI_SUCCESS) {{
+            size_t c = strlen(v);
+            if (c > (size_t)*buflen) c = (size_t)*buflen;
+            if (c > value_len) c = value_len;
+            memcpy(value, v, c);
+            memset(value + c, ' ', value_len - c);
+        }}
+        free(v);
+    }}
+    if (*ierr == MPI_SUCCESS) {{
+        *flag = f;
+        if (f) *buflen = n > 0 ? n - 1 : 0;
+    }}
+    free(key_c);
+}}
+""",
     "MPI_Info_create_env": """
 void {p}mpi_info_create_env_(MPI_Fint *info, MPI_Fint *ierr) {{ *ierr = {P}MPI_Info_create_env(0, NULL, info); }}
-""",
-    "MPI_Address": """
-void {p}mpi_address_(void *location, MPI_Fint *address, MPI_Fint *ierr)
-{{ MPI_Aint a = 0; *ierr = {P}MPI_Address(vmf_buf(location), &a); *address = (MPI_Fint)a; }}
 """,
     # Keyvals with Fortran callbacks: the C library calls a trampoline (C convention, values by value) with a
     # heap record as extra_state; the trampoline calls the Fortran procedure (by reference, with ierror).
@@ -229,6 +257,20 @@ void {p}mpi_keyval_create_(vmf_f_copy_fn *copy, vmf_f_delete_fn *del, MPI_Fint *
 {{
     struct vmf_kv *k = vmf_kv_new(copy, del, *extra, 1);
     *ierr = {P}MPI_Keyval_create(vmf_kv_copy, vmf_kv_delete, keyval, k);
+}}
+""",
+    # Generalized requests: the C library calls trampolines with a heap record as extra_state; they call the
+    # Fortran procedures with a reference to the program's EXTRA_STATE variable (as MPICH does, so a callback
+    # that updates it updates the program's variable). The free trampoline releases the record.
+    "MPI_Grequest_start": """
+void {p}mpi_grequest_start_(vmf_f_greq_query *query, vmf_f_greq_free *freef, vmf_f_greq_cancel *cancel,
+                           MPI_Aint *extra, MPI_Fint *request, MPI_Fint *ierr)
+{{
+    struct vmf_greq *g = malloc(sizeof *g);
+    if (!g) {{ *ierr = MPI_ERR_NO_MEM; return; }}
+    g->query = query; g->freef = freef; g->cancel = cancel; g->extra = extra;
+    *ierr = {P}MPI_Grequest_start(vmf_greq_query, vmf_greq_free, vmf_greq_cancel, g, request);
+    if (*ierr != MPI_SUCCESS) free(g);
 }}
 """,
     # Attributes: Fortran values are INTEGER(KIND=MPI_ADDRESS_KIND) stored as the C attribute pointer value;
@@ -446,7 +488,73 @@ static inline int vmf_win_keyval_predef(int k)
 {
     return (k & 0xffffff00) == 0x66000000 && (k & 1) == 0 && k > 0x66000000 && k <= 0x6600000a;
 }
+
+typedef void vmf_f_greq_query(MPI_Aint *extra, MPI_Fint *status, MPI_Fint *ierr);
+typedef void vmf_f_greq_free(MPI_Aint *extra, MPI_Fint *ierr);
+typedef void vmf_f_greq_cancel(MPI_Aint *extra, MPI_Fint *complete, MPI_Fint *ierr);
+struct vmf_greq { vmf_f_greq_query *query; vmf_f_greq_free *freef; vmf_f_greq_cancel *cancel; MPI_Aint *extra; };
+static int vmf_greq_query(void *p, MPI_Status *status)
+{
+    struct vmf_greq *g = p;
+    MPI_Fint ierr = MPI_SUCCESS;
+    g->query(g->extra, (MPI_Fint *)(void *)status, &ierr);
+    return ierr;
+}
+static int vmf_greq_free(void *p)
+{
+    struct vmf_greq *g = p;
+    MPI_Fint ierr = MPI_SUCCESS;
+    g->freef(g->extra, &ierr);
+    free(g);
+    return ierr;
+}
+static int vmf_greq_cancel(void *p, int complete)
+{
+    struct vmf_greq *g = p;
+    MPI_Fint ierr = MPI_SUCCESS, c = complete != 0;
+    g->cancel(g->extra, &c, &ierr);
+    return ierr;
+}
+
+/* MPI-1 functions removed in MPI-3 whose Fortran form takes INTEGER where C takes MPI_Aint: MPICH's Fortran
+ * library still has them (old programs call them), so they are here, on their MPI-2 replacements. */
+#define VMF_REMOVED(P, p) \
+void p##mpi_address_(void *location, MPI_Fint *address, MPI_Fint *ierr) \
+{ MPI_Aint a = 0; *ierr = P##MPI_Get_address(vmf_buf(location), &a); *address = (MPI_Fint)a; } \
+void p##mpi_type_extent_(MPI_Fint *type, MPI_Fint *extent, MPI_Fint *ierr) \
+{ MPI_Aint lb = 0, ext = 0; *ierr = P##MPI_Type_get_extent(*type, &lb, &ext); *extent = (MPI_Fint)ext; } \
+void p##mpi_type_lb_(MPI_Fint *type, MPI_Fint *lbout, MPI_Fint *ierr) \
+{ MPI_Aint lb = 0, ext = 0; *ierr = P##MPI_Type_get_extent(*type, &lb, &ext); *lbout = (MPI_Fint)lb; } \
+void p##mpi_type_ub_(MPI_Fint *type, MPI_Fint *ubout, MPI_Fint *ierr) \
+{ MPI_Aint lb = 0, ext = 0; *ierr = P##MPI_Type_get_extent(*type, &lb, &ext); *ubout = (MPI_Fint)(lb + ext); } \
+void p##mpi_type_hvector_(MPI_Fint *count, MPI_Fint *bl, MPI_Fint *stride, MPI_Fint *old, MPI_Fint *newt, \
+                          MPI_Fint *ierr) \
+{ *ierr = P##MPI_Type_create_hvector(*count, *bl, (MPI_Aint)*stride, *old, newt); } \
+void p##mpi_type_hindexed_(MPI_Fint *count, MPI_Fint *bls, MPI_Fint *disps, MPI_Fint *old, MPI_Fint *newt, \
+                           MPI_Fint *ierr) \
+{ \
+    int n = *count > 0 ? *count : 0; \
+    MPI_Aint *d = malloc(sizeof(MPI_Aint) * (n ? n : 1)); \
+    if (!d) { *ierr = MPI_ERR_NO_MEM; return; } \
+    for (int i = 0; i < n; i++) d[i] = disps[i]; \
+    *ierr = P##MPI_Type_create_hindexed(*count, bls, d, *old, newt); \
+    free(d); \
+} \
+void p##mpi_type_struct_(MPI_Fint *count, MPI_Fint *bls, MPI_Fint *disps, MPI_Fint *types, MPI_Fint *newt, \
+                         MPI_Fint *ierr) \
+{ \
+    int n = *count > 0 ? *count : 0; \
+    MPI_Aint *d = malloc(sizeof(MPI_Aint) * (n ? n : 1)); \
+    if (!d) { *ierr = MPI_ERR_NO_MEM; return; } \
+    for (int i = 0; i < n; i++) d[i] = disps[i]; \
+    *ierr = P##MPI_Type_create_struct(*count, bls, d, types, newt); \
+    free(d); \
+}
+VMF_REMOVED(, )
+VMF_REMOVED(P, p)
 """
+REMOVED_NAMES = ["mpi_address", "mpi_type_extent", "mpi_type_lb", "mpi_type_ub", "mpi_type_hvector",
+                 "mpi_type_hindexed", "mpi_type_struct"]
 
 
 def gen_bindings(header_text):
@@ -454,7 +562,7 @@ def gen_bindings(header_text):
     cfuncs = {}
     for ret, name, params in protos:
         cfuncs[name] = (ret, params)
-    src = [PROLOGUE]
+    src = [PROLOGUE] + [aliases(p + n) for n in REMOVED_NAMES for p in ("", "p")]
     report = []
     nbound = 0
     for name in sorted(cfuncs):

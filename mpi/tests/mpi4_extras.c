@@ -618,20 +618,49 @@ static void status_and_type_checks(void)
     CHECK(t == MPI_REAL8);
     MPI_Type_match_size(MPI_TYPECLASS_COMPLEX, 8, &t);
     CHECK(t == MPI_COMPLEX8);
+    /* The f90 types: the size of the matching kind, described by their combiner and parameters, one handle
+     * per parameter set (MPI 4.0 19.1.9; MPICH does the same). */
+    MPI_Datatype t2;
+    int ni, na, nd, comb, parms[2] = {0, 0};
     MPI_Type_create_f90_integer(9, &t);
-    CHECK(t == MPI_INTEGER4);
+    MPI_Type_size(t, &sz);
+    MPI_Type_get_envelope(t, &ni, &na, &nd, &comb);
+    CHECK(sz == 4 && comb == MPI_COMBINER_F90_INTEGER && ni == 1 && na == 0 && nd == 0);
+    MPI_Type_get_contents(t, 1, 0, 0, parms, NULL, NULL);
+    CHECK(parms[0] == 9);
+    MPI_Type_create_f90_integer(9, &t2);
+    CHECK(t2 == t);
+    MPI_Type_create_f90_integer(8, &t2);
+    CHECK(t2 != t);
     MPI_Type_create_f90_integer(10, &t);
-    CHECK(t == MPI_INTEGER8);
+    MPI_Type_size(t, &sz);
+    CHECK(sz == 8);
     MPI_Type_create_f90_real(6, MPI_UNDEFINED, &t);
-    CHECK(t == MPI_REAL4);
+    MPI_Type_size(t, &sz);
+    CHECK(sz == 4);
     MPI_Type_create_f90_real(15, 300, &t);
-    CHECK(t == MPI_REAL8);
+    MPI_Type_size(t, &sz);
+    MPI_Type_get_envelope(t, &ni, &na, &nd, &comb);
+    CHECK(sz == 8 && comb == MPI_COMBINER_F90_REAL && ni == 2);
+    MPI_Type_get_contents(t, 2, 0, 0, parms, NULL, NULL);
+    CHECK(parms[0] == 15 && parms[1] == 300);
+    {
+        double in[3] = {1.5, -2.25, 3e300}, out[3] = {0, 0, 0};
+        MPI_Sendrecv(in, 3, t, 0, 77, out, 3, MPI_REAL8, 0, 77, MPI_COMM_SELF, MPI_STATUS_IGNORE);
+        CHECK(out[0] == 1.5 && out[1] == -2.25 && out[2] == 3e300);
+        MPI_Allreduce(in, out, 3, t, MPI_SUM, MPI_COMM_SELF);
+        CHECK(out[0] == 1.5 && out[1] == -2.25 && out[2] == 3e300);
+    }
     MPI_Type_create_f90_complex(MPI_UNDEFINED, 200, &t);
-    CHECK(t == MPI_COMPLEX16);
+    MPI_Type_size(t, &sz);
+    MPI_Type_get_envelope(t, &ni, &na, &nd, &comb);
+    CHECK(sz == 16 && comb == MPI_COMBINER_F90_COMPLEX);
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     CHECK_RC(MPI_Type_match_size(MPI_TYPECLASS_REAL, 3, &t), MPI_ERR_ARG);
     CHECK_RC(MPI_Type_match_size(99, 4, &t), MPI_ERR_ARG);
     CHECK_RC(MPI_Type_create_f90_integer(40, &t), MPI_ERR_ARG);
+    MPI_Type_create_f90_integer(9, &t);
+    CHECK_RC(MPI_Type_free(&t), MPI_ERR_TYPE);
     CHECK_RC(MPI_Status_set_elements(&st, MPI_INT, -1), MPI_ERR_COUNT);
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_ARE_FATAL);
     CHECK(MPI_Pcontrol(1) == MPI_SUCCESS && MPI_Pcontrol(0, "ignored") == MPI_SUCCESS);

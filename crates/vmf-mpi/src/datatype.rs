@@ -23,6 +23,9 @@ pub const MPI_COMBINER_INDEXED_BLOCK: c_int = 10;
 pub const MPI_COMBINER_STRUCT: c_int = 12;
 pub const MPI_COMBINER_SUBARRAY: c_int = 13;
 pub const MPI_COMBINER_DARRAY: c_int = 14;
+pub const MPI_COMBINER_F90_REAL: c_int = 15;
+pub const MPI_COMBINER_F90_COMPLEX: c_int = 16;
+pub const MPI_COMBINER_F90_INTEGER: c_int = 17;
 pub const MPI_COMBINER_RESIZED: c_int = 18;
 pub const MPI_COMBINER_HINDEXED_BLOCK: c_int = 19;
 const MPI_ORDER_C: c_int = 56;
@@ -58,6 +61,9 @@ pub(crate) struct Dtype {
     pub types: Vec<MPI_Datatype>,
     /// User attributes (MPI_Type_set_attr): (keyval, value).
     pub attrs: Vec<(c_int, *mut c_void)>,
+    /// References handed out by MPI_Type_get_contents (each to be released with MPI_Type_free, as in
+    /// MPICH, where the returned handle is the same object): the type goes when the last one is freed.
+    pub refs: u32,
 }
 
 impl Dtype {
@@ -109,6 +115,7 @@ fn predefined(dt: MPI_Datatype) -> R<Dtype> {
         aints: vec![],
         types: vec![],
         attrs: vec![],
+        refs: 0,
     })
 }
 
@@ -315,6 +322,7 @@ impl Build {
             aints,
             types,
             attrs: vec![],
+            refs: 0,
         };
         if combiner == MPI_COMBINER_STRUCT && d.any_extent_pad() {
             let e = d.extent();
@@ -641,8 +649,10 @@ fn darray_indices(
 
 // ------------------------------------------------------------------------------------------------ entry points
 
-fn create(newtype: *mut MPI_Datatype, d: Dtype) -> R {
+fn create(newtype: *mut MPI_Datatype, mut d: Dtype) -> R {
     let st = state()?;
+    d.refs = 0; // a new object, even when built from a clone of another
+
     let h = add(st, d);
     // SAFETY: checked non-NULL by the caller (out_type).
     unsafe { *newtype = h };
@@ -706,8 +716,30 @@ fn predefined_name(dt: MPI_Datatype) -> &'static str {
         0x4c001022 => "MPI_DOUBLE_COMPLEX",
         0x4c00041d => "MPI_LOGICAL",
         0x4c00011a => "MPI_CHARACTER",
-        0x4c000840 => "MPI_C_FLOAT_COMPLEX",
+        // MPI_C_COMPLEX is MPI_C_FLOAT_COMPLEX; MPICH reports the shorter name.
+        0x4c000840 => "MPI_C_COMPLEX",
         0x4c001041 => "MPI_C_DOUBLE_COMPLEX",
+        0x4c002042 => "MPI_C_LONG_DOUBLE_COMPLEX",
+        0x4c000010 => "MPI_LB",
+        0x4c000011 => "MPI_UB",
+        0x4c000820 => "MPI_2INTEGER",
+        0x4c000821 => "MPI_2REAL",
+        0x4c001023 => "MPI_2DOUBLE_PRECISION",
+        0x4c000427 => "MPI_REAL4",
+        0x4c000829 => "MPI_REAL8",
+        0x4c00102b => "MPI_REAL16",
+        0x4c000828 => "MPI_COMPLEX8",
+        0x4c00102a => "MPI_COMPLEX16",
+        0x4c00202c => "MPI_COMPLEX32",
+        0x4c00012d => "MPI_INTEGER1",
+        0x4c00022f => "MPI_INTEGER2",
+        0x4c000430 => "MPI_INTEGER4",
+        0x4c000831 => "MPI_INTEGER8",
+        0x4c000246 => "MPIX_C_FLOAT16",
+        0x4c000133 => "MPI_CXX_BOOL",
+        0x4c000834 => "MPI_CXX_FLOAT_COMPLEX",
+        0x4c001035 => "MPI_CXX_DOUBLE_COMPLEX",
+        0x4c002036 => "MPI_CXX_LONG_DOUBLE_COMPLEX",
         _ => "",
     }
 }
@@ -927,6 +959,9 @@ mpi_api! {
             *newtype = MPI_DATATYPE_NULL; // what the program sees if a copy callback fails
             let st = state()?;
             let mut d = check_old(st, oldtype)?;
+            if !is_derived(oldtype) {
+                d.attrs = st.predef_attrs.get(&oldtype).cloned().unwrap_or_default();
+            }
             d.attrs = crate::comm::copy_obj_attrs(st, oldtype, &d.attrs)?;
             d.combiner = MPI_COMBINER_DUP;
             d.ints = vec![];
@@ -964,13 +999,21 @@ mpi_api! {
             if !is_derived(*datatype) {
                 return err(MPI_ERR_TYPE, "cannot free a predefined datatype");
             }
+            let i = (*datatype as u32 & 0x03ff_ffff) as usize;
+            if matches!(get(st, *datatype)?.combiner, MPI_COMBINER_F90_REAL | MPI_COMBINER_F90_COMPLEX | MPI_COMBINER_F90_INTEGER) {
+                return err(MPI_ERR_TYPE, "cannot free a type made by MPI_Type_create_f90_*");
+            }
+            if get(st, *datatype)?.refs > 0 {
+                st.types[i].as_mut().unwrap().refs -= 1;
+                *datatype = MPI_DATATYPE_NULL;
+                return Ok(());
+            }
             let attrs = get(st, *datatype)?.attrs.clone();
             for (k, v) in attrs.iter().rev() {
                 crate::comm::delete_obj_attr(st, *datatype, *k, *v)?;
             }
             // Types are flattened at construction: freeing never affects types built from this one.
             // Pending operations that still pack or unpack with it hold it: then it goes at their end.
-            let i = (*datatype as u32 & 0x03ff_ffff) as usize;
             match st.type_holds.get_mut(i) {
                 Some(h) if h.0 > 0 => h.1 = true,
                 _ => st.types[i] = None,
@@ -1021,12 +1064,16 @@ mpi_api! {
     fn MPI_Type_set_name / PMPI_Type_set_name(datatype: MPI_Datatype, type_name: *const c_char) -> c_int {
         let r = (|| -> R {
             let st = state()?;
+            if type_name.is_null() {
+                return err(MPI_ERR_ARG, "type_name is NULL");
+            }
+            let n = name_of(type_name);
             if !is_derived(datatype) {
                 type_extent(datatype)?;
+                st.predef_names.insert(datatype, n);
                 return Ok(());
             }
             get(st, datatype)?;
-            let n = name_of(type_name);
             st.types[(datatype as u32 & 0x03ff_ffff) as usize].as_mut().unwrap().name = n;
             Ok(())
         })();
@@ -1035,7 +1082,12 @@ mpi_api! {
     fn MPI_Type_get_name / PMPI_Type_get_name(datatype: MPI_Datatype, type_name: *mut c_char, resultlen: *mut c_int) -> c_int {
         let r = (|| -> R {
             let st = state()?;
-            let n = if is_derived(datatype) { get(st, datatype)?.name.clone() } else { type_extent(datatype).map(|_| predefined_name(datatype).to_string())? };
+            let n = if is_derived(datatype) {
+                get(st, datatype)?.name.clone()
+            } else {
+                type_extent(datatype)?;
+                st.predef_names.get(&datatype).cloned().unwrap_or_else(|| predefined_name(datatype).to_string())
+            };
             put_str(&n, type_name, resultlen, 128);
             Ok(())
         })();
@@ -1074,6 +1126,12 @@ mpi_api! {
             }
             for (i, v) in d.types.iter().enumerate() {
                 *array_of_datatypes.add(i) = *v;
+                // A derived type is handed out as a new reference the program frees.
+                if is_derived(*v) {
+                    if let Some(Some(t)) = st.types.get_mut((*v as u32 & 0x03ff_ffff) as usize) {
+                        t.refs += 1;
+                    }
+                }
             }
             Ok(())
         })();
@@ -1401,6 +1459,22 @@ pub(crate) fn elements_of(dt: MPI_Datatype, bytes: i64) -> R<Option<i64>> {
         if rest % bs == 0 {
             return Ok(Some(whole * per + rest / bs));
         }
+    } else if d.basic == MPI_DATATYPE_NULL && is_derived(dt) {
+        // Members of different types: walk one element's basic members in typemap order.
+        let mut units = Vec::new();
+        elem_units(st, &d, &mut units)?;
+        let (mut left, mut n) = (rest as usize, 0i64);
+        for &(u, c) in units.iter().filter(|u| u.0 > 0) {
+            let k = (left / u).min(c);
+            n += k as i64;
+            left -= k * u;
+            if k < c {
+                break;
+            }
+        }
+        if left == 0 {
+            return Ok(Some(whole * per + n));
+        }
     }
     Ok(None)
 }
@@ -1408,10 +1482,7 @@ pub(crate) fn elements_of(dt: MPI_Datatype, bytes: i64) -> R<Option<i64>> {
 unsafe fn type_attr_slot(st: &mut State, dt: MPI_Datatype) -> R<&mut Vec<(c_int, *mut c_void)>> {
     if !is_derived(dt) {
         type_extent(dt)?;
-        return err(
-            MPI_ERR_TYPE,
-            "attributes on predefined datatypes are not supported",
-        );
+        return Ok(st.predef_attrs.entry(dt).or_default());
     }
     get(st, dt)?;
     Ok(&mut st.types[(dt as u32 & 0x03ff_ffff) as usize]
@@ -1460,6 +1531,26 @@ fn f90_real(p: c_int, r: c_int, complex: bool) -> R<MPI_Datatype> {
     }
 }
 
+/// The type MPI_Type_create_f90_* returns for `(combiner, p, r)`: the predefined `base` described as made
+/// by that combiner (what MPI_Type_get_envelope/contents report), one handle per parameter set, as in
+/// MPICH; the program must not free it.
+fn f90_type(combiner: c_int, p: c_int, r: c_int, base: MPI_Datatype) -> R<MPI_Datatype> {
+    let st = state()?;
+    if let Some(&h) = st.f90_types.get(&(combiner, p, r)) {
+        return Ok(h);
+    }
+    let mut d = predefined(base)?;
+    d.combiner = combiner;
+    d.ints = if combiner == MPI_COMBINER_F90_INTEGER {
+        vec![r]
+    } else {
+        vec![p, r]
+    };
+    let h = add(st, d);
+    st.f90_types.insert((combiner, p, r), h);
+    Ok(h)
+}
+
 mpi_api! {
     fn MPI_Type_match_size / PMPI_Type_match_size(typeclass: c_int, size: c_int, datatype: *mut MPI_Datatype) -> c_int {
         let r = (|| -> R {
@@ -1487,13 +1578,14 @@ mpi_api! {
                 return err(MPI_ERR_ARG, "newtype is NULL");
             }
             // selected_int_kind(r): the smallest integer holding every value below 10^r.
-            *newtype = match r {
+            let base = match r {
                 0..=2 => INTEGER1,
                 3..=4 => INTEGER2,
                 5..=9 => INTEGER4,
                 10..=18 => INTEGER8,
                 _ => return err(MPI_ERR_ARG, format!("no Fortran INTEGER kind with range {r}")),
             };
+            *newtype = f90_type(MPI_COMBINER_F90_INTEGER, 0, r, base)?;
             Ok(())
         })();
         fin(MPI_COMM_WORLD, "MPI_Type_create_f90_integer", res)
@@ -1503,7 +1595,7 @@ mpi_api! {
             if newtype.is_null() {
                 return err(MPI_ERR_ARG, "newtype is NULL");
             }
-            *newtype = f90_real(p, r, false)?;
+            *newtype = f90_type(MPI_COMBINER_F90_REAL, p, r, f90_real(p, r, false)?)?;
             Ok(())
         })();
         fin(MPI_COMM_WORLD, "MPI_Type_create_f90_real", res)
@@ -1513,7 +1605,7 @@ mpi_api! {
             if newtype.is_null() {
                 return err(MPI_ERR_ARG, "newtype is NULL");
             }
-            *newtype = f90_real(p, r, true)?;
+            *newtype = f90_type(MPI_COMBINER_F90_COMPLEX, p, r, f90_real(p, r, true)?)?;
             Ok(())
         })();
         fin(MPI_COMM_WORLD, "MPI_Type_create_f90_complex", res)

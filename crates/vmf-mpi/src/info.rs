@@ -6,8 +6,8 @@
 //! they were first set (what `MPI_Info_get_nthkey` enumerates); setting a key again replaces its value.
 //!
 //! `MPI_INFO_ENV` holds what MPI 4.0 section 11.2.4 lists and this process knows: `command` and `argv`
-//! (from `/proc/self/cmdline`), `maxprocs` (the job size the launcher gave), `wdir`, `host` and
-//! `thread_level` (once `MPI_Init_thread` has run).
+//! (from `/proc/self/cmdline`), `maxprocs` (the job size the launcher gave), `wdir` and `host`, the same
+//! before and after `MPI_Init` (no `thread_level`: that is a level requested at launch).
 use crate::*;
 use std::ffi::{c_char, c_int, CStr};
 
@@ -58,15 +58,8 @@ fn env_pairs() -> Pairs {
     if let Ok(h) = std::fs::read_to_string("/proc/sys/kernel/hostname") {
         v.push(("host".to_string(), h.trim().to_string()));
     }
-    if let Some(s) = state_opt() {
-        let l = match s.thread_level {
-            0 => "MPI_THREAD_SINGLE",
-            1 => "MPI_THREAD_FUNNELED",
-            2 => "MPI_THREAD_SERIALIZED",
-            _ => "MPI_THREAD_MULTIPLE",
-        };
-        v.push(("thread_level".to_string(), l.to_string()));
-    }
+    // No "thread_level": the standard means a level requested at launch (which `vmfabric run` has no flag
+    // for), not the one MPI_Init_thread provided, and the keys must not change when MPI_Init runs.
     v
 }
 

@@ -365,6 +365,11 @@ pub(crate) struct State {
     /// Per type slot: operations still pending that will pack or unpack with it, and whether the program
     /// freed it meanwhile (the slot is reused only when both are over: `datatype::hold`/`release`).
     pub type_holds: Vec<(u32, bool)>,
+    /// Names set with MPI_Type_set_name and attributes set on predefined (and pair) datatypes.
+    pub predef_names: std::collections::HashMap<MPI_Datatype, String>,
+    pub predef_attrs: std::collections::HashMap<MPI_Datatype, Vec<(c_int, *mut std::ffi::c_void)>>,
+    /// Types made by MPI_Type_create_f90_integer/real/complex, one per (combiner, p, r): never freed.
+    pub f90_types: std::collections::HashMap<(c_int, c_int, c_int), MPI_Datatype>,
     /// Next free context id (every communicator takes two: point-to-point and collective).
     pub next_ctx: u32,
     /// Next free context id of MPI_Comm_idup (from [`IDUP_CTX_BASE`] up): a space of its own, because
