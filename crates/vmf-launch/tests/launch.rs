@@ -175,6 +175,19 @@ fn all_ranks_exit_zero_works() {
 }
 
 #[test]
+fn each_rank_leads_its_own_session_works() {
+    // Field 6 of /proc/self/stat is the session id: a rank that called setsid leads its session.
+    let d = tmp("session");
+    let o = sh(
+        2,
+        r#"s=$(cut -d' ' -f6 /proc/$$/stat); [ "$s" = "$$" ] || { echo "rank $PMI_RANK: session $s, pid $$" >&2; exit 7; }"#,
+        &d,
+    );
+    assert_eq!(run(&o).unwrap(), 0);
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
 fn exit_code_propagates_and_stops_job_fails() {
     let d = tmp("exit3");
     let o = sh(
