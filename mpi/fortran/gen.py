@@ -518,6 +518,15 @@ static int vmf_greq_cancel(void *p, int complete)
 
 /* MPI-1 functions removed in MPI-3 whose Fortran form takes INTEGER where C takes MPI_Aint: MPICH's Fortran
  * library still has them (old programs call them), so they are here, on their MPI-2 replacements. */
+/* INTEGER displacements widened to MPI_Aint (malloc'd; NULL when out of memory). */
+static MPI_Aint *vmf_aints(const MPI_Fint *disps, MPI_Fint count)
+{
+    int n = count > 0 ? count : 0;
+    MPI_Aint *d = malloc(sizeof(MPI_Aint) * (n ? n : 1));
+    if (d)
+        for (int i = 0; i < n; i++) d[i] = disps[i];
+    return d;
+}
 #define VMF_REMOVED(P, p) \
 void p##mpi_address_(void *location, MPI_Fint *address, MPI_Fint *ierr) \
 { MPI_Aint a = 0; *ierr = P##MPI_Get_address(vmf_buf(location), &a); *address = (MPI_Fint)a; } \
@@ -533,21 +542,15 @@ void p##mpi_type_hvector_(MPI_Fint *count, MPI_Fint *bl, MPI_Fint *stride, MPI_F
 void p##mpi_type_hindexed_(MPI_Fint *count, MPI_Fint *bls, MPI_Fint *disps, MPI_Fint *old, MPI_Fint *newt, \
                            MPI_Fint *ierr) \
 { \
-    int n = *count > 0 ? *count : 0; \
-    MPI_Aint *d = malloc(sizeof(MPI_Aint) * (n ? n : 1)); \
-    if (!d) { *ierr = MPI_ERR_NO_MEM; return; } \
-    for (int i = 0; i < n; i++) d[i] = disps[i]; \
-    *ierr = P##MPI_Type_create_hindexed(*count, bls, d, *old, newt); \
+    MPI_Aint *d = vmf_aints(disps, *count); \
+    *ierr = d ? P##MPI_Type_create_hindexed(*count, bls, d, *old, newt) : MPI_ERR_NO_MEM; \
     free(d); \
 } \
 void p##mpi_type_struct_(MPI_Fint *count, MPI_Fint *bls, MPI_Fint *disps, MPI_Fint *types, MPI_Fint *newt, \
                          MPI_Fint *ierr) \
 { \
-    int n = *count > 0 ? *count : 0; \
-    MPI_Aint *d = malloc(sizeof(MPI_Aint) * (n ? n : 1)); \
-    if (!d) { *ierr = MPI_ERR_NO_MEM; return; } \
-    for (int i = 0; i < n; i++) d[i] = disps[i]; \
-    *ierr = P##MPI_Type_create_struct(*count, bls, d, types, newt); \
+    MPI_Aint *d = vmf_aints(disps, *count); \
+    *ierr = d ? P##MPI_Type_create_struct(*count, bls, d, types, newt) : MPI_ERR_NO_MEM; \
     free(d); \
 }
 VMF_REMOVED(, )
