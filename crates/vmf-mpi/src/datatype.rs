@@ -652,7 +652,6 @@ fn darray_indices(
 fn create(newtype: *mut MPI_Datatype, mut d: Dtype) -> R {
     let st = state()?;
     d.refs = 0; // a new object, even when built from a clone of another
-
     let h = add(st, d);
     // SAFETY: checked non-NULL by the caller (out_type).
     unsafe { *newtype = h };
@@ -1000,15 +999,16 @@ mpi_api! {
                 return err(MPI_ERR_TYPE, "cannot free a predefined datatype");
             }
             let i = (*datatype as u32 & 0x03ff_ffff) as usize;
-            if matches!(get(st, *datatype)?.combiner, MPI_COMBINER_F90_REAL | MPI_COMBINER_F90_COMPLEX | MPI_COMBINER_F90_INTEGER) {
+            let d = get(st, *datatype)?;
+            if matches!(d.combiner, MPI_COMBINER_F90_REAL | MPI_COMBINER_F90_COMPLEX | MPI_COMBINER_F90_INTEGER) {
                 return err(MPI_ERR_TYPE, "cannot free a type made by MPI_Type_create_f90_*");
             }
-            if get(st, *datatype)?.refs > 0 {
+            if d.refs > 0 {
                 st.types[i].as_mut().unwrap().refs -= 1;
                 *datatype = MPI_DATATYPE_NULL;
                 return Ok(());
             }
-            let attrs = get(st, *datatype)?.attrs.clone();
+            let attrs = d.attrs.clone();
             for (k, v) in attrs.iter().rev() {
                 crate::comm::delete_obj_attr(st, *datatype, *k, *v)?;
             }
