@@ -83,14 +83,7 @@ pub(crate) fn group_handle(st: &mut State, g: Vec<usize>) -> MPI_Group {
     if g.is_empty() {
         return MPI_GROUP_EMPTY;
     }
-    let i = match st.groups.iter().position(|x| x.is_none()) {
-        Some(i) => i,
-        None => {
-            st.groups.push(None);
-            st.groups.len() - 1
-        }
-    };
-    st.groups[i] = Some(g);
+    let i = put_in_free_slot(&mut st.groups, 0, g);
     (GROUP_BASE | i as u32) as c_int
 }
 
@@ -131,14 +124,7 @@ fn compare_lists(a: &[usize], b: &[usize]) -> c_int {
 /// Add a communicator to the table; returns its handle.
 pub(crate) fn add_comm(st: &mut State, c: Comm) -> MPI_Comm {
     // WORLD, SELF and the hidden bridge of `session.rs` come first.
-    let i = match st.comms.iter().skip(3).position(|x| x.is_none()) {
-        Some(i) => i + 3,
-        None => {
-            st.comms.push(None);
-            st.comms.len() - 1
-        }
-    };
-    st.comms[i] = Some(c);
+    let i = put_in_free_slot(&mut st.comms, 3, c);
     comm_handle(i)
 }
 

@@ -173,14 +173,7 @@ pub(crate) fn release(st: &mut State, dt: MPI_Datatype) {
 }
 
 fn add(st: &mut State, d: Dtype) -> MPI_Datatype {
-    let i = match st.types.iter().position(|t| t.is_none()) {
-        Some(i) => i,
-        None => {
-            st.types.push(None);
-            st.types.len() - 1
-        }
-    };
-    st.types[i] = Some(d);
+    let i = put_in_free_slot(&mut st.types, 0, d);
     (DT_BASE | i as u32) as c_int
 }
 

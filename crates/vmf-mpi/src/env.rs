@@ -187,18 +187,12 @@ pub fn error_class(code: c_int) -> Option<c_int> {
     }
 }
 
-/// Puts `v` in the lowest free slot of `t` and returns the slot.
+/// Puts `v` in the lowest free slot of `t` (at most `USER_SLOTS`) and returns the slot.
 fn take_slot<T>(t: &mut Vec<Option<T>>, v: T) -> R<usize> {
-    let i = t.iter().position(Option::is_none).unwrap_or(t.len());
-    if i >= USER_SLOTS {
+    if t.len() >= USER_SLOTS && t.iter().all(Option::is_some) {
         return err(MPI_ERR_OTHER, "too many added error classes or codes");
     }
-    if i == t.len() {
-        t.push(Some(v));
-    } else {
-        t[i] = Some(v);
-    }
-    Ok(i)
+    Ok(put_in_free_slot(t, 0, v))
 }
 
 /// MPI_LASTUSEDCODE: the largest added class or code that exists, and never below MPI_ERR_LASTCODE.

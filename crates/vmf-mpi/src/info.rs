@@ -145,16 +145,7 @@ pub(crate) fn get(h: MPI_Info, key: &str) -> R<Option<String>> {
 /// A new info object holding `p`.
 pub(crate) fn create(p: Pairs) -> MPI_Info {
     let t = table();
-    let i = match t.iter().position(|x| x.is_none()) {
-        Some(i) => {
-            t[i] = Some(p);
-            i
-        }
-        None => {
-            t.push(Some(p));
-            t.len() - 1
-        }
-    };
+    let i = put_in_free_slot(t, 0, p);
     (INFO_BASE | i as u32) as MPI_Info
 }
 

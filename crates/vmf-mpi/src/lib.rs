@@ -467,6 +467,21 @@ pub(crate) fn user_errs() -> &'static mut UserErrors {
 
 // ------------------------------------------------------------------------------------------------ handles
 
+/// Stores `v` in the lowest free slot of handle table `t` at or after `from` (appending if none is free)
+/// and returns the slot.
+pub(crate) fn put_in_free_slot<T>(t: &mut Vec<Option<T>>, from: usize, v: T) -> usize {
+    let i = t
+        .iter()
+        .skip(from)
+        .position(Option::is_none)
+        .map_or(t.len().max(from), |i| i + from);
+    if i >= t.len() {
+        t.resize_with(i + 1, || None);
+    }
+    t[i] = Some(v);
+    i
+}
+
 /// Index of a communicator handle in the table.
 #[inline]
 pub(crate) fn comm_index(h: MPI_Comm) -> Option<usize> {
@@ -650,5 +665,24 @@ pub(crate) unsafe fn put_str(s: &str, buf: *mut c_char, len: *mut c_int, max: us
     }
     if !len.is_null() {
         *len = n as c_int;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::put_in_free_slot;
+
+    #[test]
+    fn free_slots_are_reused_lowest_first_above_the_reserved_ones_works() {
+        let mut t: Vec<Option<u32>> = vec![Some(0), None, Some(2)];
+        assert_eq!(put_in_free_slot(&mut t, 0, 7), 1);
+        assert_eq!(put_in_free_slot(&mut t, 0, 8), 3);
+        t[1] = None;
+        // Reserved slots below `from` stay untouched even when free.
+        assert_eq!(put_in_free_slot(&mut t, 2, 9), 4);
+        assert_eq!(t, vec![Some(0), None, Some(2), Some(8), Some(9)]);
+        let mut e: Vec<Option<u32>> = vec![];
+        assert_eq!(put_in_free_slot(&mut e, 3, 1), 3);
+        assert_eq!(e, vec![None, None, None, Some(1)]);
     }
 }

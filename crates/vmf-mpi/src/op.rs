@@ -402,17 +402,14 @@ unsafe fn create(f: Option<UserCall>, commute: c_int, op: *mut MPI_Op) -> R {
     if op.is_null() {
         return err(MPI_ERR_ARG, "op is NULL");
     }
-    let i = match st.ops.iter().position(|o| o.is_none()) {
-        Some(i) => i,
-        None => {
-            st.ops.push(None);
-            st.ops.len() - 1
-        }
-    };
-    st.ops[i] = Some(UserOp {
-        f,
-        commute: commute != 0,
-    });
+    let i = put_in_free_slot(
+        &mut st.ops,
+        0,
+        UserOp {
+            f,
+            commute: commute != 0,
+        },
+    );
     *op = (OP_BASE | i as u32) as c_int;
     Ok(())
 }

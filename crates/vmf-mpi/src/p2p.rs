@@ -1415,14 +1415,7 @@ unsafe fn mprobe(
                 *flag = 1;
             }
             st_from(st.comms[ci].as_ref().unwrap(), m.status()).write(status);
-            let slot = match st.msgs.iter().position(|x| x.is_none()) {
-                Some(k) => k,
-                None => {
-                    st.msgs.push(None);
-                    st.msgs.len() - 1
-                }
-            };
-            st.msgs[slot] = Some((m, ci));
+            let slot = put_in_free_slot(&mut st.msgs, 0, (m, ci));
             *msg = (MSG_BASE | slot as u32) as c_int;
         }
     }

@@ -177,16 +177,7 @@ mpi_api! {
             crate::env::start(level)?;
             let s = Session { eh: errhandler, hints };
             let t = &mut g().sessions;
-            let i = match t.iter().position(|x| x.is_none()) {
-                Some(i) => {
-                    t[i] = Some(s);
-                    i
-                }
-                None => {
-                    t.push(Some(s));
-                    t.len() - 1
-                }
-            };
+            let i = put_in_free_slot(t, 0, s);
             *session = (SESSION_BASE | i as u32) as c_int;
             Ok(())
         })();
