@@ -125,7 +125,7 @@ if [ "${BENCH_SKIP_OPENMPI:-0}" != 1 ] && [ "$HAVE_OPENMPI" = 1 ]; then
 fi
 read -r -a COLLS <<<"${BENCH_COLLS:-barrier bcast allreduce alltoall}"
 COLL_SIZES="${BENCH_COLL_SIZES:-8,64,512,4096,32768,262144,1048576}"
-COLL_ROUNDS="${BENCH_COLL_ROUNDS:-3}"
+COLL_ROUNDS="${BENCH_COLL_ROUNDS:-5}"
 
 HAVE_VMF=1
 if [ "${BENCH_SKIP_VMFABRIC:-0}" != 1 ] && [ ! -x "$VMF" ]; then
@@ -277,19 +277,29 @@ for round in $(seq 1 "$ROUNDS"); do
         for coll in "${COLLS[@]}"; do
             b="coll-$coll-$np"; CA=(--coll "$coll" --sizes "$COLL_SIZES" --iters "$it")
             CAM=(--coll "$coll" --sizes "$COLL_SIZES" --iters "$itm")
-            if [ -z "$(skip_reason vmfabric)" ] && [ -f "$ROOT/target/release/lib/libmpich.so.12" ] && [ -x "$BUILD/mpi_coll.mpich" ]; then
-                run_one vmfabric-mpi "$b" "$round" env LD_LIBRARY_PATH="$ROOT/target/release/lib" \
-                    "$VMF" run -n "$np" "${X_VMF[@]}" "$BUILD/mpi_coll.mpich" "${CA[@]}" \
-                    --json "$ROUNDS_DIR/vmfabric-mpi-$b.r$round.json" --label vmfabric
-            fi
-            if [ -z "$(skip_reason mpich)" ] && [ -x "$BUILD/mpi_coll.mpich" ]; then
-                run_one mpich "$b" "$round" mpiexec.mpich -n "$np" "${X_MPICH[@]}" "$BUILD/mpi_coll.mpich" "${CAM[@]}" \
-                    --json "$ROUNDS_DIR/mpich-$b.r$round.json" --label mpich
-            fi
-            if [ -z "$(skip_reason openmpi)" ] && [ -x "$BUILD/mpi_coll.openmpi" ]; then
-                run_one openmpi "$b" "$round" mpirun.openmpi "${OMPI_ARGS[@]}" -n "$np" "${X_OMPI[@]}" \
-                    "$BUILD/mpi_coll.openmpi" "${CA[@]}" --json "$ROUNDS_DIR/openmpi-$b.r$round.json" --label openmpi
-            fi
+            # Each round starts with a different implementation, so that none always runs first (right
+            # after the point-to-point runs) or last: on a shared machine a slow stretch then lands on
+            # each in turn, and the medians of the within-round ratios do not carry an order bias.
+            order=(vmfabric-mpi mpich openmpi)
+            for s in $(seq 1 $(( (round - 1) % 3 ))); do order=("${order[@]:1}" "${order[0]}"); done
+            for impl in "${order[@]}"; do case "$impl" in
+            vmfabric-mpi)
+                if [ -z "$(skip_reason vmfabric)" ] && [ -f "$ROOT/target/release/lib/libmpich.so.12" ] && [ -x "$BUILD/mpi_coll.mpich" ]; then
+                    run_one vmfabric-mpi "$b" "$round" env LD_LIBRARY_PATH="$ROOT/target/release/lib" \
+                        "$VMF" run -n "$np" "${X_VMF[@]}" "$BUILD/mpi_coll.mpich" "${CA[@]}" \
+                        --json "$ROUNDS_DIR/vmfabric-mpi-$b.r$round.json" --label vmfabric
+                fi ;;
+            mpich)
+                if [ -z "$(skip_reason mpich)" ] && [ -x "$BUILD/mpi_coll.mpich" ]; then
+                    run_one mpich "$b" "$round" mpiexec.mpich -n "$np" "${X_MPICH[@]}" "$BUILD/mpi_coll.mpich" "${CAM[@]}" \
+                        --json "$ROUNDS_DIR/mpich-$b.r$round.json" --label mpich
+                fi ;;
+            openmpi)
+                if [ -z "$(skip_reason openmpi)" ] && [ -x "$BUILD/mpi_coll.openmpi" ]; then
+                    run_one openmpi "$b" "$round" mpirun.openmpi "${OMPI_ARGS[@]}" -n "$np" "${X_OMPI[@]}" \
+                        "$BUILD/mpi_coll.openmpi" "${CA[@]}" --json "$ROUNDS_DIR/openmpi-$b.r$round.json" --label openmpi
+                fi ;;
+            esac; done
         done
     done
     fi

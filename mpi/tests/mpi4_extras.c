@@ -737,10 +737,35 @@ static void large_count_more_checks(int rank, int size)
         MPI_Type_create_darray_c(4, 3, 2, gs, dist, darg, ps, MPI_ORDER_C, MPI_INT, &t);
         MPI_Type_create_darray(4, 3, 2, gsi, dist, darg, ps, MPI_ORDER_C, MPI_INT, &r);
         same_type(t, r, src);
-        MPI_Count huge[1] = {(MPI_Count)1 << 40}, zero[1] = {0};
+        /* Counts beyond INT_MAX: a block of 2^40 ints, described (not allocated). Its counts are large
+         * counts, which only the _c decoding calls can report. */
+        MPI_Count huge[1] = {(MPI_Count)1 << 40}, at[1] = {3}, sz_c, lb_c, ext_c;
+        MPI_Type_indexed_c(1, huge, at, MPI_INT, &t);
+        MPI_Type_size_c(t, &sz_c);
+        MPI_Type_get_true_extent_c(t, &lb_c, &ext_c);
+        CHECK(sz_c == (MPI_Count)4 << 40 && lb_c == 12 && ext_c == sz_c);
+        MPI_Count ni_c, na_c, nl_c, nd_c, lc[3];
+        int comb, ni, na, nd, isz;
+        MPI_Type_get_envelope_c(t, &ni_c, &na_c, &nl_c, &nd_c, &comb);
+        CHECK(comb == MPI_COMBINER_INDEXED && ni_c == 0 && na_c == 0 && nl_c == 3 && nd_c == 1);
+        MPI_Datatype inner;
+        MPI_Type_get_contents_c(t, 0, 0, 3, 1, NULL, NULL, lc, &inner);
+        CHECK(lc[0] == 1 && lc[1] == huge[0] && lc[2] == 3 && inner == MPI_INT);
         MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-        CHECK_RC(MPI_Type_indexed_c(1, huge, zero, MPI_INT, &t), MPI_ERR_COUNT);
+        CHECK_RC(MPI_Type_get_envelope(t, &ni, &na, &nd, &comb), MPI_ERR_TYPE);
+        CHECK_RC(MPI_Type_size(t, &isz), MPI_SUCCESS);
+        CHECK(isz == MPI_UNDEFINED);
+        MPI_Count neg[1] = {-1};
+        CHECK_RC(MPI_Type_indexed_c(1, neg, at, MPI_INT, &r), MPI_ERR_COUNT);
+        CHECK_RC(MPI_Type_contiguous_c((MPI_Count)1 << 62, t, &r), MPI_ERR_ARG);
         MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_ARE_FATAL);
+        MPI_Type_free(&t);
+        /* hvector_c keeps its byte stride among the large counts, not the addresses. */
+        MPI_Type_create_hvector_c(3, 2, 40, MPI_INT, &t);
+        MPI_Type_get_envelope_c(t, &ni_c, &na_c, &nl_c, &nd_c, &comb);
+        MPI_Type_get_contents_c(t, 0, 0, 3, 1, NULL, NULL, lc, &inner);
+        CHECK(comb == MPI_COMBINER_HVECTOR && na_c == 0 && nl_c == 3 && lc[0] == 3 && lc[1] == 2 && lc[2] == 40);
+        MPI_Type_free(&t);
     }
     MPI_Comm ring;
     int dims[1] = {size}, periods[1] = {1};

@@ -1,6 +1,7 @@
 //! The MPI 4.0 large-count (`_c`) entry points MPICH 4.0 exports for the calls benchmarks and
 //! applications use. Datatype queries report full `MPI_Count` values; the communication calls accept
 //! counts up to `INT_MAX` elements (a larger count is `MPI_ERR_COUNT`) and then run the normal path.
+use crate::datatype::{self as dt, Disps};
 use crate::op::MPI_Op;
 use crate::*;
 use std::ffi::{c_char, c_int, c_void};
@@ -48,18 +49,6 @@ unsafe fn arr(p: *const i64, n: usize, used: bool) -> R<Option<Vec<c_int>>> {
 
 fn ptr(v: &Option<Vec<c_int>>) -> *const c_int {
     v.as_ref().map_or(std::ptr::null(), |v| v.as_ptr())
-}
-
-/// `n` large-count values as ints (each must fit).
-unsafe fn ints(p: *const MPI_Count, n: MPI_Count) -> R<Vec<c_int>> {
-    let n = usize::try_from(n).map_err(|_| MpiErr {
-        code: MPI_ERR_COUNT,
-        msg: format!("count {n} is negative"),
-    })?;
-    if n > 0 && p.is_null() {
-        return err(MPI_ERR_ARG, "array is NULL");
-    }
-    (0..n).map(|i| ci(*p.add(i))).collect()
 }
 
 /// A large count as an int (the only counts the library moves yet).
@@ -148,9 +137,6 @@ mpi_api! {
     }
     fn MPI_Iallreduce_c / PMPI_Iallreduce_c(sendbuf: *const c_void, recvbuf: *mut c_void, count: MPI_Count, datatype: MPI_Datatype, op: MPI_Op, comm: MPI_Comm, request: *mut MPI_Request) -> c_int {
         conv!(comm, "MPI_Iallreduce_c", count; crate::coll::PMPI_Iallreduce(sendbuf, recvbuf, count, datatype, op, comm, request))
-    }
-    fn MPI_Type_contiguous_c / PMPI_Type_contiguous_c(count: MPI_Count, oldtype: MPI_Datatype, newtype: *mut MPI_Datatype) -> c_int {
-        conv!(MPI_COMM_WORLD, "MPI_Type_contiguous_c", count; crate::datatype::PMPI_Type_contiguous(count, oldtype, newtype))
     }
     fn MPI_Type_size_c / PMPI_Type_size_c(datatype: MPI_Datatype, size: *mut MPI_Count) -> c_int {
         crate::datatype::PMPI_Type_size_x(datatype, size)
@@ -295,78 +281,56 @@ mpi_api! {
     fn MPI_Reduce_scatter_block_init_c / PMPI_Reduce_scatter_block_init_c(sendbuf: *const c_void, recvbuf: *mut c_void, recvcount: MPI_Count, datatype: MPI_Datatype, op: MPI_Op, comm: MPI_Comm, info: MPI_Info, request: *mut MPI_Request) -> c_int {
         conv!(comm, "MPI_Reduce_scatter_block_init_c", recvcount; crate::coll::persistent::PMPI_Reduce_scatter_block_init(sendbuf, recvbuf, recvcount, datatype, op, comm, info, request))
     }
+    fn MPI_Type_contiguous_c / PMPI_Type_contiguous_c(count: MPI_Count, oldtype: MPI_Datatype, newtype: *mut MPI_Datatype) -> c_int {
+        fin(MPI_COMM_WORLD, "MPI_Type_contiguous_c", dt::type_contiguous(count, oldtype, newtype))
+    }
     fn MPI_Type_vector_c / PMPI_Type_vector_c(count: MPI_Count, blocklength: MPI_Count, stride: MPI_Count, oldtype: MPI_Datatype, newtype: *mut MPI_Datatype) -> c_int {
-        conv!(MPI_COMM_WORLD, "MPI_Type_vector_c", count, blocklength, stride; crate::datatype::PMPI_Type_vector(count, blocklength, stride, oldtype, newtype))
+        fin(MPI_COMM_WORLD, "MPI_Type_vector_c", dt::type_vector(count, blocklength, Ok(stride), oldtype, newtype))
     }
     fn MPI_Type_create_hvector_c / PMPI_Type_create_hvector_c(count: MPI_Count, blocklength: MPI_Count, stride: MPI_Count, oldtype: MPI_Datatype, newtype: *mut MPI_Datatype) -> c_int {
-        conv!(MPI_COMM_WORLD, "MPI_Type_create_hvector_c", count, blocklength; crate::datatype::PMPI_Type_create_hvector(count, blocklength, stride as MPI_Aint, oldtype, newtype))
+        fin(MPI_COMM_WORLD, "MPI_Type_create_hvector_c", dt::type_vector(count, blocklength, Err(stride as MPI_Aint), oldtype, newtype))
     }
     fn MPI_Type_create_resized_c / PMPI_Type_create_resized_c(oldtype: MPI_Datatype, lb: MPI_Count, extent: MPI_Count, newtype: *mut MPI_Datatype) -> c_int {
-        crate::datatype::PMPI_Type_create_resized(oldtype, lb as MPI_Aint, extent as MPI_Aint, newtype)
+        fin(MPI_COMM_WORLD, "MPI_Type_create_resized_c", dt::type_resized::<MPI_Count>(oldtype, lb as MPI_Aint, extent as MPI_Aint, newtype))
     }
+    // MPI_Count and MPI_Aint are both 64-bit here: byte-displacement arrays are passed as they are.
     fn MPI_Type_create_hindexed_block_c / PMPI_Type_create_hindexed_block_c(count: MPI_Count, blocklength: MPI_Count, array_of_displacements: *const MPI_Count, oldtype: MPI_Datatype, newtype: *mut MPI_Datatype) -> c_int {
-        // MPI_Count and MPI_Aint are both 64-bit here: the displacement array is passed as it is.
-        conv!(MPI_COMM_WORLD, "MPI_Type_create_hindexed_block_c", count, blocklength; crate::datatype::PMPI_Type_create_hindexed_block(count, blocklength, array_of_displacements as *const MPI_Aint, oldtype, newtype))
+        fin(MPI_COMM_WORLD, "MPI_Type_create_hindexed_block_c", dt::type_indexed_block(count, blocklength, Disps::Bytes(array_of_displacements as *const MPI_Aint), oldtype, newtype))
     }
     fn MPI_Type_create_indexed_block_c / PMPI_Type_create_indexed_block_c(count: MPI_Count, blocklength: MPI_Count, array_of_displacements: *const MPI_Count, oldtype: MPI_Datatype, newtype: *mut MPI_Datatype) -> c_int {
-        let d = match ints(array_of_displacements, count) { Ok(v) => v, Err(e) => return raise(MPI_COMM_WORLD, "MPI_Type_create_indexed_block_c", e) };
-        conv!(MPI_COMM_WORLD, "MPI_Type_create_indexed_block_c", count, blocklength; crate::datatype::PMPI_Type_create_indexed_block(count, blocklength, d.as_ptr(), oldtype, newtype))
+        fin(MPI_COMM_WORLD, "MPI_Type_create_indexed_block_c", dt::type_indexed_block(count, blocklength, Disps::Elems(array_of_displacements), oldtype, newtype))
     }
     fn MPI_Type_indexed_c / PMPI_Type_indexed_c(count: MPI_Count, array_of_blocklengths: *const MPI_Count, array_of_displacements: *const MPI_Count, oldtype: MPI_Datatype, newtype: *mut MPI_Datatype) -> c_int {
-        let r = (|| -> R<c_int> {
-            let (b, d) = (ints(array_of_blocklengths, count)?, ints(array_of_displacements, count)?);
-            Ok(crate::datatype::PMPI_Type_indexed(ci(count)?, b.as_ptr(), d.as_ptr(), oldtype, newtype))
-        })();
-        r.unwrap_or_else(|e| raise(MPI_COMM_WORLD, "MPI_Type_indexed_c", e))
+        fin(MPI_COMM_WORLD, "MPI_Type_indexed_c", dt::type_indexed(count, array_of_blocklengths, Disps::Elems(array_of_displacements), oldtype, newtype))
     }
     fn MPI_Type_create_hindexed_c / PMPI_Type_create_hindexed_c(count: MPI_Count, array_of_blocklengths: *const MPI_Count, array_of_displacements: *const MPI_Count, oldtype: MPI_Datatype, newtype: *mut MPI_Datatype) -> c_int {
-        let r = (|| -> R<c_int> {
-            let b = ints(array_of_blocklengths, count)?;
-            Ok(crate::datatype::PMPI_Type_create_hindexed(ci(count)?, b.as_ptr(), array_of_displacements as *const MPI_Aint, oldtype, newtype))
-        })();
-        r.unwrap_or_else(|e| raise(MPI_COMM_WORLD, "MPI_Type_create_hindexed_c", e))
+        fin(MPI_COMM_WORLD, "MPI_Type_create_hindexed_c", dt::type_indexed(count, array_of_blocklengths, Disps::Bytes(array_of_displacements as *const MPI_Aint), oldtype, newtype))
     }
     fn MPI_Type_create_struct_c / PMPI_Type_create_struct_c(count: MPI_Count, array_of_blocklengths: *const MPI_Count, array_of_displacements: *const MPI_Count, array_of_types: *const MPI_Datatype, newtype: *mut MPI_Datatype) -> c_int {
-        let r = (|| -> R<c_int> {
-            let b = ints(array_of_blocklengths, count)?;
-            Ok(crate::datatype::PMPI_Type_create_struct(ci(count)?, b.as_ptr(), array_of_displacements as *const MPI_Aint, array_of_types, newtype))
-        })();
-        r.unwrap_or_else(|e| raise(MPI_COMM_WORLD, "MPI_Type_create_struct_c", e))
+        fin(MPI_COMM_WORLD, "MPI_Type_create_struct_c", dt::type_struct(count, array_of_blocklengths, array_of_displacements as *const MPI_Aint, array_of_types, newtype))
     }
     fn MPI_Type_create_subarray_c / PMPI_Type_create_subarray_c(ndims: c_int, array_of_sizes: *const MPI_Count, array_of_subsizes: *const MPI_Count, array_of_starts: *const MPI_Count, order: c_int, oldtype: MPI_Datatype, newtype: *mut MPI_Datatype) -> c_int {
-        let r = (|| -> R<c_int> {
-            let n = ndims as MPI_Count;
-            let (a, b, c) = (ints(array_of_sizes, n)?, ints(array_of_subsizes, n)?, ints(array_of_starts, n)?);
-            Ok(crate::datatype::PMPI_Type_create_subarray(ndims, a.as_ptr(), b.as_ptr(), c.as_ptr(), order, oldtype, newtype))
-        })();
-        r.unwrap_or_else(|e| raise(MPI_COMM_WORLD, "MPI_Type_create_subarray_c", e))
+        fin(MPI_COMM_WORLD, "MPI_Type_create_subarray_c", dt::type_subarray(ndims, array_of_sizes, array_of_subsizes, array_of_starts, order, oldtype, newtype))
     }
     fn MPI_Type_create_darray_c / PMPI_Type_create_darray_c(size: c_int, rank: c_int, ndims: c_int, array_of_gsizes: *const MPI_Count, array_of_distribs: *const c_int, array_of_dargs: *const c_int, array_of_psizes: *const c_int, order: c_int, oldtype: MPI_Datatype, newtype: *mut MPI_Datatype) -> c_int {
-        let r = (|| -> R<c_int> {
-            let g = ints(array_of_gsizes, ndims as MPI_Count)?;
-            Ok(crate::datatype::PMPI_Type_create_darray(size, rank, ndims, g.as_ptr(), array_of_distribs, array_of_dargs, array_of_psizes, order, oldtype, newtype))
-        })();
-        r.unwrap_or_else(|e| raise(MPI_COMM_WORLD, "MPI_Type_create_darray_c", e))
+        fin(MPI_COMM_WORLD, "MPI_Type_create_darray_c", dt::type_darray(size, rank, ndims, array_of_gsizes, array_of_distribs, array_of_dargs, array_of_psizes, order, oldtype, newtype))
     }
-    // Types made by the `_c` constructors are stored as their int forms (every count fits, or the
-    // constructor failed), so they decode with no large counts, as if made by the int constructor.
     fn MPI_Type_get_envelope_c / PMPI_Type_get_envelope_c(datatype: MPI_Datatype, num_integers: *mut MPI_Count, num_addresses: *mut MPI_Count, num_large_counts: *mut MPI_Count, num_datatypes: *mut MPI_Count, combiner: *mut c_int) -> c_int {
-        if num_integers.is_null() || num_addresses.is_null() || num_large_counts.is_null() || num_datatypes.is_null() {
-            return raise(MPI_COMM_WORLD, "MPI_Type_get_envelope_c", MpiErr { code: MPI_ERR_ARG, msg: "NULL argument".into() });
-        }
-        let (mut ni, mut na, mut nd) = (0, 0, 0);
-        let rc = crate::datatype::PMPI_Type_get_envelope(datatype, &mut ni, &mut na, &mut nd, combiner);
-        if rc == MPI_SUCCESS {
-            *num_integers = ni as MPI_Count;
-            *num_addresses = na as MPI_Count;
-            *num_large_counts = 0;
-            *num_datatypes = nd as MPI_Count;
-        }
-        rc
+        let r = (|| -> R {
+            let (ni, na, nc, nd, c) = dt::envelope(datatype)?;
+            if num_integers.is_null() || num_addresses.is_null() || num_large_counts.is_null() || num_datatypes.is_null() || combiner.is_null() {
+                return err(MPI_ERR_ARG, "NULL argument");
+            }
+            (*num_integers, *num_addresses, *num_large_counts, *num_datatypes) = (ni as MPI_Count, na as MPI_Count, nc as MPI_Count, nd as MPI_Count);
+            *combiner = c;
+            Ok(())
+        })();
+        fin(MPI_COMM_WORLD, "MPI_Type_get_envelope_c", r)
     }
-    fn MPI_Type_get_contents_c / PMPI_Type_get_contents_c(datatype: MPI_Datatype, max_integers: MPI_Count, max_addresses: MPI_Count, _max_large_counts: MPI_Count, max_datatypes: MPI_Count, array_of_integers: *mut c_int, array_of_addresses: *mut MPI_Aint, _array_of_large_counts: *mut MPI_Count, array_of_datatypes: *mut MPI_Datatype) -> c_int {
-        let m = |v: MPI_Count| v.clamp(0, c_int::MAX as MPI_Count) as c_int;
-        crate::datatype::PMPI_Type_get_contents(datatype, m(max_integers), m(max_addresses), m(max_datatypes), array_of_integers, array_of_addresses, array_of_datatypes)
+    fn MPI_Type_get_contents_c / PMPI_Type_get_contents_c(datatype: MPI_Datatype, max_integers: MPI_Count, max_addresses: MPI_Count, max_large_counts: MPI_Count, max_datatypes: MPI_Count, array_of_integers: *mut c_int, array_of_addresses: *mut MPI_Aint, array_of_large_counts: *mut MPI_Count, array_of_datatypes: *mut MPI_Datatype) -> c_int {
+        let m = |v: MPI_Count| usize::try_from(v).unwrap_or(0);
+        let r = dt::contents(datatype, [m(max_integers), m(max_addresses), m(max_large_counts), m(max_datatypes)], array_of_integers, array_of_addresses, array_of_large_counts, array_of_datatypes);
+        fin(MPI_COMM_WORLD, "MPI_Type_get_contents_c", r)
     }
     fn MPI_Pack_external_size_c / PMPI_Pack_external_size_c(datarep: *const c_char, incount: MPI_Count, datatype: MPI_Datatype, size: *mut MPI_Count) -> c_int {
         conv!(MPI_COMM_WORLD, "MPI_Pack_external_size_c", incount; crate::datatype::PMPI_Pack_external_size(datarep, incount, datatype, size as *mut MPI_Aint))

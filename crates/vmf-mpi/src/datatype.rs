@@ -58,6 +58,8 @@ pub(crate) struct Dtype {
     pub combiner: c_int,
     pub ints: Vec<c_int>,
     pub aints: Vec<MPI_Aint>,
+    /// Large counts (MPI 4.0): the counts and displacements of a type made by a `_c` constructor.
+    pub counts: Vec<MPI_Count>,
     pub types: Vec<MPI_Datatype>,
     /// User attributes (MPI_Type_set_attr): (keyval, value).
     pub attrs: Vec<(c_int, *mut c_void)>,
@@ -113,6 +115,7 @@ fn predefined(dt: MPI_Datatype) -> R<Dtype> {
         combiner: MPI_COMBINER_NAMED,
         ints: vec![],
         aints: vec![],
+        counts: vec![],
         types: vec![],
         attrs: vec![],
         refs: 0,
@@ -191,6 +194,9 @@ pub(crate) fn ext_size(dt: MPI_Datatype) -> R<(isize, usize)> {
 // ------------------------------------------------------------------------------------------------ building
 
 /// Builder of flattened typemaps.
+/// Most blocks a flattened datatype may have (16 bytes each: 512 MiB of description).
+const MAX_BLOCKS: usize = 1 << 25;
+
 struct Build {
     blocks: Vec<(isize, usize)>,
     size: usize,
@@ -222,23 +228,49 @@ impl Build {
         }
     }
 
-    /// Place `n` consecutive elements of `c` at byte displacement `d`.
-    fn place(&mut self, c: &Dtype, d: isize, n: usize) {
+    /// Place `n` consecutive elements of `c` at byte displacement `d`. A type whose bounds or size
+    /// overflow an address is an error, and so is one that would need more than [`MAX_BLOCKS`] blocks (a
+    /// type is kept flattened; a contiguous run of any length is one block).
+    fn place(&mut self, c: &Dtype, d: isize, n: usize) -> R {
         if n == 0 {
-            return;
+            return Ok(());
         }
-        let ext = c.extent();
-        let (lo, hi) = (d + c.lb, d + c.lb + ext * (n as isize - 1) + ext);
-        let (lo, hi) = if ext >= 0 {
-            (lo, hi)
-        } else {
-            (d + c.lb + ext * (n as isize - 1), d + c.ub)
+        let too_big = || MpiErr {
+            code: MPI_ERR_ARG,
+            msg: format!(
+                "{n} elements of a type of extent {} at displacement {d} overflow an address",
+                c.extent()
+            ),
         };
-        let (tlo, thi) = if ext >= 0 {
-            (d + c.true_lb, d + ext * (n as isize - 1) + c.true_ub)
+        let fit = |v: i128| isize::try_from(v).map_err(|_| too_big());
+        let (ext, d, n1) = (c.extent() as i128, d as i128, n as i128 - 1);
+        let span = ext * n1;
+        let (lo, hi, tlo, thi) = if ext >= 0 {
+            let lo = d + c.lb as i128;
+            (
+                lo,
+                lo + span + ext,
+                d + c.true_lb as i128,
+                d + span + c.true_ub as i128,
+            )
         } else {
-            (d + ext * (n as isize - 1) + c.true_lb, d + c.true_ub)
+            let (lo, tlo) = (d + c.lb as i128 + span, d + span + c.true_lb as i128);
+            (lo, d + c.ub as i128, tlo, d + c.true_ub as i128)
         };
+        let (lo, hi, tlo, thi) = (fit(lo)?, fit(hi)?, fit(tlo)?, fit(thi)?);
+        let size = c
+            .size
+            .checked_mul(n)
+            .and_then(|s| s.checked_add(self.size))
+            .filter(|&s| s <= isize::MAX as usize)
+            .ok_or_else(too_big)?;
+        let run = c.contig && c.size as isize == c.extent();
+        if !run && c.blocks.len().saturating_mul(n) > MAX_BLOCKS.saturating_sub(self.blocks.len()) {
+            return err(
+                MPI_ERR_NO_MEM,
+                format!("the type would have more than {MAX_BLOCKS} blocks ({n} elements of {} blocks each); vmfabric keeps datatypes flattened", c.blocks.len()),
+            );
+        }
         if !self.any {
             (self.lb, self.ub, self.tlb, self.tub) = (lo, hi, tlo, thi);
             self.any = true;
@@ -258,18 +290,23 @@ impl Build {
                 _ => {}
             }
         }
-        self.nbasic += c.nbasic * n;
-        self.size += c.size * n;
-        if c.contig && c.size as isize == ext {
+        self.nbasic = self.nbasic.saturating_add(c.nbasic.saturating_mul(n));
+        self.size = size;
+        if run {
             // n elements form one block.
-            self.push(d + c.lb, c.size * n);
+            self.push(d as isize + c.lb, c.size * n);
         } else {
+            let ext = ext as isize;
             for k in 0..n as isize {
                 for &(o, l) in &c.blocks {
-                    self.push(d + k * ext + o, l);
+                    self.push(d as isize + k * ext + o, l);
                 }
             }
         }
+        if self.blocks.len() > MAX_BLOCKS {
+            return err(MPI_ERR_NO_MEM, format!("the type would have more than {MAX_BLOCKS} blocks; vmfabric keeps datatypes flattened"));
+        }
+        Ok(())
     }
 
     #[inline]
@@ -286,13 +323,7 @@ impl Build {
         self.blocks.push((o, l));
     }
 
-    fn finish(
-        self,
-        combiner: c_int,
-        ints: Vec<c_int>,
-        aints: Vec<MPI_Aint>,
-        types: Vec<MPI_Datatype>,
-    ) -> Dtype {
+    fn finish(self, combiner: c_int, c: Contents, types: Vec<MPI_Datatype>) -> Dtype {
         let mut d = Dtype {
             contig: false,
             blocks: self.blocks,
@@ -311,8 +342,9 @@ impl Build {
             committed: false,
             name: String::new(),
             combiner,
-            ints,
-            aints,
+            ints: c.ints,
+            aints: c.aints,
+            counts: c.counts,
             types,
             attrs: vec![],
             refs: 0,
@@ -330,6 +362,15 @@ impl Build {
 }
 
 impl Dtype {
+    /// Elements in block `i` of a struct type (from its contents: integers, or large counts).
+    fn struct_blocklength(&self, i: usize) -> usize {
+        let c = if self.counts.is_empty() {
+            self.ints.get(1 + i).map(|&v| v as i64)
+        } else {
+            self.counts.get(1 + i).copied()
+        };
+        c.unwrap_or(0).max(0) as usize
+    }
     fn any_extent_pad(&self) -> bool {
         self.align > 1
     }
@@ -338,16 +379,6 @@ impl Dtype {
             && self.extent() == self.size as isize
             && (self.size == 0 || (self.blocks.len() == 1 && self.blocks[0].0 == 0));
     }
-}
-
-unsafe fn arr<T: Copy>(p: *const T, n: c_int) -> R<Vec<T>> {
-    if n < 0 {
-        return err(MPI_ERR_COUNT, format!("count {n} is negative"));
-    }
-    if n > 0 && p.is_null() {
-        return err(MPI_ERR_ARG, "array argument is NULL");
-    }
-    Ok((0..n as usize).map(|i| *p.add(i)).collect())
 }
 
 fn nonneg(n: c_int, what: &str) -> R<usize> {
@@ -359,12 +390,12 @@ fn nonneg(n: c_int, what: &str) -> R<usize> {
 }
 
 /// hindexed: blocks of `lens[i]` elements of `old` at byte displacements `disps[i]`.
-fn hindexed(old: &Dtype, lens: &[usize], disps: &[isize]) -> Build {
+fn hindexed(old: &Dtype, blocks: impl Iterator<Item = (usize, isize)>) -> R<Build> {
     let mut b = Build::new();
-    for (l, d) in lens.iter().zip(disps) {
-        b.place(old, *d, *l);
+    for (l, d) in blocks {
+        b.place(old, d, l)?;
     }
-    b
+    Ok(b)
 }
 
 unsafe fn out_type(newtype: *mut MPI_Datatype) -> R<()> {
@@ -436,18 +467,18 @@ fn from_offsets(
     offs: &[isize],
     extent: isize,
     combiner: c_int,
-    ints: Vec<c_int>,
+    c: Contents,
     types: Vec<MPI_Datatype>,
-) -> Dtype {
+) -> R<Dtype> {
     let mut b = Build::new();
     for &o in offs {
-        b.place(old, o, 1);
+        b.place(old, o, 1)?;
     }
-    let mut d = b.finish(combiner, ints, vec![], types);
+    let mut d = b.finish(combiner, c, types);
     d.lb = 0;
     d.ub = extent;
     d.set_contig();
-    d
+    Ok(d)
 }
 
 // ------------------------------------------------------------------------------------------------ pack/unpack
@@ -736,214 +767,468 @@ fn predefined_name(dt: MPI_Datatype) -> &'static str {
     }
 }
 
+/// (integers, addresses, large counts, datatypes, combiner) of MPI_Type_get_envelope(_c).
+pub(crate) fn envelope(datatype: MPI_Datatype) -> R<(usize, usize, usize, usize, c_int)> {
+    let d = info(state()?, datatype)?;
+    Ok((
+        d.ints.len(),
+        d.aints.len(),
+        d.counts.len(),
+        d.types.len(),
+        d.combiner,
+    ))
+}
+
+/// The MPI-3 decoding calls cannot report large counts.
+fn no_large_counts(n: usize) -> R {
+    if n > 0 {
+        return err(MPI_ERR_TYPE, format!("the datatype was made by a large-count (_c) constructor and has {n} large counts: decode it with MPI_Type_get_envelope_c/MPI_Type_get_contents_c"));
+    }
+    Ok(())
+}
+
+/// MPI_Type_get_contents(_c): `max` holds the capacities of the integer, address, large-count and
+/// datatype arrays. A derived member type is handed out as a new reference the program frees.
+pub(crate) unsafe fn contents(
+    datatype: MPI_Datatype,
+    max: [usize; 4],
+    ints: *mut c_int,
+    aints: *mut MPI_Aint,
+    counts: *mut MPI_Count,
+    types: *mut MPI_Datatype,
+) -> R {
+    let st = state()?;
+    let d = info(st, datatype)?;
+    if d.combiner == MPI_COMBINER_NAMED {
+        return err(
+            MPI_ERR_TYPE,
+            "MPI_Type_get_contents of a predefined datatype",
+        );
+    }
+    let have = [d.ints.len(), d.aints.len(), d.counts.len(), d.types.len()];
+    if max.iter().zip(&have).any(|(m, h)| m < h) {
+        return err(MPI_ERR_ARG, format!("arrays too small: {have:?} entries (integers, addresses, large counts, datatypes) needed, room for {max:?}"));
+    }
+    unsafe fn put<T: Copy>(v: &[T], p: *mut T) -> R {
+        if !v.is_empty() && p.is_null() {
+            return err(MPI_ERR_ARG, "array argument is NULL");
+        }
+        std::ptr::copy_nonoverlapping(v.as_ptr(), p, v.len());
+        Ok(())
+    }
+    put(&d.ints, ints)?;
+    put(&d.aints, aints)?;
+    put(&d.counts, counts)?;
+    put(&d.types, types)?;
+    for v in &d.types {
+        if is_derived(*v) {
+            if let Some(Some(t)) = st.types.get_mut((*v as u32 & 0x03ff_ffff) as usize) {
+                t.refs += 1;
+            }
+        }
+    }
+    Ok(())
+}
+
+// ------------------------------------------------------------------------------------------------ constructors
+
+/// The counts a type constructor takes: `c_int` from the MPI-3 calls, `MPI_Count` from the large-count
+/// (`_c`) calls of MPI 4.0. Both build the same type; a type made by a `_c` call records its counts and
+/// displacements as *large counts* (what MPI_Type_get_contents_c returns in `array_of_large_counts`).
+pub(crate) trait Cnt: Copy + std::fmt::Display + Into<i64> {
+    const LARGE: bool;
+}
+impl Cnt for c_int {
+    const LARGE: bool = false;
+}
+impl Cnt for MPI_Count {
+    const LARGE: bool = true;
+}
+
+/// What MPI_Type_get_contents reports for a constructed type.
+#[derive(Default)]
+pub(crate) struct Contents {
+    ints: Vec<c_int>,
+    aints: Vec<MPI_Aint>,
+    counts: Vec<MPI_Count>,
+}
+
+impl Contents {
+    /// A count argument: an integer, or a large count from a `_c` call.
+    fn count<T: Cnt>(&mut self, v: T) {
+        if T::LARGE {
+            self.counts.push(v.into());
+        } else {
+            self.ints.push(v.into() as c_int);
+        }
+    }
+    /// A byte displacement: an address, or a large count from a `_c` call.
+    fn addr<T: Cnt>(&mut self, v: MPI_Aint) {
+        if T::LARGE {
+            self.counts.push(v as MPI_Count);
+        } else {
+            self.aints.push(v);
+        }
+    }
+}
+
+/// A non-negative count argument as usize.
+fn count_arg<T: Cnt>(n: T, what: &str) -> R<usize> {
+    usize::try_from(n.into()).map_err(|_| MpiErr {
+        code: MPI_ERR_COUNT,
+        msg: format!("{what} {n} is negative"),
+    })
+}
+
+/// The `n` entries of an array argument (`n` from a count argument, already checked).
+unsafe fn arr_n<T: Copy>(p: *const T, n: usize) -> R<Vec<T>> {
+    if n > 0 && p.is_null() {
+        return err(MPI_ERR_ARG, "array argument is NULL");
+    }
+    Ok((0..n).map(|i| *p.add(i)).collect())
+}
+
+/// Byte displacement of `d` elements of extent `ext` (an error rather than a wrapped address).
+fn scaled<T: Cnt>(d: T, ext: isize) -> R<isize> {
+    isize::try_from(d.into())
+        .ok()
+        .and_then(|d| d.checked_mul(ext))
+        .ok_or_else(|| MpiErr {
+            code: MPI_ERR_ARG,
+            msg: format!("displacement of {d} elements of extent {ext} overflows an address"),
+        })
+}
+
+pub(crate) unsafe fn type_contiguous<T: Cnt>(
+    count: T,
+    oldtype: MPI_Datatype,
+    newtype: *mut MPI_Datatype,
+) -> R {
+    out_type(newtype)?;
+    let old = check_old(state()?, oldtype)?;
+    let n = count_arg(count, "count")?;
+    let mut b = Build::new();
+    b.place(&old, 0, n)?;
+    let mut c = Contents::default();
+    c.count(count);
+    create(newtype, b.finish(MPI_COMBINER_CONTIGUOUS, c, vec![oldtype]))
+}
+
+/// vector (`stride` in elements) and hvector (`hstride` in bytes).
+pub(crate) unsafe fn type_vector<T: Cnt>(
+    count: T,
+    blocklength: T,
+    stride: Result<T, MPI_Aint>,
+    oldtype: MPI_Datatype,
+    newtype: *mut MPI_Datatype,
+) -> R {
+    out_type(newtype)?;
+    let old = check_old(state()?, oldtype)?;
+    let n = count_arg(count, "count")?;
+    let bl = count_arg(blocklength, "blocklength")?;
+    let step = match stride {
+        Ok(s) => scaled(s, old.extent())?,
+        Err(h) => h,
+    };
+    let mut b = Build::new();
+    for i in 0..n as isize {
+        let Some(d) = i.checked_mul(step) else {
+            return err(
+                MPI_ERR_ARG,
+                format!("{n} blocks {step} bytes apart overflow an address"),
+            );
+        };
+        b.place(&old, d, bl)?;
+    }
+    let mut c = Contents::default();
+    c.count(count);
+    c.count(blocklength);
+    let combiner = match stride {
+        Ok(s) => {
+            c.count(s);
+            MPI_COMBINER_VECTOR
+        }
+        Err(h) => {
+            c.addr::<T>(h);
+            MPI_COMBINER_HVECTOR
+        }
+    };
+    create(newtype, b.finish(combiner, c, vec![oldtype]))
+}
+
+/// The displacements of an indexed constructor: in elements of the old type (`Ok`) or in bytes (`Err`).
+pub(crate) enum Disps<T> {
+    Elems(*const T),
+    Bytes(*const MPI_Aint),
+}
+
+impl<T: Cnt> Disps<T> {
+    /// The `n` displacements in bytes, recorded in `c` as the constructor's contents.
+    unsafe fn read(&self, n: usize, ext: isize, c: &mut Contents) -> R<Vec<isize>> {
+        match *self {
+            Disps::Elems(p) => arr_n(p, n)?
+                .into_iter()
+                .map(|d| {
+                    c.count(d);
+                    scaled(d, ext)
+                })
+                .collect(),
+            Disps::Bytes(p) => Ok(arr_n(p, n)?
+                .into_iter()
+                .inspect(|&d| c.addr::<T>(d))
+                .collect()),
+        }
+    }
+    fn combiner(&self, elems: c_int, bytes: c_int) -> c_int {
+        match self {
+            Disps::Elems(_) => elems,
+            Disps::Bytes(_) => bytes,
+        }
+    }
+}
+
+/// indexed and hindexed (one length per block).
+pub(crate) unsafe fn type_indexed<T: Cnt>(
+    count: T,
+    blocklengths: *const T,
+    disps: Disps<T>,
+    oldtype: MPI_Datatype,
+    newtype: *mut MPI_Datatype,
+) -> R {
+    out_type(newtype)?;
+    let old = check_old(state()?, oldtype)?;
+    let n = count_arg(count, "count")?;
+    let bl = arr_n(blocklengths, n)?;
+    let lens: Vec<usize> = bl
+        .iter()
+        .map(|&l| count_arg(l, "blocklength"))
+        .collect::<R<_>>()?;
+    let mut c = Contents::default();
+    c.count(count);
+    bl.iter().for_each(|&l| c.count(l));
+    let ds = disps.read(n, old.extent(), &mut c)?;
+    let b = hindexed(&old, lens.into_iter().zip(ds))?;
+    let combiner = disps.combiner(MPI_COMBINER_INDEXED, MPI_COMBINER_HINDEXED);
+    create(newtype, b.finish(combiner, c, vec![oldtype]))
+}
+
+/// indexed_block and hindexed_block (one length for all blocks).
+pub(crate) unsafe fn type_indexed_block<T: Cnt>(
+    count: T,
+    blocklength: T,
+    disps: Disps<T>,
+    oldtype: MPI_Datatype,
+    newtype: *mut MPI_Datatype,
+) -> R {
+    out_type(newtype)?;
+    let old = check_old(state()?, oldtype)?;
+    let n = count_arg(count, "count")?;
+    let bl = count_arg(blocklength, "blocklength")?;
+    let mut c = Contents::default();
+    c.count(count);
+    c.count(blocklength);
+    let ds = disps.read(n, old.extent(), &mut c)?;
+    let b = hindexed(&old, ds.iter().map(|&d| (bl, d)))?;
+    let combiner = disps.combiner(MPI_COMBINER_INDEXED_BLOCK, MPI_COMBINER_HINDEXED_BLOCK);
+    create(newtype, b.finish(combiner, c, vec![oldtype]))
+}
+
+pub(crate) unsafe fn type_struct<T: Cnt>(
+    count: T,
+    blocklengths: *const T,
+    disps: *const MPI_Aint,
+    types: *const MPI_Datatype,
+    newtype: *mut MPI_Datatype,
+) -> R {
+    out_type(newtype)?;
+    let st = state()?;
+    let n = count_arg(count, "count")?;
+    let (bl, ds, ts) = (arr_n(blocklengths, n)?, arr_n(disps, n)?, arr_n(types, n)?);
+    let mut b = Build::new();
+    for i in 0..n {
+        let t = check_old(st, ts[i])?;
+        b.place(&t, ds[i], count_arg(bl[i], "blocklength")?)?;
+    }
+    let mut c = Contents::default();
+    c.count(count);
+    bl.iter().for_each(|&l| c.count(l));
+    ds.iter().for_each(|&d| c.addr::<T>(d));
+    create(newtype, b.finish(MPI_COMBINER_STRUCT, c, ts))
+}
+
+pub(crate) unsafe fn type_resized<T: Cnt>(
+    oldtype: MPI_Datatype,
+    lb: MPI_Aint,
+    extent: MPI_Aint,
+    newtype: *mut MPI_Datatype,
+) -> R {
+    out_type(newtype)?;
+    let mut d = check_old(state()?, oldtype)?;
+    let Some(ub) = lb.checked_add(extent) else {
+        return err(
+            MPI_ERR_ARG,
+            format!("lb {lb} + extent {extent} overflows an address"),
+        );
+    };
+    let mut c = Contents::default();
+    c.addr::<T>(lb);
+    c.addr::<T>(extent);
+    d.attrs.clear();
+    (d.lb, d.ub) = (lb, ub);
+    d.combiner = MPI_COMBINER_RESIZED;
+    (d.ints, d.aints, d.counts) = (c.ints, c.aints, c.counts);
+    d.types = vec![oldtype];
+    d.committed = false;
+    d.name.clear();
+    d.set_contig();
+    create(newtype, d)
+}
+
+fn check_order(order: c_int) -> R {
+    if order != MPI_ORDER_C && order != MPI_ORDER_FORTRAN {
+        return err(MPI_ERR_ARG, format!("invalid order {order}"));
+    }
+    Ok(())
+}
+
+/// The product of `dims` elements of extent `ext`, in bytes.
+fn grid_extent(dims: &[usize], ext: isize) -> R<isize> {
+    dims.iter()
+        .try_fold(1isize, |a, &d| a.checked_mul(isize::try_from(d).ok()?))
+        .and_then(|n| n.checked_mul(ext))
+        .ok_or_else(|| MpiErr {
+            code: MPI_ERR_ARG,
+            msg: format!("an array of {dims:?} elements overflows an address"),
+        })
+}
+
+pub(crate) unsafe fn type_subarray<T: Cnt>(
+    ndims: c_int,
+    sizes: *const T,
+    subsizes: *const T,
+    starts: *const T,
+    order: c_int,
+    oldtype: MPI_Datatype,
+    newtype: *mut MPI_Datatype,
+) -> R {
+    out_type(newtype)?;
+    let old = check_old(state()?, oldtype)?;
+    if ndims <= 0 {
+        return err(MPI_ERR_ARG, "ndims must be positive");
+    }
+    check_order(order)?;
+    let nd = ndims as usize;
+    let mut c = Contents::default();
+    c.ints.push(ndims);
+    let mut dims = |p: *const T| -> R<Vec<usize>> {
+        let v = arr_n(p, nd)?;
+        v.iter().for_each(|&x| c.count(x));
+        v.into_iter()
+            .map(|x| count_arg(x, "subarray argument"))
+            .collect()
+    };
+    let (szu, subu, sttu) = (dims(sizes)?, dims(subsizes)?, dims(starts)?);
+    c.ints.push(order);
+    let offs = subarray_offsets(&szu, &subu, &sttu, order, old.extent())?;
+    let extent = grid_extent(&szu, old.extent())?;
+    create(
+        newtype,
+        from_offsets(&old, &offs, extent, MPI_COMBINER_SUBARRAY, c, vec![oldtype])?,
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn type_darray<T: Cnt>(
+    size: c_int,
+    rank: c_int,
+    ndims: c_int,
+    gsizes: *const T,
+    distribs: *const c_int,
+    dargs: *const c_int,
+    psizes: *const c_int,
+    order: c_int,
+    oldtype: MPI_Datatype,
+    newtype: *mut MPI_Datatype,
+) -> R {
+    out_type(newtype)?;
+    let old = check_old(state()?, oldtype)?;
+    if ndims <= 0 || size <= 0 || rank < 0 || rank >= size {
+        return err(MPI_ERR_ARG, "invalid darray size/rank/ndims");
+    }
+    check_order(order)?;
+    let nd = ndims as usize;
+    let gs = arr_n(gsizes, nd)?;
+    let (dis, da, ps) = (arr_n(distribs, nd)?, arr_n(dargs, nd)?, arr_n(psizes, nd)?);
+    if ps.iter().map(|&p| p.max(0) as i64).product::<i64>() != size as i64 {
+        return err(MPI_ERR_ARG, "product of psizes is not size");
+    }
+    let gsu = gs
+        .iter()
+        .map(|&g| count_arg(g, "gsize"))
+        .collect::<R<Vec<usize>>>()?;
+    // Process grid coordinates: row-major (C order) regardless of `order`.
+    let mut coords = vec![0usize; nd];
+    let mut rem = rank as usize;
+    for i in (0..nd).rev() {
+        coords[i] = rem % ps[i] as usize;
+        rem /= ps[i] as usize;
+    }
+    let mut lists = Vec::new();
+    for i in 0..nd {
+        lists.push(darray_indices(
+            gsu[i],
+            dis[i],
+            da[i],
+            ps[i] as usize,
+            coords[i],
+        )?);
+    }
+    let offs = grid_offsets(&gsu, &lists, order, old.extent());
+    let extent = grid_extent(&gsu, old.extent())?;
+    let mut c = Contents::default();
+    c.ints.extend([size, rank, ndims]);
+    gs.iter().for_each(|&g| c.count(g));
+    c.ints.extend(dis.iter().chain(&da).chain(&ps));
+    c.ints.push(order);
+    create(
+        newtype,
+        from_offsets(&old, &offs, extent, MPI_COMBINER_DARRAY, c, vec![oldtype])?,
+    )
+}
+
 mpi_api! {
     fn MPI_Type_contiguous / PMPI_Type_contiguous(count: c_int, oldtype: MPI_Datatype, newtype: *mut MPI_Datatype) -> c_int {
-        let r = (|| -> R {
-            out_type(newtype)?;
-            let st = state()?;
-            let old = check_old(st, oldtype)?;
-            let n = nonneg(count, "count")?;
-            let mut b = Build::new();
-            b.place(&old, 0, n);
-            create(newtype, b.finish(MPI_COMBINER_CONTIGUOUS, vec![count], vec![], vec![oldtype]))
-        })();
-        fin(MPI_COMM_WORLD, "MPI_Type_contiguous", r)
+        fin(MPI_COMM_WORLD, "MPI_Type_contiguous", type_contiguous(count, oldtype, newtype))
     }
     fn MPI_Type_vector / PMPI_Type_vector(count: c_int, blocklength: c_int, stride: c_int, oldtype: MPI_Datatype, newtype: *mut MPI_Datatype) -> c_int {
-        let r = (|| -> R {
-            out_type(newtype)?;
-            let st = state()?;
-            let old = check_old(st, oldtype)?;
-            let n = nonneg(count, "count")?;
-            let bl = nonneg(blocklength, "blocklength")?;
-            let ext = old.extent();
-            let lens = vec![bl; n];
-            let disps: Vec<isize> = (0..n as isize).map(|i| i * stride as isize * ext).collect();
-            let b = hindexed(&old, &lens, &disps);
-            create(newtype, b.finish(MPI_COMBINER_VECTOR, vec![count, blocklength, stride], vec![], vec![oldtype]))
-        })();
-        fin(MPI_COMM_WORLD, "MPI_Type_vector", r)
+        fin(MPI_COMM_WORLD, "MPI_Type_vector", type_vector(count, blocklength, Ok(stride), oldtype, newtype))
     }
     fn MPI_Type_create_hvector / PMPI_Type_create_hvector(count: c_int, blocklength: c_int, stride: MPI_Aint, oldtype: MPI_Datatype, newtype: *mut MPI_Datatype) -> c_int {
-        let r = (|| -> R {
-            out_type(newtype)?;
-            let st = state()?;
-            let old = check_old(st, oldtype)?;
-            let n = nonneg(count, "count")?;
-            let bl = nonneg(blocklength, "blocklength")?;
-            let lens = vec![bl; n];
-            let disps: Vec<isize> = (0..n as isize).map(|i| i * stride).collect();
-            let b = hindexed(&old, &lens, &disps);
-            create(newtype, b.finish(MPI_COMBINER_HVECTOR, vec![count, blocklength], vec![stride], vec![oldtype]))
-        })();
-        fin(MPI_COMM_WORLD, "MPI_Type_create_hvector", r)
+        fin(MPI_COMM_WORLD, "MPI_Type_create_hvector", type_vector(count, blocklength, Err(stride), oldtype, newtype))
     }
     fn MPI_Type_indexed / PMPI_Type_indexed(count: c_int, array_of_blocklengths: *const c_int, array_of_displacements: *const c_int, oldtype: MPI_Datatype, newtype: *mut MPI_Datatype) -> c_int {
-        let r = (|| -> R {
-            out_type(newtype)?;
-            let st = state()?;
-            let old = check_old(st, oldtype)?;
-            let bl = arr(array_of_blocklengths, count)?;
-            let ds = arr(array_of_displacements, count)?;
-            let lens: Vec<usize> = bl.iter().map(|&l| nonneg(l, "blocklength")).collect::<R<_>>()?;
-            let disps: Vec<isize> = ds.iter().map(|&d| d as isize * old.extent()).collect();
-            let b = hindexed(&old, &lens, &disps);
-            let mut ints = vec![count];
-            ints.extend(&bl);
-            ints.extend(&ds);
-            create(newtype, b.finish(MPI_COMBINER_INDEXED, ints, vec![], vec![oldtype]))
-        })();
-        fin(MPI_COMM_WORLD, "MPI_Type_indexed", r)
+        fin(MPI_COMM_WORLD, "MPI_Type_indexed", type_indexed(count, array_of_blocklengths, Disps::Elems(array_of_displacements), oldtype, newtype))
     }
     fn MPI_Type_create_hindexed / PMPI_Type_create_hindexed(count: c_int, array_of_blocklengths: *const c_int, array_of_displacements: *const MPI_Aint, oldtype: MPI_Datatype, newtype: *mut MPI_Datatype) -> c_int {
-        let r = (|| -> R {
-            out_type(newtype)?;
-            let st = state()?;
-            let old = check_old(st, oldtype)?;
-            let bl = arr(array_of_blocklengths, count)?;
-            let ds = arr(array_of_displacements, count)?;
-            let lens: Vec<usize> = bl.iter().map(|&l| nonneg(l, "blocklength")).collect::<R<_>>()?;
-            let b = hindexed(&old, &lens, &ds);
-            let mut ints = vec![count];
-            ints.extend(&bl);
-            create(newtype, b.finish(MPI_COMBINER_HINDEXED, ints, ds, vec![oldtype]))
-        })();
-        fin(MPI_COMM_WORLD, "MPI_Type_create_hindexed", r)
+        fin(MPI_COMM_WORLD, "MPI_Type_create_hindexed", type_indexed(count, array_of_blocklengths, Disps::Bytes(array_of_displacements), oldtype, newtype))
     }
     fn MPI_Type_create_indexed_block / PMPI_Type_create_indexed_block(count: c_int, blocklength: c_int, array_of_displacements: *const c_int, oldtype: MPI_Datatype, newtype: *mut MPI_Datatype) -> c_int {
-        let r = (|| -> R {
-            out_type(newtype)?;
-            let st = state()?;
-            let old = check_old(st, oldtype)?;
-            let ds = arr(array_of_displacements, count)?;
-            let bl = nonneg(blocklength, "blocklength")?;
-            let lens = vec![bl; ds.len()];
-            let disps: Vec<isize> = ds.iter().map(|&d| d as isize * old.extent()).collect();
-            let b = hindexed(&old, &lens, &disps);
-            let mut ints = vec![count, blocklength];
-            ints.extend(&ds);
-            create(newtype, b.finish(MPI_COMBINER_INDEXED_BLOCK, ints, vec![], vec![oldtype]))
-        })();
-        fin(MPI_COMM_WORLD, "MPI_Type_create_indexed_block", r)
+        fin(MPI_COMM_WORLD, "MPI_Type_create_indexed_block", type_indexed_block(count, blocklength, Disps::Elems(array_of_displacements), oldtype, newtype))
     }
     fn MPI_Type_create_hindexed_block / PMPI_Type_create_hindexed_block(count: c_int, blocklength: c_int, array_of_displacements: *const MPI_Aint, oldtype: MPI_Datatype, newtype: *mut MPI_Datatype) -> c_int {
-        let r = (|| -> R {
-            out_type(newtype)?;
-            let st = state()?;
-            let old = check_old(st, oldtype)?;
-            let ds = arr(array_of_displacements, count)?;
-            let bl = nonneg(blocklength, "blocklength")?;
-            let lens = vec![bl; ds.len()];
-            let b = hindexed(&old, &lens, &ds);
-            create(newtype, b.finish(MPI_COMBINER_HINDEXED_BLOCK, vec![count, blocklength], ds, vec![oldtype]))
-        })();
-        fin(MPI_COMM_WORLD, "MPI_Type_create_hindexed_block", r)
+        fin(MPI_COMM_WORLD, "MPI_Type_create_hindexed_block", type_indexed_block(count, blocklength, Disps::Bytes(array_of_displacements), oldtype, newtype))
     }
     fn MPI_Type_create_struct / PMPI_Type_create_struct(count: c_int, array_of_blocklengths: *const c_int, array_of_displacements: *const MPI_Aint, array_of_types: *const MPI_Datatype, newtype: *mut MPI_Datatype) -> c_int {
-        let r = (|| -> R {
-            out_type(newtype)?;
-            let st = state()?;
-            let bl = arr(array_of_blocklengths, count)?;
-            let ds = arr(array_of_displacements, count)?;
-            let ts = arr(array_of_types, count)?;
-            let mut b = Build::new();
-            for i in 0..ts.len() {
-                let t = check_old(st, ts[i])?;
-                b.place(&t, ds[i], nonneg(bl[i], "blocklength")?);
-            }
-            let mut ints = vec![count];
-            ints.extend(&bl);
-            create(newtype, b.finish(MPI_COMBINER_STRUCT, ints, ds, ts))
-        })();
-        fin(MPI_COMM_WORLD, "MPI_Type_create_struct", r)
+        fin(MPI_COMM_WORLD, "MPI_Type_create_struct", type_struct(count, array_of_blocklengths, array_of_displacements, array_of_types, newtype))
     }
     fn MPI_Type_create_resized / PMPI_Type_create_resized(oldtype: MPI_Datatype, lb: MPI_Aint, extent: MPI_Aint, newtype: *mut MPI_Datatype) -> c_int {
-        let r = (|| -> R {
-            out_type(newtype)?;
-            let st = state()?;
-            let mut d = check_old(st, oldtype)?;
-            d.attrs.clear();
-            d.lb = lb;
-            d.ub = lb + extent;
-            d.combiner = MPI_COMBINER_RESIZED;
-            d.ints = vec![];
-            d.aints = vec![lb, extent];
-            d.types = vec![oldtype];
-            d.committed = false;
-            d.name.clear();
-            d.set_contig();
-            create(newtype, d)
-        })();
-        fin(MPI_COMM_WORLD, "MPI_Type_create_resized", r)
+        fin(MPI_COMM_WORLD, "MPI_Type_create_resized", type_resized::<c_int>(oldtype, lb, extent, newtype))
     }
     fn MPI_Type_create_subarray / PMPI_Type_create_subarray(ndims: c_int, array_of_sizes: *const c_int, array_of_subsizes: *const c_int, array_of_starts: *const c_int, order: c_int, oldtype: MPI_Datatype, newtype: *mut MPI_Datatype) -> c_int {
-        let r = (|| -> R {
-            out_type(newtype)?;
-            let st = state()?;
-            let old = check_old(st, oldtype)?;
-            if ndims <= 0 {
-                return err(MPI_ERR_ARG, "ndims must be positive");
-            }
-            if order != MPI_ORDER_C && order != MPI_ORDER_FORTRAN {
-                return err(MPI_ERR_ARG, format!("invalid order {order}"));
-            }
-            let sz = arr(array_of_sizes, ndims)?;
-            let sub = arr(array_of_subsizes, ndims)?;
-            let stt = arr(array_of_starts, ndims)?;
-            let u = |v: &[c_int]| v.iter().map(|&x| nonneg(x, "subarray argument")).collect::<R<Vec<usize>>>();
-            let (szu, subu, sttu) = (u(&sz)?, u(&sub)?, u(&stt)?);
-            let offs = subarray_offsets(&szu, &subu, &sttu, order, old.extent())?;
-            let extent = szu.iter().product::<usize>() as isize * old.extent();
-            let mut ints = vec![ndims];
-            ints.extend(&sz);
-            ints.extend(&sub);
-            ints.extend(&stt);
-            ints.push(order);
-            create(newtype, from_offsets(&old, &offs, extent, MPI_COMBINER_SUBARRAY, ints, vec![oldtype]))
-        })();
-        fin(MPI_COMM_WORLD, "MPI_Type_create_subarray", r)
+        fin(MPI_COMM_WORLD, "MPI_Type_create_subarray", type_subarray(ndims, array_of_sizes, array_of_subsizes, array_of_starts, order, oldtype, newtype))
     }
     fn MPI_Type_create_darray / PMPI_Type_create_darray(size: c_int, rank: c_int, ndims: c_int, array_of_gsizes: *const c_int, array_of_distribs: *const c_int, array_of_dargs: *const c_int, array_of_psizes: *const c_int, order: c_int, oldtype: MPI_Datatype, newtype: *mut MPI_Datatype) -> c_int {
-        let r = (|| -> R {
-            out_type(newtype)?;
-            let st = state()?;
-            let old = check_old(st, oldtype)?;
-            if ndims <= 0 || size <= 0 || rank < 0 || rank >= size {
-                return err(MPI_ERR_ARG, "invalid darray size/rank/ndims");
-            }
-            if order != MPI_ORDER_C && order != MPI_ORDER_FORTRAN {
-                return err(MPI_ERR_ARG, format!("invalid order {order}"));
-            }
-            let gs = arr(array_of_gsizes, ndims)?;
-            let dis = arr(array_of_distribs, ndims)?;
-            let da = arr(array_of_dargs, ndims)?;
-            let ps = arr(array_of_psizes, ndims)?;
-            if ps.iter().map(|&p| p.max(0) as i64).product::<i64>() != size as i64 {
-                return err(MPI_ERR_ARG, "product of psizes is not size");
-            }
-            // Process grid coordinates: row-major (C order) regardless of `order`.
-            let mut coords = vec![0usize; ndims as usize];
-            let mut rem = rank as usize;
-            for i in (0..ndims as usize).rev() {
-                coords[i] = rem % ps[i] as usize;
-                rem /= ps[i] as usize;
-            }
-            let mut lists = Vec::new();
-            for i in 0..ndims as usize {
-                lists.push(darray_indices(gs[i] as usize, dis[i], da[i], ps[i] as usize, coords[i])?);
-            }
-            let gsu: Vec<usize> = gs.iter().map(|&g| g.max(0) as usize).collect();
-            let offs = grid_offsets(&gsu, &lists, order, old.extent());
-            let extent = gsu.iter().product::<usize>() as isize * old.extent();
-            let mut ints = vec![size, rank, ndims];
-            ints.extend(&gs);
-            ints.extend(&dis);
-            ints.extend(&da);
-            ints.extend(&ps);
-            ints.push(order);
-            create(newtype, from_offsets(&old, &offs, extent, MPI_COMBINER_DARRAY, ints, vec![oldtype]))
-        })();
-        fin(MPI_COMM_WORLD, "MPI_Type_create_darray", r)
+        fin(MPI_COMM_WORLD, "MPI_Type_create_darray", type_darray(size, rank, ndims, array_of_gsizes, array_of_distribs, array_of_dargs, array_of_psizes, order, oldtype, newtype))
     }
     fn MPI_Type_dup / PMPI_Type_dup(oldtype: MPI_Datatype, newtype: *mut MPI_Datatype) -> c_int {
         let r = (|| -> R {
@@ -958,6 +1243,7 @@ mpi_api! {
             d.combiner = MPI_COMBINER_DUP;
             d.ints = vec![];
             d.aints = vec![];
+            d.counts = vec![];
             d.types = vec![oldtype];
             d.committed = true;
             d.name.clear();
@@ -1088,45 +1374,22 @@ mpi_api! {
     }
     fn MPI_Type_get_envelope / PMPI_Type_get_envelope(datatype: MPI_Datatype, num_integers: *mut c_int, num_addresses: *mut c_int, num_datatypes: *mut c_int, combiner: *mut c_int) -> c_int {
         let r = (|| -> R {
-            let st = state()?;
-            let d = info(st, datatype)?;
+            let (ni, na, nc, nd, c) = envelope(datatype)?;
             if num_integers.is_null() || num_addresses.is_null() || num_datatypes.is_null() || combiner.is_null() {
                 return err(MPI_ERR_ARG, "NULL argument");
             }
-            *num_integers = d.ints.len() as c_int;
-            *num_addresses = d.aints.len() as c_int;
-            *num_datatypes = d.types.len() as c_int;
-            *combiner = d.combiner;
+            no_large_counts(nc)?;
+            (*num_integers, *num_addresses, *num_datatypes) = (ni as c_int, na as c_int, nd as c_int);
+            *combiner = c;
             Ok(())
         })();
         fin(MPI_COMM_WORLD, "MPI_Type_get_envelope", r)
     }
     fn MPI_Type_get_contents / PMPI_Type_get_contents(datatype: MPI_Datatype, max_integers: c_int, max_addresses: c_int, max_datatypes: c_int, array_of_integers: *mut c_int, array_of_addresses: *mut MPI_Aint, array_of_datatypes: *mut MPI_Datatype) -> c_int {
+        let m = |v: c_int| usize::try_from(v).unwrap_or(0);
         let r = (|| -> R {
-            let st = state()?;
-            let d = info(st, datatype)?;
-            if d.combiner == MPI_COMBINER_NAMED {
-                return err(MPI_ERR_TYPE, "MPI_Type_get_contents of a predefined datatype");
-            }
-            if (max_integers as usize) < d.ints.len() || (max_addresses as usize) < d.aints.len() || (max_datatypes as usize) < d.types.len() {
-                return err(MPI_ERR_ARG, "arrays too small");
-            }
-            for (i, v) in d.ints.iter().enumerate() {
-                *array_of_integers.add(i) = *v;
-            }
-            for (i, v) in d.aints.iter().enumerate() {
-                *array_of_addresses.add(i) = *v;
-            }
-            for (i, v) in d.types.iter().enumerate() {
-                *array_of_datatypes.add(i) = *v;
-                // A derived type is handed out as a new reference the program frees.
-                if is_derived(*v) {
-                    if let Some(Some(t)) = st.types.get_mut((*v as u32 & 0x03ff_ffff) as usize) {
-                        t.refs += 1;
-                    }
-                }
-            }
-            Ok(())
+            no_large_counts(envelope(datatype)?.2)?;
+            contents(datatype, [m(max_integers), m(max_addresses), 0, m(max_datatypes)], array_of_integers, array_of_addresses, std::ptr::null_mut(), array_of_datatypes)
         })();
         fin(MPI_COMM_WORLD, "MPI_Type_get_contents", r)
     }
@@ -1411,11 +1674,7 @@ fn elem_units(st: &State, d: &Dtype, out: &mut Vec<(usize, usize)>) -> R {
     if d.combiner == MPI_COMBINER_STRUCT {
         let n = d.types.len();
         for i in 0..n {
-            member(
-                d.types[i],
-                d.ints.get(1 + i).copied().unwrap_or(0).max(0) as usize,
-                out,
-            )?;
+            member(d.types[i], d.struct_blocklength(i), out)?;
         }
     } else {
         let Some(&t) = d.types.first() else {
