@@ -404,7 +404,7 @@ int main(int argc, char **argv)
         MPI_Bcast_c(&bv, (MPI_Count)1, MPI_LONG, 0, MPI_COMM_WORLD);
         CHECK(bv == 99);
         MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-        CHECK_RC(MPI_Bcast_c(&bv, (MPI_Count)1 << 40, MPI_LONG, 0, MPI_COMM_WORLD), MPI_ERR_COUNT);
+        CHECK_RC(MPI_Bcast_c(&bv, (MPI_Count)-1, MPI_LONG, 0, MPI_COMM_WORLD), MPI_ERR_COUNT);
         MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_ARE_FATAL);
     }
     for (unsigned k = 0; k < sizeof all / sizeof *all; k++) MPI_Type_free(&all[k]);

@@ -51,92 +51,131 @@ fn ptr(v: &Option<Vec<c_int>>) -> *const c_int {
     v.as_ref().map_or(std::ptr::null(), |v| v.as_ptr())
 }
 
-/// A large count as an int (the only counts the library moves yet).
+/// A large count as an int (counts of bytes and of array entries).
 #[inline]
 pub(crate) fn ci(n: MPI_Count) -> R<c_int> {
     c_int::try_from(n).map_err(|_| MpiErr {
         code: MPI_ERR_COUNT,
-        msg: format!("count {n} exceeds INT_MAX (not supported yet)"),
+        msg: format!(
+            "count {n} exceeds INT_MAX (supported for element counts of a datatype, not here)"
+        ),
     })
 }
 
+/// `count` elements of `dt` as an int count and a datatype: themselves when the count fits an int, else
+/// one element of a contiguous type of `count` elements of `dt` (made once per (type, count) and kept
+/// until `dt` is freed, so nonblocking calls can still use it). The normal path then moves the data; a
+/// status counts bytes, so MPI_Get_count_c with `dt` reports the large count.
+pub(crate) fn wide(count: MPI_Count, dt: MPI_Datatype) -> R<(c_int, MPI_Datatype)> {
+    if let Ok(c) = c_int::try_from(count) {
+        return Ok((c, dt));
+    }
+    if count < 0 {
+        return err(MPI_ERR_COUNT, format!("count {count} is negative"));
+    }
+    let st = state()?;
+    if let Some(&h) = st.big_types.get(&(dt, count)) {
+        return Ok((1, h));
+    }
+    let mut h = MPI_DATATYPE_NULL;
+    // SAFETY: `h` is a valid out-pointer.
+    unsafe { dt::type_contiguous(count, dt, &mut h)? };
+    dt::commit(st, h)?;
+    st.big_types.insert((dt, count), h);
+    Ok((1, h))
+}
+
+/// Whether `dt` is one of the stand-in types of [`wide`] (user-defined reductions cannot take them:
+/// their functions expect the program's own datatype).
+pub(crate) fn is_wide(st: &State, dt: MPI_Datatype) -> bool {
+    !st.big_types.is_empty() && st.big_types.values().any(|&h| h == dt)
+}
+
+/// Narrow the large-count arguments of a `_c` call, then make the int call: `count: datatype` pairs go
+/// through [`wide`], bare byte counts through [`ci`].
 macro_rules! conv {
-    ($comm:expr, $name:expr, $($c:ident),* ; $call:expr) => {{
-        $( let $c = match ci($c) { Ok(v) => v, Err(e) => return raise($comm, $name, e) }; )*
+    ($comm:expr, $name:expr, $($c:ident $(: $t:ident)?),* ; $call:expr) => {{
+        $( conv!(@one $comm, $name, $c $(, $t)?); )*
         $call
     }};
+    (@one $comm:expr, $name:expr, $c:ident, $t:ident) => {
+        let ($c, $t) = match wide($c, $t) { Ok(v) => v, Err(e) => return raise($comm, $name, e) };
+    };
+    (@one $comm:expr, $name:expr, $c:ident) => {
+        let $c = match ci($c) { Ok(v) => v, Err(e) => return raise($comm, $name, e) };
+    };
 }
 
 mpi_api! {
     fn MPI_Send_c / PMPI_Send_c(buf: *const c_void, count: MPI_Count, datatype: MPI_Datatype, dest: c_int, tag: c_int, comm: MPI_Comm) -> c_int {
-        conv!(comm, "MPI_Send_c", count; crate::p2p::PMPI_Send(buf, count, datatype, dest, tag, comm))
+        conv!(comm, "MPI_Send_c", count: datatype; crate::p2p::PMPI_Send(buf, count, datatype, dest, tag, comm))
     }
     fn MPI_Ssend_c / PMPI_Ssend_c(buf: *const c_void, count: MPI_Count, datatype: MPI_Datatype, dest: c_int, tag: c_int, comm: MPI_Comm) -> c_int {
-        conv!(comm, "MPI_Ssend_c", count; crate::p2p::PMPI_Ssend(buf, count, datatype, dest, tag, comm))
+        conv!(comm, "MPI_Ssend_c", count: datatype; crate::p2p::PMPI_Ssend(buf, count, datatype, dest, tag, comm))
     }
     fn MPI_Recv_c / PMPI_Recv_c(buf: *mut c_void, count: MPI_Count, datatype: MPI_Datatype, source: c_int, tag: c_int, comm: MPI_Comm, status: *mut MPI_Status) -> c_int {
-        conv!(comm, "MPI_Recv_c", count; crate::p2p::PMPI_Recv(buf, count, datatype, source, tag, comm, status))
+        conv!(comm, "MPI_Recv_c", count: datatype; crate::p2p::PMPI_Recv(buf, count, datatype, source, tag, comm, status))
     }
     fn MPI_Isend_c / PMPI_Isend_c(buf: *const c_void, count: MPI_Count, datatype: MPI_Datatype, dest: c_int, tag: c_int, comm: MPI_Comm, request: *mut MPI_Request) -> c_int {
-        conv!(comm, "MPI_Isend_c", count; crate::p2p::PMPI_Isend(buf, count, datatype, dest, tag, comm, request))
+        conv!(comm, "MPI_Isend_c", count: datatype; crate::p2p::PMPI_Isend(buf, count, datatype, dest, tag, comm, request))
     }
     fn MPI_Irecv_c / PMPI_Irecv_c(buf: *mut c_void, count: MPI_Count, datatype: MPI_Datatype, source: c_int, tag: c_int, comm: MPI_Comm, request: *mut MPI_Request) -> c_int {
-        conv!(comm, "MPI_Irecv_c", count; crate::p2p::PMPI_Irecv(buf, count, datatype, source, tag, comm, request))
+        conv!(comm, "MPI_Irecv_c", count: datatype; crate::p2p::PMPI_Irecv(buf, count, datatype, source, tag, comm, request))
     }
     fn MPI_Sendrecv_c / PMPI_Sendrecv_c(sendbuf: *const c_void, sendcount: MPI_Count, sendtype: MPI_Datatype, dest: c_int, sendtag: c_int,
         recvbuf: *mut c_void, recvcount: MPI_Count, recvtype: MPI_Datatype, source: c_int, recvtag: c_int, comm: MPI_Comm, status: *mut MPI_Status) -> c_int {
-        conv!(comm, "MPI_Sendrecv_c", sendcount, recvcount; crate::p2p::PMPI_Sendrecv(sendbuf, sendcount, sendtype, dest, sendtag, recvbuf, recvcount, recvtype, source, recvtag, comm, status))
+        conv!(comm, "MPI_Sendrecv_c", sendcount: sendtype, recvcount: recvtype; crate::p2p::PMPI_Sendrecv(sendbuf, sendcount, sendtype, dest, sendtag, recvbuf, recvcount, recvtype, source, recvtag, comm, status))
     }
     fn MPI_Isendrecv_c / PMPI_Isendrecv_c(sendbuf: *const c_void, sendcount: MPI_Count, sendtype: MPI_Datatype, dest: c_int, sendtag: c_int,
         recvbuf: *mut c_void, recvcount: MPI_Count, recvtype: MPI_Datatype, source: c_int, recvtag: c_int, comm: MPI_Comm, request: *mut MPI_Request) -> c_int {
-        conv!(comm, "MPI_Isendrecv_c", sendcount, recvcount; crate::p2p::PMPI_Isendrecv(sendbuf, sendcount, sendtype, dest, sendtag, recvbuf, recvcount, recvtype, source, recvtag, comm, request))
+        conv!(comm, "MPI_Isendrecv_c", sendcount: sendtype, recvcount: recvtype; crate::p2p::PMPI_Isendrecv(sendbuf, sendcount, sendtype, dest, sendtag, recvbuf, recvcount, recvtype, source, recvtag, comm, request))
     }
     fn MPI_Isendrecv_replace_c / PMPI_Isendrecv_replace_c(buf: *mut c_void, count: MPI_Count, datatype: MPI_Datatype, dest: c_int, sendtag: c_int,
         source: c_int, recvtag: c_int, comm: MPI_Comm, request: *mut MPI_Request) -> c_int {
-        conv!(comm, "MPI_Isendrecv_replace_c", count; crate::p2p::PMPI_Isendrecv_replace(buf, count, datatype, dest, sendtag, source, recvtag, comm, request))
+        conv!(comm, "MPI_Isendrecv_replace_c", count: datatype; crate::p2p::PMPI_Isendrecv_replace(buf, count, datatype, dest, sendtag, source, recvtag, comm, request))
     }
     fn MPI_Sendrecv_replace_c / PMPI_Sendrecv_replace_c(buf: *mut c_void, count: MPI_Count, datatype: MPI_Datatype, dest: c_int, sendtag: c_int,
         source: c_int, recvtag: c_int, comm: MPI_Comm, status: *mut MPI_Status) -> c_int {
-        conv!(comm, "MPI_Sendrecv_replace_c", count; crate::p2p::PMPI_Sendrecv_replace(buf, count, datatype, dest, sendtag, source, recvtag, comm, status))
+        conv!(comm, "MPI_Sendrecv_replace_c", count: datatype; crate::p2p::PMPI_Sendrecv_replace(buf, count, datatype, dest, sendtag, source, recvtag, comm, status))
     }
     fn MPI_Bcast_c / PMPI_Bcast_c(buffer: *mut c_void, count: MPI_Count, datatype: MPI_Datatype, root: c_int, comm: MPI_Comm) -> c_int {
-        conv!(comm, "MPI_Bcast_c", count; crate::coll::PMPI_Bcast(buffer, count, datatype, root, comm))
+        conv!(comm, "MPI_Bcast_c", count: datatype; crate::coll::PMPI_Bcast(buffer, count, datatype, root, comm))
     }
     fn MPI_Reduce_c / PMPI_Reduce_c(sendbuf: *const c_void, recvbuf: *mut c_void, count: MPI_Count, datatype: MPI_Datatype, op: MPI_Op, root: c_int, comm: MPI_Comm) -> c_int {
-        conv!(comm, "MPI_Reduce_c", count; crate::coll::PMPI_Reduce(sendbuf, recvbuf, count, datatype, op, root, comm))
+        conv!(comm, "MPI_Reduce_c", count: datatype; crate::coll::PMPI_Reduce(sendbuf, recvbuf, count, datatype, op, root, comm))
     }
     fn MPI_Allreduce_c / PMPI_Allreduce_c(sendbuf: *const c_void, recvbuf: *mut c_void, count: MPI_Count, datatype: MPI_Datatype, op: MPI_Op, comm: MPI_Comm) -> c_int {
-        conv!(comm, "MPI_Allreduce_c", count; crate::coll::PMPI_Allreduce(sendbuf, recvbuf, count, datatype, op, comm))
+        conv!(comm, "MPI_Allreduce_c", count: datatype; crate::coll::PMPI_Allreduce(sendbuf, recvbuf, count, datatype, op, comm))
     }
     fn MPI_Gather_c / PMPI_Gather_c(sendbuf: *const c_void, sendcount: MPI_Count, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcount: MPI_Count, recvtype: MPI_Datatype, root: c_int, comm: MPI_Comm) -> c_int {
-        conv!(comm, "MPI_Gather_c", sendcount, recvcount; crate::coll::PMPI_Gather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, root, comm))
+        conv!(comm, "MPI_Gather_c", sendcount: sendtype, recvcount: recvtype; crate::coll::PMPI_Gather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, root, comm))
     }
     fn MPI_Scatter_c / PMPI_Scatter_c(sendbuf: *const c_void, sendcount: MPI_Count, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcount: MPI_Count, recvtype: MPI_Datatype, root: c_int, comm: MPI_Comm) -> c_int {
-        conv!(comm, "MPI_Scatter_c", sendcount, recvcount; crate::coll::PMPI_Scatter(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, root, comm))
+        conv!(comm, "MPI_Scatter_c", sendcount: sendtype, recvcount: recvtype; crate::coll::PMPI_Scatter(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, root, comm))
     }
     fn MPI_Allgather_c / PMPI_Allgather_c(sendbuf: *const c_void, sendcount: MPI_Count, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcount: MPI_Count, recvtype: MPI_Datatype, comm: MPI_Comm) -> c_int {
-        conv!(comm, "MPI_Allgather_c", sendcount, recvcount; crate::coll::PMPI_Allgather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm))
+        conv!(comm, "MPI_Allgather_c", sendcount: sendtype, recvcount: recvtype; crate::coll::PMPI_Allgather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm))
     }
     fn MPI_Alltoall_c / PMPI_Alltoall_c(sendbuf: *const c_void, sendcount: MPI_Count, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcount: MPI_Count, recvtype: MPI_Datatype, comm: MPI_Comm) -> c_int {
-        conv!(comm, "MPI_Alltoall_c", sendcount, recvcount; crate::coll::PMPI_Alltoall(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm))
+        conv!(comm, "MPI_Alltoall_c", sendcount: sendtype, recvcount: recvtype; crate::coll::PMPI_Alltoall(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm))
     }
     fn MPI_Reduce_scatter_block_c / PMPI_Reduce_scatter_block_c(sendbuf: *const c_void, recvbuf: *mut c_void, recvcount: MPI_Count, datatype: MPI_Datatype, op: MPI_Op, comm: MPI_Comm) -> c_int {
-        conv!(comm, "MPI_Reduce_scatter_block_c", recvcount; crate::coll::PMPI_Reduce_scatter_block(sendbuf, recvbuf, recvcount, datatype, op, comm))
+        conv!(comm, "MPI_Reduce_scatter_block_c", recvcount: datatype; crate::coll::PMPI_Reduce_scatter_block(sendbuf, recvbuf, recvcount, datatype, op, comm))
     }
     fn MPI_Scan_c / PMPI_Scan_c(sendbuf: *const c_void, recvbuf: *mut c_void, count: MPI_Count, datatype: MPI_Datatype, op: MPI_Op, comm: MPI_Comm) -> c_int {
-        conv!(comm, "MPI_Scan_c", count; crate::coll::PMPI_Scan(sendbuf, recvbuf, count, datatype, op, comm))
+        conv!(comm, "MPI_Scan_c", count: datatype; crate::coll::PMPI_Scan(sendbuf, recvbuf, count, datatype, op, comm))
     }
     fn MPI_Exscan_c / PMPI_Exscan_c(sendbuf: *const c_void, recvbuf: *mut c_void, count: MPI_Count, datatype: MPI_Datatype, op: MPI_Op, comm: MPI_Comm) -> c_int {
-        conv!(comm, "MPI_Exscan_c", count; crate::coll::PMPI_Exscan(sendbuf, recvbuf, count, datatype, op, comm))
+        conv!(comm, "MPI_Exscan_c", count: datatype; crate::coll::PMPI_Exscan(sendbuf, recvbuf, count, datatype, op, comm))
     }
     fn MPI_Reduce_local_c / PMPI_Reduce_local_c(inbuf: *const c_void, inoutbuf: *mut c_void, count: MPI_Count, datatype: MPI_Datatype, op: MPI_Op) -> c_int {
-        conv!(MPI_COMM_WORLD, "MPI_Reduce_local_c", count; crate::op::PMPI_Reduce_local(inbuf, inoutbuf, count, datatype, op))
+        conv!(MPI_COMM_WORLD, "MPI_Reduce_local_c", count: datatype; crate::op::PMPI_Reduce_local(inbuf, inoutbuf, count, datatype, op))
     }
     fn MPI_Ibcast_c / PMPI_Ibcast_c(buffer: *mut c_void, count: MPI_Count, datatype: MPI_Datatype, root: c_int, comm: MPI_Comm, request: *mut MPI_Request) -> c_int {
-        conv!(comm, "MPI_Ibcast_c", count; crate::coll::PMPI_Ibcast(buffer, count, datatype, root, comm, request))
+        conv!(comm, "MPI_Ibcast_c", count: datatype; crate::coll::PMPI_Ibcast(buffer, count, datatype, root, comm, request))
     }
     fn MPI_Iallreduce_c / PMPI_Iallreduce_c(sendbuf: *const c_void, recvbuf: *mut c_void, count: MPI_Count, datatype: MPI_Datatype, op: MPI_Op, comm: MPI_Comm, request: *mut MPI_Request) -> c_int {
-        conv!(comm, "MPI_Iallreduce_c", count; crate::coll::PMPI_Iallreduce(sendbuf, recvbuf, count, datatype, op, comm, request))
+        conv!(comm, "MPI_Iallreduce_c", count: datatype; crate::coll::PMPI_Iallreduce(sendbuf, recvbuf, count, datatype, op, comm, request))
     }
     fn MPI_Type_size_c / PMPI_Type_size_c(datatype: MPI_Datatype, size: *mut MPI_Count) -> c_int {
         crate::datatype::PMPI_Type_size_x(datatype, size)
@@ -174,112 +213,112 @@ mpi_api! {
         fin(MPI_COMM_WORLD, "MPI_Pack_size_c", r)
     }
     fn MPI_Bsend_c / PMPI_Bsend_c(buf: *const c_void, count: MPI_Count, datatype: MPI_Datatype, dest: c_int, tag: c_int, comm: MPI_Comm) -> c_int {
-        conv!(comm, "MPI_Bsend_c", count; crate::p2p::PMPI_Bsend(buf, count, datatype, dest, tag, comm))
+        conv!(comm, "MPI_Bsend_c", count: datatype; crate::p2p::PMPI_Bsend(buf, count, datatype, dest, tag, comm))
     }
     fn MPI_Rsend_c / PMPI_Rsend_c(buf: *const c_void, count: MPI_Count, datatype: MPI_Datatype, dest: c_int, tag: c_int, comm: MPI_Comm) -> c_int {
-        conv!(comm, "MPI_Rsend_c", count; crate::p2p::PMPI_Rsend(buf, count, datatype, dest, tag, comm))
+        conv!(comm, "MPI_Rsend_c", count: datatype; crate::p2p::PMPI_Rsend(buf, count, datatype, dest, tag, comm))
     }
     fn MPI_Ibsend_c / PMPI_Ibsend_c(buf: *const c_void, count: MPI_Count, datatype: MPI_Datatype, dest: c_int, tag: c_int, comm: MPI_Comm, request: *mut MPI_Request) -> c_int {
-        conv!(comm, "MPI_Ibsend_c", count; crate::p2p::PMPI_Ibsend(buf, count, datatype, dest, tag, comm, request))
+        conv!(comm, "MPI_Ibsend_c", count: datatype; crate::p2p::PMPI_Ibsend(buf, count, datatype, dest, tag, comm, request))
     }
     fn MPI_Irsend_c / PMPI_Irsend_c(buf: *const c_void, count: MPI_Count, datatype: MPI_Datatype, dest: c_int, tag: c_int, comm: MPI_Comm, request: *mut MPI_Request) -> c_int {
-        conv!(comm, "MPI_Irsend_c", count; crate::p2p::PMPI_Irsend(buf, count, datatype, dest, tag, comm, request))
+        conv!(comm, "MPI_Irsend_c", count: datatype; crate::p2p::PMPI_Irsend(buf, count, datatype, dest, tag, comm, request))
     }
     fn MPI_Issend_c / PMPI_Issend_c(buf: *const c_void, count: MPI_Count, datatype: MPI_Datatype, dest: c_int, tag: c_int, comm: MPI_Comm, request: *mut MPI_Request) -> c_int {
-        conv!(comm, "MPI_Issend_c", count; crate::p2p::PMPI_Issend(buf, count, datatype, dest, tag, comm, request))
+        conv!(comm, "MPI_Issend_c", count: datatype; crate::p2p::PMPI_Issend(buf, count, datatype, dest, tag, comm, request))
     }
     fn MPI_Send_init_c / PMPI_Send_init_c(buf: *const c_void, count: MPI_Count, datatype: MPI_Datatype, dest: c_int, tag: c_int, comm: MPI_Comm, request: *mut MPI_Request) -> c_int {
-        conv!(comm, "MPI_Send_init_c", count; crate::p2p::PMPI_Send_init(buf, count, datatype, dest, tag, comm, request))
+        conv!(comm, "MPI_Send_init_c", count: datatype; crate::p2p::PMPI_Send_init(buf, count, datatype, dest, tag, comm, request))
     }
     fn MPI_Recv_init_c / PMPI_Recv_init_c(buf: *mut c_void, count: MPI_Count, datatype: MPI_Datatype, source: c_int, tag: c_int, comm: MPI_Comm, request: *mut MPI_Request) -> c_int {
-        conv!(comm, "MPI_Recv_init_c", count; crate::p2p::PMPI_Recv_init(buf, count, datatype, source, tag, comm, request))
+        conv!(comm, "MPI_Recv_init_c", count: datatype; crate::p2p::PMPI_Recv_init(buf, count, datatype, source, tag, comm, request))
     }
     fn MPI_Bsend_init_c / PMPI_Bsend_init_c(buf: *const c_void, count: MPI_Count, datatype: MPI_Datatype, dest: c_int, tag: c_int, comm: MPI_Comm, request: *mut MPI_Request) -> c_int {
-        conv!(comm, "MPI_Bsend_init_c", count; crate::p2p::PMPI_Bsend_init(buf, count, datatype, dest, tag, comm, request))
+        conv!(comm, "MPI_Bsend_init_c", count: datatype; crate::p2p::PMPI_Bsend_init(buf, count, datatype, dest, tag, comm, request))
     }
     fn MPI_Rsend_init_c / PMPI_Rsend_init_c(buf: *const c_void, count: MPI_Count, datatype: MPI_Datatype, dest: c_int, tag: c_int, comm: MPI_Comm, request: *mut MPI_Request) -> c_int {
-        conv!(comm, "MPI_Rsend_init_c", count; crate::p2p::PMPI_Rsend_init(buf, count, datatype, dest, tag, comm, request))
+        conv!(comm, "MPI_Rsend_init_c", count: datatype; crate::p2p::PMPI_Rsend_init(buf, count, datatype, dest, tag, comm, request))
     }
     fn MPI_Ssend_init_c / PMPI_Ssend_init_c(buf: *const c_void, count: MPI_Count, datatype: MPI_Datatype, dest: c_int, tag: c_int, comm: MPI_Comm, request: *mut MPI_Request) -> c_int {
-        conv!(comm, "MPI_Ssend_init_c", count; crate::p2p::PMPI_Ssend_init(buf, count, datatype, dest, tag, comm, request))
+        conv!(comm, "MPI_Ssend_init_c", count: datatype; crate::p2p::PMPI_Ssend_init(buf, count, datatype, dest, tag, comm, request))
     }
     fn MPI_Mrecv_c / PMPI_Mrecv_c(buf: *mut c_void, count: MPI_Count, datatype: MPI_Datatype, message: *mut MPI_Message, status: *mut MPI_Status) -> c_int {
-        conv!(MPI_COMM_WORLD, "MPI_Mrecv_c", count; crate::p2p::PMPI_Mrecv(buf, count, datatype, message, status))
+        conv!(MPI_COMM_WORLD, "MPI_Mrecv_c", count: datatype; crate::p2p::PMPI_Mrecv(buf, count, datatype, message, status))
     }
     fn MPI_Imrecv_c / PMPI_Imrecv_c(buf: *mut c_void, count: MPI_Count, datatype: MPI_Datatype, message: *mut MPI_Message, request: *mut MPI_Request) -> c_int {
-        conv!(MPI_COMM_WORLD, "MPI_Imrecv_c", count; crate::p2p::PMPI_Imrecv(buf, count, datatype, message, request))
+        conv!(MPI_COMM_WORLD, "MPI_Imrecv_c", count: datatype; crate::p2p::PMPI_Imrecv(buf, count, datatype, message, request))
     }
     fn MPI_Igather_c / PMPI_Igather_c(sendbuf: *const c_void, sendcount: MPI_Count, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcount: MPI_Count, recvtype: MPI_Datatype, root: c_int, comm: MPI_Comm, request: *mut MPI_Request) -> c_int {
-        conv!(comm, "MPI_Igather_c", sendcount, recvcount; crate::coll::PMPI_Igather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, root, comm, request))
+        conv!(comm, "MPI_Igather_c", sendcount: sendtype, recvcount: recvtype; crate::coll::PMPI_Igather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, root, comm, request))
     }
     fn MPI_Iscatter_c / PMPI_Iscatter_c(sendbuf: *const c_void, sendcount: MPI_Count, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcount: MPI_Count, recvtype: MPI_Datatype, root: c_int, comm: MPI_Comm, request: *mut MPI_Request) -> c_int {
-        conv!(comm, "MPI_Iscatter_c", sendcount, recvcount; crate::coll::PMPI_Iscatter(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, root, comm, request))
+        conv!(comm, "MPI_Iscatter_c", sendcount: sendtype, recvcount: recvtype; crate::coll::PMPI_Iscatter(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, root, comm, request))
     }
     fn MPI_Iallgather_c / PMPI_Iallgather_c(sendbuf: *const c_void, sendcount: MPI_Count, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcount: MPI_Count, recvtype: MPI_Datatype, comm: MPI_Comm, request: *mut MPI_Request) -> c_int {
-        conv!(comm, "MPI_Iallgather_c", sendcount, recvcount; crate::coll::PMPI_Iallgather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm, request))
+        conv!(comm, "MPI_Iallgather_c", sendcount: sendtype, recvcount: recvtype; crate::coll::PMPI_Iallgather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm, request))
     }
     fn MPI_Ialltoall_c / PMPI_Ialltoall_c(sendbuf: *const c_void, sendcount: MPI_Count, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcount: MPI_Count, recvtype: MPI_Datatype, comm: MPI_Comm, request: *mut MPI_Request) -> c_int {
-        conv!(comm, "MPI_Ialltoall_c", sendcount, recvcount; crate::coll::PMPI_Ialltoall(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm, request))
+        conv!(comm, "MPI_Ialltoall_c", sendcount: sendtype, recvcount: recvtype; crate::coll::PMPI_Ialltoall(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm, request))
     }
     fn MPI_Ireduce_c / PMPI_Ireduce_c(sendbuf: *const c_void, recvbuf: *mut c_void, count: MPI_Count, datatype: MPI_Datatype, op: MPI_Op, root: c_int, comm: MPI_Comm, request: *mut MPI_Request) -> c_int {
-        conv!(comm, "MPI_Ireduce_c", count; crate::coll::PMPI_Ireduce(sendbuf, recvbuf, count, datatype, op, root, comm, request))
+        conv!(comm, "MPI_Ireduce_c", count: datatype; crate::coll::PMPI_Ireduce(sendbuf, recvbuf, count, datatype, op, root, comm, request))
     }
     fn MPI_Iscan_c / PMPI_Iscan_c(sendbuf: *const c_void, recvbuf: *mut c_void, count: MPI_Count, datatype: MPI_Datatype, op: MPI_Op, comm: MPI_Comm, request: *mut MPI_Request) -> c_int {
-        conv!(comm, "MPI_Iscan_c", count; crate::coll::PMPI_Iscan(sendbuf, recvbuf, count, datatype, op, comm, request))
+        conv!(comm, "MPI_Iscan_c", count: datatype; crate::coll::PMPI_Iscan(sendbuf, recvbuf, count, datatype, op, comm, request))
     }
     fn MPI_Iexscan_c / PMPI_Iexscan_c(sendbuf: *const c_void, recvbuf: *mut c_void, count: MPI_Count, datatype: MPI_Datatype, op: MPI_Op, comm: MPI_Comm, request: *mut MPI_Request) -> c_int {
-        conv!(comm, "MPI_Iexscan_c", count; crate::coll::PMPI_Iexscan(sendbuf, recvbuf, count, datatype, op, comm, request))
+        conv!(comm, "MPI_Iexscan_c", count: datatype; crate::coll::PMPI_Iexscan(sendbuf, recvbuf, count, datatype, op, comm, request))
     }
     fn MPI_Ireduce_scatter_block_c / PMPI_Ireduce_scatter_block_c(sendbuf: *const c_void, recvbuf: *mut c_void, recvcount: MPI_Count, datatype: MPI_Datatype, op: MPI_Op, comm: MPI_Comm, request: *mut MPI_Request) -> c_int {
-        conv!(comm, "MPI_Ireduce_scatter_block_c", recvcount; crate::coll::PMPI_Ireduce_scatter_block(sendbuf, recvbuf, recvcount, datatype, op, comm, request))
+        conv!(comm, "MPI_Ireduce_scatter_block_c", recvcount: datatype; crate::coll::PMPI_Ireduce_scatter_block(sendbuf, recvbuf, recvcount, datatype, op, comm, request))
     }
     fn MPI_Neighbor_allgather_c / PMPI_Neighbor_allgather_c(sendbuf: *const c_void, sendcount: MPI_Count, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcount: MPI_Count, recvtype: MPI_Datatype, comm: MPI_Comm) -> c_int {
-        conv!(comm, "MPI_Neighbor_allgather_c", sendcount, recvcount; crate::coll::PMPI_Neighbor_allgather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm))
+        conv!(comm, "MPI_Neighbor_allgather_c", sendcount: sendtype, recvcount: recvtype; crate::coll::PMPI_Neighbor_allgather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm))
     }
     fn MPI_Neighbor_alltoall_c / PMPI_Neighbor_alltoall_c(sendbuf: *const c_void, sendcount: MPI_Count, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcount: MPI_Count, recvtype: MPI_Datatype, comm: MPI_Comm) -> c_int {
-        conv!(comm, "MPI_Neighbor_alltoall_c", sendcount, recvcount; crate::coll::PMPI_Neighbor_alltoall(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm))
+        conv!(comm, "MPI_Neighbor_alltoall_c", sendcount: sendtype, recvcount: recvtype; crate::coll::PMPI_Neighbor_alltoall(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm))
     }
     fn MPI_Ineighbor_allgather_c / PMPI_Ineighbor_allgather_c(sendbuf: *const c_void, sendcount: MPI_Count, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcount: MPI_Count, recvtype: MPI_Datatype, comm: MPI_Comm, request: *mut MPI_Request) -> c_int {
-        conv!(comm, "MPI_Ineighbor_allgather_c", sendcount, recvcount; crate::coll::PMPI_Ineighbor_allgather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm, request))
+        conv!(comm, "MPI_Ineighbor_allgather_c", sendcount: sendtype, recvcount: recvtype; crate::coll::PMPI_Ineighbor_allgather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm, request))
     }
     fn MPI_Ineighbor_alltoall_c / PMPI_Ineighbor_alltoall_c(sendbuf: *const c_void, sendcount: MPI_Count, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcount: MPI_Count, recvtype: MPI_Datatype, comm: MPI_Comm, request: *mut MPI_Request) -> c_int {
-        conv!(comm, "MPI_Ineighbor_alltoall_c", sendcount, recvcount; crate::coll::PMPI_Ineighbor_alltoall(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm, request))
+        conv!(comm, "MPI_Ineighbor_alltoall_c", sendcount: sendtype, recvcount: recvtype; crate::coll::PMPI_Ineighbor_alltoall(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm, request))
     }
     fn MPI_Neighbor_allgather_init_c / PMPI_Neighbor_allgather_init_c(sendbuf: *const c_void, sendcount: MPI_Count, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcount: MPI_Count, recvtype: MPI_Datatype, comm: MPI_Comm, info: MPI_Info, request: *mut MPI_Request) -> c_int {
-        conv!(comm, "MPI_Neighbor_allgather_init_c", sendcount, recvcount; crate::coll::PMPI_Neighbor_allgather_init(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm, info, request))
+        conv!(comm, "MPI_Neighbor_allgather_init_c", sendcount: sendtype, recvcount: recvtype; crate::coll::PMPI_Neighbor_allgather_init(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm, info, request))
     }
     fn MPI_Neighbor_alltoall_init_c / PMPI_Neighbor_alltoall_init_c(sendbuf: *const c_void, sendcount: MPI_Count, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcount: MPI_Count, recvtype: MPI_Datatype, comm: MPI_Comm, info: MPI_Info, request: *mut MPI_Request) -> c_int {
-        conv!(comm, "MPI_Neighbor_alltoall_init_c", sendcount, recvcount; crate::coll::PMPI_Neighbor_alltoall_init(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm, info, request))
+        conv!(comm, "MPI_Neighbor_alltoall_init_c", sendcount: sendtype, recvcount: recvtype; crate::coll::PMPI_Neighbor_alltoall_init(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm, info, request))
     }
     fn MPI_Bcast_init_c / PMPI_Bcast_init_c(buffer: *mut c_void, count: MPI_Count, datatype: MPI_Datatype, root: c_int, comm: MPI_Comm, info: MPI_Info, request: *mut MPI_Request) -> c_int {
-        conv!(comm, "MPI_Bcast_init_c", count; crate::coll::persistent::PMPI_Bcast_init(buffer, count, datatype, root, comm, info, request))
+        conv!(comm, "MPI_Bcast_init_c", count: datatype; crate::coll::persistent::PMPI_Bcast_init(buffer, count, datatype, root, comm, info, request))
     }
     fn MPI_Reduce_init_c / PMPI_Reduce_init_c(sendbuf: *const c_void, recvbuf: *mut c_void, count: MPI_Count, datatype: MPI_Datatype, op: MPI_Op, root: c_int, comm: MPI_Comm, info: MPI_Info, request: *mut MPI_Request) -> c_int {
-        conv!(comm, "MPI_Reduce_init_c", count; crate::coll::persistent::PMPI_Reduce_init(sendbuf, recvbuf, count, datatype, op, root, comm, info, request))
+        conv!(comm, "MPI_Reduce_init_c", count: datatype; crate::coll::persistent::PMPI_Reduce_init(sendbuf, recvbuf, count, datatype, op, root, comm, info, request))
     }
     fn MPI_Allreduce_init_c / PMPI_Allreduce_init_c(sendbuf: *const c_void, recvbuf: *mut c_void, count: MPI_Count, datatype: MPI_Datatype, op: MPI_Op, comm: MPI_Comm, info: MPI_Info, request: *mut MPI_Request) -> c_int {
-        conv!(comm, "MPI_Allreduce_init_c", count; crate::coll::persistent::PMPI_Allreduce_init(sendbuf, recvbuf, count, datatype, op, comm, info, request))
+        conv!(comm, "MPI_Allreduce_init_c", count: datatype; crate::coll::persistent::PMPI_Allreduce_init(sendbuf, recvbuf, count, datatype, op, comm, info, request))
     }
     fn MPI_Gather_init_c / PMPI_Gather_init_c(sendbuf: *const c_void, sendcount: MPI_Count, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcount: MPI_Count, recvtype: MPI_Datatype, root: c_int, comm: MPI_Comm, info: MPI_Info, request: *mut MPI_Request) -> c_int {
-        conv!(comm, "MPI_Gather_init_c", sendcount, recvcount; crate::coll::persistent::PMPI_Gather_init(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, root, comm, info, request))
+        conv!(comm, "MPI_Gather_init_c", sendcount: sendtype, recvcount: recvtype; crate::coll::persistent::PMPI_Gather_init(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, root, comm, info, request))
     }
     fn MPI_Scatter_init_c / PMPI_Scatter_init_c(sendbuf: *const c_void, sendcount: MPI_Count, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcount: MPI_Count, recvtype: MPI_Datatype, root: c_int, comm: MPI_Comm, info: MPI_Info, request: *mut MPI_Request) -> c_int {
-        conv!(comm, "MPI_Scatter_init_c", sendcount, recvcount; crate::coll::persistent::PMPI_Scatter_init(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, root, comm, info, request))
+        conv!(comm, "MPI_Scatter_init_c", sendcount: sendtype, recvcount: recvtype; crate::coll::persistent::PMPI_Scatter_init(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, root, comm, info, request))
     }
     fn MPI_Allgather_init_c / PMPI_Allgather_init_c(sendbuf: *const c_void, sendcount: MPI_Count, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcount: MPI_Count, recvtype: MPI_Datatype, comm: MPI_Comm, info: MPI_Info, request: *mut MPI_Request) -> c_int {
-        conv!(comm, "MPI_Allgather_init_c", sendcount, recvcount; crate::coll::persistent::PMPI_Allgather_init(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm, info, request))
+        conv!(comm, "MPI_Allgather_init_c", sendcount: sendtype, recvcount: recvtype; crate::coll::persistent::PMPI_Allgather_init(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm, info, request))
     }
     fn MPI_Alltoall_init_c / PMPI_Alltoall_init_c(sendbuf: *const c_void, sendcount: MPI_Count, sendtype: MPI_Datatype, recvbuf: *mut c_void, recvcount: MPI_Count, recvtype: MPI_Datatype, comm: MPI_Comm, info: MPI_Info, request: *mut MPI_Request) -> c_int {
-        conv!(comm, "MPI_Alltoall_init_c", sendcount, recvcount; crate::coll::persistent::PMPI_Alltoall_init(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm, info, request))
+        conv!(comm, "MPI_Alltoall_init_c", sendcount: sendtype, recvcount: recvtype; crate::coll::persistent::PMPI_Alltoall_init(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm, info, request))
     }
     fn MPI_Scan_init_c / PMPI_Scan_init_c(sendbuf: *const c_void, recvbuf: *mut c_void, count: MPI_Count, datatype: MPI_Datatype, op: MPI_Op, comm: MPI_Comm, info: MPI_Info, request: *mut MPI_Request) -> c_int {
-        conv!(comm, "MPI_Scan_init_c", count; crate::coll::persistent::PMPI_Scan_init(sendbuf, recvbuf, count, datatype, op, comm, info, request))
+        conv!(comm, "MPI_Scan_init_c", count: datatype; crate::coll::persistent::PMPI_Scan_init(sendbuf, recvbuf, count, datatype, op, comm, info, request))
     }
     fn MPI_Exscan_init_c / PMPI_Exscan_init_c(sendbuf: *const c_void, recvbuf: *mut c_void, count: MPI_Count, datatype: MPI_Datatype, op: MPI_Op, comm: MPI_Comm, info: MPI_Info, request: *mut MPI_Request) -> c_int {
-        conv!(comm, "MPI_Exscan_init_c", count; crate::coll::persistent::PMPI_Exscan_init(sendbuf, recvbuf, count, datatype, op, comm, info, request))
+        conv!(comm, "MPI_Exscan_init_c", count: datatype; crate::coll::persistent::PMPI_Exscan_init(sendbuf, recvbuf, count, datatype, op, comm, info, request))
     }
     fn MPI_Reduce_scatter_block_init_c / PMPI_Reduce_scatter_block_init_c(sendbuf: *const c_void, recvbuf: *mut c_void, recvcount: MPI_Count, datatype: MPI_Datatype, op: MPI_Op, comm: MPI_Comm, info: MPI_Info, request: *mut MPI_Request) -> c_int {
-        conv!(comm, "MPI_Reduce_scatter_block_init_c", recvcount; crate::coll::persistent::PMPI_Reduce_scatter_block_init(sendbuf, recvbuf, recvcount, datatype, op, comm, info, request))
+        conv!(comm, "MPI_Reduce_scatter_block_init_c", recvcount: datatype; crate::coll::persistent::PMPI_Reduce_scatter_block_init(sendbuf, recvbuf, recvcount, datatype, op, comm, info, request))
     }
     fn MPI_Type_contiguous_c / PMPI_Type_contiguous_c(count: MPI_Count, oldtype: MPI_Datatype, newtype: *mut MPI_Datatype) -> c_int {
         fin(MPI_COMM_WORLD, "MPI_Type_contiguous_c", dt::type_contiguous(count, oldtype, newtype))
@@ -333,20 +372,20 @@ mpi_api! {
         fin(MPI_COMM_WORLD, "MPI_Type_get_contents_c", r)
     }
     fn MPI_Pack_external_size_c / PMPI_Pack_external_size_c(datarep: *const c_char, incount: MPI_Count, datatype: MPI_Datatype, size: *mut MPI_Count) -> c_int {
-        conv!(MPI_COMM_WORLD, "MPI_Pack_external_size_c", incount; crate::datatype::PMPI_Pack_external_size(datarep, incount, datatype, size as *mut MPI_Aint))
+        conv!(MPI_COMM_WORLD, "MPI_Pack_external_size_c", incount: datatype; crate::datatype::PMPI_Pack_external_size(datarep, incount, datatype, size as *mut MPI_Aint))
     }
     fn MPI_Pack_external_c / PMPI_Pack_external_c(datarep: *const c_char, inbuf: *const c_void, incount: MPI_Count, datatype: MPI_Datatype, outbuf: *mut c_void, outsize: MPI_Count, position: *mut MPI_Count) -> c_int {
-        conv!(MPI_COMM_WORLD, "MPI_Pack_external_c", incount; crate::datatype::PMPI_Pack_external(datarep, inbuf, incount, datatype, outbuf, outsize as MPI_Aint, position as *mut MPI_Aint))
+        conv!(MPI_COMM_WORLD, "MPI_Pack_external_c", incount: datatype; crate::datatype::PMPI_Pack_external(datarep, inbuf, incount, datatype, outbuf, outsize as MPI_Aint, position as *mut MPI_Aint))
     }
     fn MPI_Unpack_external_c / PMPI_Unpack_external_c(datarep: *const c_char, inbuf: *const c_void, insize: MPI_Count, position: *mut MPI_Count, outbuf: *mut c_void, outcount: MPI_Count, datatype: MPI_Datatype) -> c_int {
-        conv!(MPI_COMM_WORLD, "MPI_Unpack_external_c", outcount; crate::datatype::PMPI_Unpack_external(datarep, inbuf, insize as MPI_Aint, position as *mut MPI_Aint, outbuf, outcount, datatype))
+        conv!(MPI_COMM_WORLD, "MPI_Unpack_external_c", outcount: datatype; crate::datatype::PMPI_Unpack_external(datarep, inbuf, insize as MPI_Aint, position as *mut MPI_Aint, outbuf, outcount, datatype))
     }
     fn MPI_Pack_c / PMPI_Pack_c(inbuf: *const c_void, incount: MPI_Count, datatype: MPI_Datatype, outbuf: *mut c_void, outsize: MPI_Count, position: *mut MPI_Count, comm: MPI_Comm) -> c_int {
         if position.is_null() {
             return raise(comm, "MPI_Pack_c", MpiErr { code: MPI_ERR_ARG, msg: "position is NULL".into() });
         }
         let mut pos = match ci(*position) { Ok(v) => v, Err(e) => return raise(comm, "MPI_Pack_c", e) };
-        let rc = conv!(comm, "MPI_Pack_c", incount, outsize; crate::datatype::PMPI_Pack(inbuf, incount, datatype, outbuf, outsize, &mut pos, comm));
+        let rc = conv!(comm, "MPI_Pack_c", incount: datatype, outsize; crate::datatype::PMPI_Pack(inbuf, incount, datatype, outbuf, outsize, &mut pos, comm));
         *position = pos as MPI_Count;
         rc
     }
@@ -355,7 +394,7 @@ mpi_api! {
             return raise(comm, "MPI_Unpack_c", MpiErr { code: MPI_ERR_ARG, msg: "position is NULL".into() });
         }
         let mut pos = match ci(*position) { Ok(v) => v, Err(e) => return raise(comm, "MPI_Unpack_c", e) };
-        let rc = conv!(comm, "MPI_Unpack_c", insize, outcount; crate::datatype::PMPI_Unpack(inbuf, insize, &mut pos, outbuf, outcount, datatype, comm));
+        let rc = conv!(comm, "MPI_Unpack_c", insize, outcount: datatype; crate::datatype::PMPI_Unpack(inbuf, insize, &mut pos, outbuf, outcount, datatype, comm));
         *position = pos as MPI_Count;
         rc
     }

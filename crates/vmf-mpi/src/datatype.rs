@@ -170,6 +170,23 @@ pub(crate) fn get(st: &State, dt: MPI_Datatype) -> R<&Dtype> {
 
 /// A pending operation will use derived type `dt` later (a staged receive unpacks with it, a persistent
 /// request packs with it at each start): MPI_Type_free must not let its slot be reused until `release`.
+/// Mark derived type `dt` committed.
+pub(crate) fn commit(st: &mut State, dt: MPI_Datatype) -> R {
+    get(st, dt)?;
+    let i = (dt as u32 & 0x03ff_ffff) as usize;
+    st.types[i].as_mut().unwrap().committed = true;
+    Ok(())
+}
+
+/// Free type slot `i`. Pending operations that still pack or unpack with the type hold it: then it goes
+/// at their end.
+fn drop_slot(st: &mut State, i: usize) {
+    match st.type_holds.get_mut(i) {
+        Some(h) if h.0 > 0 => h.1 = true,
+        _ => st.types[i] = None,
+    }
+}
+
 pub(crate) fn hold(st: &mut State, dt: MPI_Datatype) {
     if is_derived(dt) && get(st, dt).is_ok() {
         let i = (dt as u32 & 0x03ff_ffff) as usize;
@@ -1381,10 +1398,7 @@ mpi_api! {
                 type_extent(*datatype)?;
                 return Ok(());
             }
-            get(st, *datatype)?;
-            let i = (*datatype as u32 & 0x03ff_ffff) as usize;
-            st.types[i].as_mut().unwrap().committed = true;
-            Ok(())
+            commit(st, *datatype)
         })();
         fin(MPI_COMM_WORLD, "MPI_Type_commit", r)
     }
@@ -1412,10 +1426,14 @@ mpi_api! {
                 crate::comm::delete_obj_attr(st, *datatype, *k, *v)?;
             }
             // Types are flattened at construction: freeing never affects types built from this one.
-            // Pending operations that still pack or unpack with it hold it: then it goes at their end.
-            match st.type_holds.get_mut(i) {
-                Some(h) if h.0 > 0 => h.1 = true,
-                _ => st.types[i] = None,
+            drop_slot(st, i);
+            // The stand-ins of large counts of this type (bigcount::wide) go with it: its handle may
+            // name another type later.
+            let dt = *datatype;
+            let stand_ins: Vec<MPI_Datatype> = st.big_types.iter().filter(|(k, _)| k.0 == dt).map(|(_, &h)| h).collect();
+            st.big_types.retain(|k, _| k.0 != dt);
+            for h in stand_ins {
+                drop_slot(st, (h as u32 & 0x03ff_ffff) as usize);
             }
             *datatype = MPI_DATATYPE_NULL;
             Ok(())

@@ -275,6 +275,7 @@ pub(crate) fn start(required: c_int) -> R {
         predef_names: Default::default(),
         predef_attrs: Default::default(),
         f90_types: Default::default(),
+        big_types: Default::default(),
         next_ctx: 32,
         next_ictx: IDUP_CTX_BASE,
         spare: None,

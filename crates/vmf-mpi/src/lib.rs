@@ -370,6 +370,9 @@ pub(crate) struct State {
     pub predef_attrs: std::collections::HashMap<MPI_Datatype, Vec<(c_int, *mut std::ffi::c_void)>>,
     /// Types made by MPI_Type_create_f90_integer/real/complex, one per (combiner, p, r): never freed.
     pub f90_types: std::collections::HashMap<(c_int, c_int, c_int), MPI_Datatype>,
+    /// Contiguous types of (datatype, count) standing in for counts beyond INT_MAX in the `_c` calls
+    /// (see `bigcount::wide`); dropped with their datatype.
+    pub big_types: std::collections::HashMap<(MPI_Datatype, MPI_Count), MPI_Datatype>,
     /// Next free context id (every communicator takes two: point-to-point and collective).
     pub next_ctx: u32,
     /// Next free context id of MPI_Comm_idup (from [`IDUP_CTX_BASE`] up): a space of its own, because

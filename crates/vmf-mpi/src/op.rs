@@ -67,6 +67,12 @@ pub(crate) fn resolve(st: &State, op: MPI_Op, dt: MPI_Datatype, count: usize) ->
                 code: MPI_ERR_OP,
                 msg: format!("invalid op {op:#x}"),
             })?;
+        if crate::bigcount::is_wide(st, dt) {
+            return err(
+                MPI_ERR_COUNT,
+                "user-defined reductions of more than INT_MAX elements are not supported (the function would be handed a stand-in datatype)",
+            );
+        }
         let (ext, _) = if datatype::is_derived(dt) {
             let d = datatype::get(st, dt)?;
             (d.extent() as usize, d.size)
