@@ -57,7 +57,7 @@ pub(crate) fn ci(n: MPI_Count) -> R<c_int> {
     c_int::try_from(n).map_err(|_| MpiErr {
         code: MPI_ERR_COUNT,
         msg: format!(
-            "count {n} exceeds INT_MAX (supported for element counts of a datatype, not here)"
+            "count {n} exceeds INT_MAX (only the element count of a buffer may, not an array entry or a byte size)"
         ),
     })
 }
