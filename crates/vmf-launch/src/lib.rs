@@ -25,7 +25,9 @@
 //! Each rank starts a session of its own (`setsid`), as Hydra's ranks do: with the kernel's autogroup
 //! scheduling (Debian's default) every session is one scheduling group, so a job whose ranks shared the
 //! caller's session would get one share of a busy host's CPUs where an MPICH job gets one per rank (NPB EP
-//! beside a CPU-bound job: 1.4-1.9x slower before). A terminal's Ctrl-C therefore reaches the launcher,
+//! beside a CPU-bound job: 1.4-1.9x slower before). Not when the ranks outnumber the CPUs: then they share
+//! the launcher's session, because a rank waiting for the rank that shares its CPU yields to it, and
+//! `sched_yield` only passes the CPU within one scheduling group. A terminal's Ctrl-C therefore reaches the launcher,
 //! which stops the ranks (SIGTERM, then SIGKILL). Ranks get `PR_SET_PDEATHSIG(SIGKILL)`, so they die if the launcher is killed with `kill -9`. Because the kernel
 //! ties that signal to the *thread* that spawned them, call [`run`] from a thread that lives until it
 //! returns (normally the main thread). A rank that initialised PMI must call `finalize` before exiting;
@@ -427,6 +429,11 @@ impl Job<'_> {
             .filter(|&r| self.placement[r] == self.placement[rank])
             .collect();
         let pos = on_host.iter().position(|&r| r == rank).unwrap_or(0);
+        // Ranks outnumbering the CPUs stay in the launcher's session, so in one autogroup: sched_yield
+        // only hands the CPU to a task of the same scheduling group, and the waiting policy yields to the
+        // rank that shares our CPU (4 ranks on 2 CPUs, a session each: barrier 2.6-4.2 us, allreduce 8 B
+        // 3.7; one: 2.1 and 2.3-3.2).
+        let own_session = o.np <= cpus.len();
         let bind_cpu = o
             .bind_cores
             .then(|| vmf_pal::process::cpu_for_rank(pos, on_host.len(), &cpus))
@@ -514,7 +521,7 @@ impl Job<'_> {
                     }
                 }
                 // A session (and so an autogroup) per rank: see the module documentation.
-                if libc::setsid() < 0 {
+                if own_session && libc::setsid() < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
                 set_parent_death_signal(libc::SIGKILL)?;

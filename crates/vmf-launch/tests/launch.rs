@@ -175,11 +175,25 @@ fn all_ranks_exit_zero_works() {
 }
 
 #[test]
+fn oversubscribed_ranks_share_the_launchers_session_works() {
+    // More ranks than CPUs: no rank leads a session (they stay in the launcher's, one autogroup).
+    let d = tmp("session-over");
+    let np = vmf_pal::process::allowed_cpus().len() + 1;
+    let o = sh(
+        np,
+        r#"s=$(cut -d' ' -f6 /proc/$$/stat); [ "$s" != "$$" ] || { echo "rank $PMI_RANK leads session $s" >&2; exit 7; }"#,
+        &d,
+    );
+    assert_eq!(run(&o).unwrap(), 0);
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
 fn each_rank_leads_its_own_session_works() {
     // Field 6 of /proc/self/stat is the session id: a rank that called setsid leads its session.
     let d = tmp("session");
     let o = sh(
-        2,
+        vmf_pal::process::allowed_cpus().len().min(2),
         r#"s=$(cut -d' ' -f6 /proc/$$/stat); [ "$s" = "$$" ] || { echo "rank $PMI_RANK: session $s, pid $$" >&2; exit 7; }"#,
         &d,
     );
