@@ -73,13 +73,13 @@ pub(crate) fn wide(count: MPI_Count, dt: MPI_Datatype) -> R<(c_int, MPI_Datatype
     if count < 0 {
         return err(MPI_ERR_COUNT, format!("count {count} is negative"));
     }
-    let st = state()?;
-    if let Some(&h) = st.big_types.get(&(dt, count)) {
+    if let Some(&h) = state()?.big_types.get(&(dt, count)) {
         return Ok((1, h));
     }
     let mut h = MPI_DATATYPE_NULL;
     // SAFETY: `h` is a valid out-pointer.
     unsafe { dt::type_contiguous(count, dt, &mut h)? };
+    let st = state()?;
     dt::commit(st, h)?;
     st.big_types.insert((dt, count), h);
     Ok((1, h))

@@ -435,7 +435,10 @@ impl Build {
             (r.len, r.reps, r.stride) = (r.len * r.reps, 1, 0);
         }
         if let Some(last) = self.blocks.last_mut() {
-            let next = last.off + last.reps as isize * last.stride;
+            // Only compared: wrapping keeps an absurd run from panicking in debug builds.
+            let next = last
+                .off
+                .wrapping_add((last.reps as isize).wrapping_mul(last.stride));
             if r.reps == 1 && last.reps == 1 && last.off + last.len as isize == r.off {
                 last.len += r.len;
                 return;
