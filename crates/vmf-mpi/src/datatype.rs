@@ -1036,15 +1036,19 @@ unsafe fn arr_n<T: Copy>(p: *const T, n: usize) -> R<Vec<T>> {
     Ok((0..n).map(|i| *p.add(i)).collect())
 }
 
-/// Byte displacement of `d` elements of extent `ext` (an error rather than a wrapped address).
+/// `n * ext` bytes, or MPI_ERR_ARG saying that `what` overflows an address (rather than a wrapped one).
+fn bytes_of(n: Option<isize>, ext: isize, what: impl FnOnce() -> String) -> R<isize> {
+    n.and_then(|n| n.checked_mul(ext)).ok_or_else(|| MpiErr {
+        code: MPI_ERR_ARG,
+        msg: format!("{} overflows an address", what()),
+    })
+}
+
+/// Byte displacement of `d` elements of extent `ext`.
 fn scaled<T: Cnt>(d: T, ext: isize) -> R<isize> {
-    isize::try_from(d.into())
-        .ok()
-        .and_then(|d| d.checked_mul(ext))
-        .ok_or_else(|| MpiErr {
-            code: MPI_ERR_ARG,
-            msg: format!("displacement of {d} elements of extent {ext} overflows an address"),
-        })
+    bytes_of(isize::try_from(d.into()).ok(), ext, || {
+        format!("displacement of {d} elements of extent {ext}")
+    })
 }
 
 pub(crate) unsafe fn type_contiguous<T: Cnt>(
@@ -1052,14 +1056,33 @@ pub(crate) unsafe fn type_contiguous<T: Cnt>(
     oldtype: MPI_Datatype,
     newtype: *mut MPI_Datatype,
 ) -> R {
-    out_type(newtype)?;
-    let old = check_old(state()?, oldtype)?;
-    let n = count_arg(count, "count")?;
+    let (old, n) = count_args(count, oldtype, newtype)?;
     let mut b = Build::new();
     b.place(&old, 0, n)?;
     let mut c = Contents::default();
     c.count(count);
     create(newtype, b.finish(MPI_COMBINER_CONTIGUOUS, c, vec![oldtype]))
+}
+
+/// What the (count, blocklength, oldtype) constructors check first: [`count_args`] and the block length.
+unsafe fn block_args<T: Cnt>(
+    count: T,
+    blocklength: T,
+    oldtype: MPI_Datatype,
+    newtype: *mut MPI_Datatype,
+) -> R<(Dtype, usize, usize)> {
+    let (old, n) = count_args(count, oldtype, newtype)?;
+    Ok((old, n, count_arg(blocklength, "blocklength")?))
+}
+
+/// What every constructor over one old type checks first: the output pointer, the old type and the count.
+unsafe fn count_args<T: Cnt>(
+    count: T,
+    oldtype: MPI_Datatype,
+    newtype: *mut MPI_Datatype,
+) -> R<(Dtype, usize)> {
+    out_type(newtype)?;
+    Ok((check_old(state()?, oldtype)?, count_arg(count, "count")?))
 }
 
 /// vector (`stride` in elements) and hvector (`hstride` in bytes).
@@ -1070,10 +1093,7 @@ pub(crate) unsafe fn type_vector<T: Cnt>(
     oldtype: MPI_Datatype,
     newtype: *mut MPI_Datatype,
 ) -> R {
-    out_type(newtype)?;
-    let old = check_old(state()?, oldtype)?;
-    let n = count_arg(count, "count")?;
-    let bl = count_arg(blocklength, "blocklength")?;
+    let (old, n, bl) = block_args(count, blocklength, oldtype, newtype)?;
     let step = match stride {
         Ok(s) => scaled(s, old.extent())?,
         Err(h) => h,
@@ -1135,9 +1155,7 @@ pub(crate) unsafe fn type_indexed<T: Cnt>(
     oldtype: MPI_Datatype,
     newtype: *mut MPI_Datatype,
 ) -> R {
-    out_type(newtype)?;
-    let old = check_old(state()?, oldtype)?;
-    let n = count_arg(count, "count")?;
+    let (old, n) = count_args(count, oldtype, newtype)?;
     let bl = arr_n(blocklengths, n)?;
     let lens: Vec<usize> = bl
         .iter()
@@ -1160,10 +1178,7 @@ pub(crate) unsafe fn type_indexed_block<T: Cnt>(
     oldtype: MPI_Datatype,
     newtype: *mut MPI_Datatype,
 ) -> R {
-    out_type(newtype)?;
-    let old = check_old(state()?, oldtype)?;
-    let n = count_arg(count, "count")?;
-    let bl = count_arg(blocklength, "blocklength")?;
+    let (old, n, bl) = block_args(count, blocklength, oldtype, newtype)?;
     let mut c = Contents::default();
     c.count(count);
     c.count(blocklength);
@@ -1224,22 +1239,23 @@ pub(crate) unsafe fn type_resized<T: Cnt>(
     create(newtype, d)
 }
 
-fn check_order(order: c_int) -> R {
+/// What the subarray and darray constructors check first: the output pointer, the old type and the
+/// storage order.
+unsafe fn grid_args(order: c_int, oldtype: MPI_Datatype, newtype: *mut MPI_Datatype) -> R<Dtype> {
+    out_type(newtype)?;
+    let old = check_old(state()?, oldtype)?;
     if order != MPI_ORDER_C && order != MPI_ORDER_FORTRAN {
         return err(MPI_ERR_ARG, format!("invalid order {order}"));
     }
-    Ok(())
+    Ok(old)
 }
 
 /// The product of `dims` elements of extent `ext`, in bytes.
 fn grid_extent(dims: &[usize], ext: isize) -> R<isize> {
-    dims.iter()
-        .try_fold(1isize, |a, &d| a.checked_mul(isize::try_from(d).ok()?))
-        .and_then(|n| n.checked_mul(ext))
-        .ok_or_else(|| MpiErr {
-            code: MPI_ERR_ARG,
-            msg: format!("an array of {dims:?} elements overflows an address"),
-        })
+    let n = dims
+        .iter()
+        .try_fold(1isize, |a, &d| a.checked_mul(isize::try_from(d).ok()?));
+    bytes_of(n, ext, || format!("an array of {dims:?} elements"))
 }
 
 pub(crate) unsafe fn type_subarray<T: Cnt>(
@@ -1251,12 +1267,10 @@ pub(crate) unsafe fn type_subarray<T: Cnt>(
     oldtype: MPI_Datatype,
     newtype: *mut MPI_Datatype,
 ) -> R {
-    out_type(newtype)?;
-    let old = check_old(state()?, oldtype)?;
+    let old = grid_args(order, oldtype, newtype)?;
     if ndims <= 0 {
         return err(MPI_ERR_ARG, "ndims must be positive");
     }
-    check_order(order)?;
     let nd = ndims as usize;
     let mut c = Contents::default();
     c.ints.push(ndims);
@@ -1290,12 +1304,10 @@ pub(crate) unsafe fn type_darray<T: Cnt>(
     oldtype: MPI_Datatype,
     newtype: *mut MPI_Datatype,
 ) -> R {
-    out_type(newtype)?;
-    let old = check_old(state()?, oldtype)?;
+    let old = grid_args(order, oldtype, newtype)?;
     if ndims <= 0 || size <= 0 || rank < 0 || rank >= size {
         return err(MPI_ERR_ARG, "invalid darray size/rank/ndims");
     }
-    check_order(order)?;
     let nd = ndims as usize;
     let gs = arr_n(gsizes, nd)?;
     let (dis, da, ps) = (arr_n(distribs, nd)?, arr_n(dargs, nd)?, arr_n(psizes, nd)?);
