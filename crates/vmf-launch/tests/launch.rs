@@ -174,31 +174,27 @@ fn all_ranks_exit_zero_works() {
     std::fs::remove_dir_all(&d).unwrap();
 }
 
-#[test]
-fn oversubscribed_ranks_share_the_launchers_session_works() {
-    // More ranks than CPUs: no rank leads a session (they stay in the launcher's, one autogroup).
-    let d = tmp("session-over");
-    let np = vmf_pal::process::allowed_cpus().len() + 1;
-    let o = sh(
-        np,
-        r#"s=$(cut -d' ' -f6 /proc/$$/stat); [ "$s" != "$$" ] || { echo "rank $PMI_RANK leads session $s" >&2; exit 7; }"#,
-        &d,
+/// Run `np` ranks that each check whether they lead their session (field 6 of /proc/self/stat is the
+/// session id; a rank that called setsid leads its own) and fail unless that is `leads`.
+fn check_session_leaders(np: usize, leads: bool) {
+    let d = tmp(if leads { "session" } else { "session-over" });
+    let test = if leads { "=" } else { "!=" };
+    let script = format!(
+        r#"s=$(cut -d' ' -f6 /proc/$$/stat); [ "$s" {test} "$$" ] || {{ echo "rank $PMI_RANK: session $s, pid $$" >&2; exit 7; }}"#
     );
-    assert_eq!(run(&o).unwrap(), 0);
+    assert_eq!(run(&sh(np, &script, &d)).unwrap(), 0);
     std::fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
+fn oversubscribed_ranks_share_the_launchers_session_works() {
+    // More ranks than CPUs: they stay in the launcher's session (one autogroup).
+    check_session_leaders(vmf_pal::process::allowed_cpus().len() + 1, false);
+}
+
+#[test]
 fn each_rank_leads_its_own_session_works() {
-    // Field 6 of /proc/self/stat is the session id: a rank that called setsid leads its session.
-    let d = tmp("session");
-    let o = sh(
-        vmf_pal::process::allowed_cpus().len().min(2),
-        r#"s=$(cut -d' ' -f6 /proc/$$/stat); [ "$s" = "$$" ] || { echo "rank $PMI_RANK: session $s, pid $$" >&2; exit 7; }"#,
-        &d,
-    );
-    assert_eq!(run(&o).unwrap(), 0);
-    std::fs::remove_dir_all(&d).unwrap();
+    check_session_leaders(vmf_pal::process::allowed_cpus().len().min(2), true);
 }
 
 #[test]
