@@ -27,8 +27,9 @@
 //! caller's session would get one share of a busy host's CPUs where an MPICH job gets one per rank (NPB EP
 //! beside a CPU-bound job: 1.4-1.9x slower before). Not when the ranks outnumber the CPUs: then they share
 //! the launcher's session, because a rank waiting for the rank that shares its CPU yields to it, and
-//! `sched_yield` only passes the CPU within one scheduling group. A terminal's Ctrl-C therefore reaches the launcher,
-//! which stops the ranks (SIGTERM, then SIGKILL). Ranks get `PR_SET_PDEATHSIG(SIGKILL)`, so they die if the launcher is killed with `kill -9`. Because the kernel
+//! `sched_yield` only passes the CPU within one scheduling group. A terminal's Ctrl-C reaches the launcher,
+//! which stops the ranks (SIGTERM, then SIGKILL); ranks in the launcher's session get it directly too.
+//! Ranks get `PR_SET_PDEATHSIG(SIGKILL)`, so they die if the launcher is killed with `kill -9`. Because the kernel
 //! ties that signal to the *thread* that spawned them, call [`run`] from a thread that lives until it
 //! returns (normally the main thread). A rank that initialised PMI must call `finalize` before exiting;
 //! closing the PMI connection early while other ranks run stops the job, as Hydra does.
