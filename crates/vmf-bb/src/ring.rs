@@ -160,7 +160,7 @@ impl Ring {
 }
 
 fn check_capacity(c: u64) -> Result<(), RingError> {
-    if c.is_power_of_two() && c >= MIN_CAPACITY && c <= (1 << 40) {
+    if c.is_power_of_two() && (MIN_CAPACITY..=(1 << 40)).contains(&c) {
         Ok(())
     } else {
         Err(RingError::BadCapacity(c))

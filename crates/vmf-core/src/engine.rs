@@ -864,7 +864,7 @@ impl Engine {
                 && inc.len() <= cap;
             if fits {
                 self.peers[peer].rx_seq += 1;
-                if inc.len() > 0 {
+                if !inc.is_empty() {
                     // SAFETY: the payload lies in the validated record; buf has cap >= len bytes.
                     unsafe { std::ptr::copy_nonoverlapping(inc.payload_ptr(), buf, inc.len()) };
                 }
@@ -1516,10 +1516,7 @@ impl Engine {
             };
             let tcp = self.peers[peer].route == Route::Tcp;
             let chunk = if tcp { self.tcp_chunk } else { self.chunk };
-            loop {
-                let Phase::Streaming { rreq, want, sent } = self.reqs[id.idx as usize].phase else {
-                    break;
-                };
+            while let Phase::Streaming { rreq, want, sent } = self.reqs[id.idx as usize].phase {
                 if sent == want || !self.peers[peer].pending.is_empty() || self.peers[peer].holding
                 {
                     break;

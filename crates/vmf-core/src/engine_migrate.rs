@@ -358,7 +358,7 @@ impl Engine {
         self.wait_until(Op::Progress, |e| {
             e.peers.iter().all(|p| p.pending.is_empty())
         })?;
-        let old = std::mem::replace(&mut self.shm, Some(new_shm));
+        let old = self.shm.replace(new_shm);
         let m = self.mig.as_mut().unwrap();
         m.old_shm = old;
         m.swapped = true;

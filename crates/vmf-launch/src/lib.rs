@@ -279,7 +279,7 @@ pub fn run(opts: &RunOptions) -> Result<i32, LaunchError> {
         placement,
         rank_ctl,
     };
-    let res = job.start().and_then(|()| Ok(job.monitor()));
+    let res = job.start().map(|()| job.monitor());
     job.teardown();
     res
 }

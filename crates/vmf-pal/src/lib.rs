@@ -49,5 +49,7 @@ pub fn fs_available(path: &std::path::Path) -> Option<u64> {
     }
     // SAFETY: statvfs succeeded.
     let v = unsafe { v.assume_init() };
+    // The field types differ between architectures (u64 on x86_64, c_ulong elsewhere).
+    #[allow(clippy::unnecessary_cast)]
     Some(v.f_bavail as u64 * v.f_frsize as u64)
 }

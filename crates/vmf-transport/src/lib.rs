@@ -131,6 +131,10 @@ impl<T> Incoming<T> {
     }
 }
 
+/// The placement callback of [`Transport::poll_placed`]: given the peer, the header and the bytes
+/// received so far, where the payload should go (None: the transport keeps it).
+pub type Place<'a> = dyn FnMut(usize, &PktHeader, &[u8]) -> Option<*mut u8> + 'a;
+
 /// The contract every transport fulfils.
 pub trait Transport {
     /// Release token of an incoming packet.
@@ -176,7 +180,7 @@ pub trait Transport {
     /// report it in [`Incoming::placed`].
     fn poll_placed(
         &mut self,
-        _place: &mut dyn FnMut(usize, &PktHeader, &[u8]) -> Option<*mut u8>,
+        _place: &mut Place<'_>,
     ) -> Result<Option<Incoming<Self::Token>>, TransportError> {
         self.poll()
     }

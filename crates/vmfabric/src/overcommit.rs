@@ -94,7 +94,7 @@ fn measure(f: &Fabric, a: &OvercommitArgs, json: Option<&std::path::Path>) -> Re
         Pattern::Ring => 10000,
         Pattern::Alltoall => 2000,
     });
-    let small = vec![1u8; 64];
+    let small = [1u8; 64];
     let medium = vec![2u8; 8192];
     let mut rs = vec![vec![0u8; 64]; n];
     let mut rm = vec![vec![0u8; 8192]; n];

@@ -22,7 +22,7 @@
 //! - **Waiting**: [`TcpTransport::wait`] sleeps in `epoll_wait` on every socket plus an optional extra fd
 //!   (the shared-memory doorbell socket), so a blocked rank waits on both transports at once.
 use crate::proto::{Kind, PktHeader, HDR_SIZE};
-use crate::{Incoming, Transport, TransportError};
+use crate::{Incoming, Place, Transport, TransportError};
 use std::hash::Hasher;
 use std::io::{ErrorKind, Read};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
@@ -95,6 +95,7 @@ fn nonce() -> [u8; 16] {
     n
 }
 
+#[allow(clippy::enum_variant_names)] // each state is what the handshake waits for
 enum HsState {
     /// Outgoing: HELLO sent, waiting for REPLY.
     WaitReply,
@@ -851,7 +852,7 @@ impl TcpTransport {
     fn poll_peer(
         &mut self,
         peer: usize,
-        place: &mut dyn FnMut(usize, &PktHeader, &[u8]) -> Option<*mut u8>,
+        place: &mut Place<'_>,
     ) -> Result<Option<Incoming<TcpToken>>, TransportError> {
         // A direct read in progress.
         if self.conns[peer].as_ref().unwrap().direct.is_some() {
@@ -1183,7 +1184,7 @@ impl Transport for TcpTransport {
 
     fn poll_placed(
         &mut self,
-        place: &mut dyn FnMut(usize, &PktHeader, &[u8]) -> Option<*mut u8>,
+        place: &mut Place<'_>,
     ) -> Result<Option<Incoming<TcpToken>>, TransportError> {
         // Idle polls cost one epoll_wait(0); only sockets the kernel reports ready are read, and the
         // listener and handshakes are looked at only when they have something.
@@ -1199,10 +1200,8 @@ impl Transport for TcpTransport {
             for (r, c) in self.ready.iter_mut().zip(&self.conns) {
                 *r = c.is_some();
             }
-        } else if !self.has_buffered() || self.ready.iter().all(|r| !r) {
-            if self.collect_ready() {
-                self.progress()?;
-            }
+        } else if (!self.has_buffered() || self.ready.iter().all(|r| !r)) && self.collect_ready() {
+            self.progress()?;
         }
         for k in 0..n {
             let peer = (self.cursor + k) % n;
@@ -1233,6 +1232,34 @@ impl Transport for TcpTransport {
             c.lent = None;
         }
     }
+}
+
+/// The first IPv4 address of an interface that is up and not loopback (what a rank publishes by default).
+pub fn default_ipv4() -> Option<std::net::Ipv4Addr> {
+    let mut ifa: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs allocates a list we walk read-only and free below.
+    if unsafe { libc::getifaddrs(&mut ifa) } != 0 {
+        return None;
+    }
+    let mut found = None;
+    let mut p = ifa;
+    while !p.is_null() {
+        // SAFETY: p is a node of the list returned by getifaddrs.
+        let i = unsafe { &*p };
+        let up =
+            i.ifa_flags & libc::IFF_UP as u32 != 0 && i.ifa_flags & libc::IFF_LOOPBACK as u32 == 0;
+        if up && !i.ifa_addr.is_null() && unsafe { (*i.ifa_addr).sa_family } as i32 == libc::AF_INET
+        {
+            // SAFETY: AF_INET addresses are sockaddr_in.
+            let sin = unsafe { &*(i.ifa_addr as *const libc::sockaddr_in) };
+            found = Some(std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)));
+            break;
+        }
+        p = i.ifa_next;
+    }
+    // SAFETY: the list came from getifaddrs.
+    unsafe { libc::freeifaddrs(ifa) };
+    found
 }
 
 #[cfg(test)]
@@ -1466,32 +1493,4 @@ mod tests {
         }
         assert!(matches!(err, Some(TransportError::Corrupt { peer: 0, .. })));
     }
-}
-
-/// The first IPv4 address of an interface that is up and not loopback (what a rank publishes by default).
-pub fn default_ipv4() -> Option<std::net::Ipv4Addr> {
-    let mut ifa: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: getifaddrs allocates a list we walk read-only and free below.
-    if unsafe { libc::getifaddrs(&mut ifa) } != 0 {
-        return None;
-    }
-    let mut found = None;
-    let mut p = ifa;
-    while !p.is_null() {
-        // SAFETY: p is a node of the list returned by getifaddrs.
-        let i = unsafe { &*p };
-        let up =
-            i.ifa_flags & libc::IFF_UP as u32 != 0 && i.ifa_flags & libc::IFF_LOOPBACK as u32 == 0;
-        if up && !i.ifa_addr.is_null() && unsafe { (*i.ifa_addr).sa_family } as i32 == libc::AF_INET
-        {
-            // SAFETY: AF_INET addresses are sockaddr_in.
-            let sin = unsafe { &*(i.ifa_addr as *const libc::sockaddr_in) };
-            found = Some(std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)));
-            break;
-        }
-        p = i.ifa_next;
-    }
-    // SAFETY: the list came from getifaddrs.
-    unsafe { libc::freeifaddrs(ifa) };
-    found
 }
