@@ -157,9 +157,11 @@ pub(crate) unsafe fn complex(op: LOp, a: *const u8, b: *mut u8, n: usize) {
 
 /// MINLOC/MAXLOC over `n` `struct { long double v; int i; }` (32 bytes, the index at offset 16); ties
 /// keep the lower index.
-pub(crate) unsafe fn loc(op: LOp, a: *const u8, b: *mut u8, n: usize) {
+/// MINLOC/MAXLOC on (long double, int) pairs `stride` bytes apart (32 in memory, 20 packed), the index
+/// at byte 16.
+pub(crate) unsafe fn loc(op: LOp, a: *const u8, b: *mut u8, n: usize, stride: usize) {
     for k in 0..n {
-        let (pa, pb) = (a.add(32 * k), b.add(32 * k));
+        let (pa, pb) = (a.add(stride * k), b.add(stride * k));
         let (va, vb) = (ld(pa), ld(pb));
         let ia = (pa.add(16) as *const i32).read_unaligned();
         let ib = (pb.add(16) as *const i32).read_unaligned();
