@@ -484,6 +484,19 @@ int main(int argc, char **argv)
         MPI_Type_free(&pv);
         MPI_Type_free(&pc);
         MPI_Type_free(&ps);
+        /* external32: C long is 4 bytes, truncated when it does not fit, sign-extended back */
+        long lv[2] = {-2, 0x100000005L}, lb[2] = {0, 0};
+        unsigned char xl[8];
+        MPI_Aint need = 0, ep = 0;
+        MPI_Pack_external_size("external32", 2, MPI_LONG, &need);
+        CHECK(need == 8);
+        MPI_Pack_external("external32", lv, 2, MPI_LONG, xl, sizeof xl, &ep);
+        CHECK(ep == 8 && xl[0] == 0xff && xl[3] == 0xfe && xl[4] == 0 && xl[7] == 5);
+        ep = 0;
+        MPI_Unpack_external("external32", xl, sizeof xl, &ep, lb, 2, MPI_LONG);
+        CHECK(ep == 8 && lb[0] == -2 && lb[1] == 5);
+        MPI_Pack_external_size("external32", 1, MPI_LONG_INT, &need);
+        CHECK(need == 8);
     }
     for (unsigned k = 0; k < sizeof all / sizeof *all; k++) MPI_Type_free(&all[k]);
     CHECK(all[0] == MPI_DATATYPE_NULL);

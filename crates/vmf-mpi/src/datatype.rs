@@ -1871,11 +1871,17 @@ impl Members {
     }
 }
 
-/// How a basic type is converted to external32 (big-endian).
+/// How a basic type is converted to external32 (big-endian, with the sizes of the MPI standard's table,
+/// as MPICH has them).
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Conv {
     /// The same size: bytes reversed.
     Swap,
+    /// An integer of another size (C long and unsigned long are 4 bytes in external32, wchar_t 2):
+    /// truncated when packed, sign- or zero-extended when unpacked, as MPICH converts them.
+    Int { signed: bool },
+    /// An x87 extended `long double` (16 bytes in memory) as an IEEE quadruple.
+    X87,
 }
 
 /// The external32 conversion of one basic type: (conversion, native bytes, external bytes) of each of
@@ -1883,9 +1889,15 @@ enum Conv {
 fn ext32(t: MPI_Datatype) -> R<(Conv, usize, usize, usize)> {
     let native = type_extent(t)?;
     Ok(match t as u32 {
+        0x4c00_0807 => (Conv::Int { signed: true }, 8, 4, 1), // MPI_LONG
+        0x4c00_0808 => (Conv::Int { signed: false }, 8, 4, 1), // MPI_UNSIGNED_LONG
+        0x4c00_040e => (Conv::Int { signed: false }, 4, 2, 1), // MPI_WCHAR
+        0x4c00_100c => (Conv::X87, 16, 16, 1),                // MPI_LONG_DOUBLE
+        // MPI_C_LONG_DOUBLE_COMPLEX, MPI_CXX_LONG_DOUBLE_COMPLEX
+        0x4c00_2042 | 0x4c00_2036 => (Conv::X87, 16, 16, 2),
         u if matches!(
             u & 0xff,
-            0x1e | 0x22 | 0x28 | 0x2a | 0x2c | 0x40 | 0x41 | 0x34 | 0x35 | 0x42 | 0x36
+            0x1e | 0x22 | 0x28 | 0x2a | 0x2c | 0x40 | 0x41 | 0x34 | 0x35
         ) =>
         {
             (Conv::Swap, native / 2, native / 2, 2)
@@ -1929,6 +1941,20 @@ unsafe fn convert_external(
             let b = std::slice::from_raw_parts_mut(q, to);
             match conv {
                 Conv::Swap => b.iter_mut().zip(a.iter().rev()).for_each(|(y, x)| *y = *x),
+                // Memory is little-endian: packing keeps the low bytes.
+                Conv::Int { .. } if pack => b
+                    .iter_mut()
+                    .zip(a[..es].iter().rev())
+                    .for_each(|(y, x)| *y = *x),
+                Conv::Int { signed } => {
+                    b.fill(if signed && a[0] & 0x80 != 0 { 0xff } else { 0 });
+                    b[..es]
+                        .iter_mut()
+                        .zip(a.iter().rev())
+                        .for_each(|(y, x)| *y = *x);
+                }
+                Conv::X87 if pack => b.copy_from_slice(&crate::ldouble::to_quad(a)),
+                Conv::X87 => b.copy_from_slice(&crate::ldouble::from_quad(a)),
             }
             (p, q) = (p.add(from), q.add(to));
         }
@@ -2269,6 +2295,11 @@ mod tests {
         );
     }
 
+    const BYTE: MPI_Datatype = 0x4c00_010d;
+    const LONG: MPI_Datatype = 0x4c00_0807;
+    const ULONG: MPI_Datatype = 0x4c00_0808;
+    const WCHAR: MPI_Datatype = 0x4c00_040e;
+    const LONG_DOUBLE: MPI_Datatype = 0x4c00_100c;
     const FLOAT_INT: MPI_Datatype = 0x8c00_0000u32 as c_int;
     const DOUBLE_INT: MPI_Datatype = 0x8c00_0001u32 as c_int;
     const LONG_INT: MPI_Datatype = 0x8c00_0002u32 as c_int;
@@ -2381,5 +2412,111 @@ mod tests {
         assert_eq!(count(&c, 24 + 12 + 8).unwrap(), Some(4 + 3));
         assert_eq!(count(&pd(SHORT_INT), 8).unwrap(), Some(3));
         assert_eq!(count(&pd(0x4c00_0405), 12).unwrap(), Some(3));
+    }
+
+    /// Pack `n` elements of predefined `t` from `native` to external32 and back.
+    fn external(t: MPI_Datatype, native: &[u8], n: usize) -> (usize, Vec<u8>, Vec<u8>) {
+        let d = pd(t);
+        let m = basic_members(&d).unwrap().unwrap();
+        let size = external_size(&m, &d).unwrap();
+        let packed = pack_n(&d, native, n);
+        let mut ext = vec![0u8; size * n];
+        let mut back = vec![0u8; d.size * n];
+        // SAFETY: the buffers hold n elements of each representation.
+        unsafe {
+            convert_external(&m, n, packed.as_ptr(), ext.as_mut_ptr(), true).unwrap();
+            convert_external(&m, n, ext.as_ptr(), back.as_mut_ptr(), false).unwrap();
+        }
+        (size, ext, back)
+    }
+
+    fn bytes_of_longs(v: &[i64]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn external32_has_the_sizes_of_the_standard_table() {
+        // pack_external: C long is 4 bytes in external32, big-endian.
+        let (size, ext, back) = external(LONG, &bytes_of_longs(&[1, -2]), 2);
+        assert_eq!(size, 4);
+        assert_eq!(ext, vec![0, 0, 0, 1, 0xff, 0xff, 0xff, 0xfe]);
+        assert_eq!(back, bytes_of_longs(&[1, -2]));
+        // A value that does not fit keeps its low 32 bits (MPICH converts as C does), and comes back
+        // sign-extended; an unsigned long zero-extended.
+        let (_, ext, back) = external(LONG, &bytes_of_longs(&[0x1_0000_0005, 0xffff_ffff]), 2);
+        assert_eq!(ext, vec![0, 0, 0, 5, 0xff, 0xff, 0xff, 0xff]);
+        assert_eq!(back, bytes_of_longs(&[5, -1]));
+        let (size, ext, back) = external(ULONG, &bytes_of_longs(&[0xffff_ffff]), 1);
+        assert_eq!((size, ext), (4, vec![0xff; 4]));
+        assert_eq!(back, bytes_of_longs(&[0xffff_ffff]));
+        let (size, ext, _) = external(WCHAR, &0x41u32.to_le_bytes(), 1);
+        assert_eq!((size, ext), (2, vec![0, 0x41]));
+        // Sizes of the pair types: their members' (MPI_LONG_INT: 4 + 4).
+        for (t, want) in [
+            (FLOAT_INT, 8),
+            (DOUBLE_INT, 12),
+            (LONG_INT, 8),
+            (SHORT_INT, 6),
+            (LONG_DOUBLE_INT, 20),
+            (BYTE, 1),
+            (0x4c00_0840, 8), // MPI_C_FLOAT_COMPLEX
+        ] {
+            let d = pd(t);
+            let m = basic_members(&d).unwrap().unwrap();
+            assert_eq!(external_size(&m, &d).unwrap(), want, "{t:#x}");
+        }
+        // A pair: each member big-endian, no padding.
+        let mut li = vec![0u8; 16];
+        li[..8].copy_from_slice(&(-3i64).to_le_bytes());
+        li[8..12].copy_from_slice(&7i32.to_le_bytes());
+        let (_, ext, back) = external(LONG_INT, &li, 1);
+        assert_eq!(ext, vec![0xff, 0xff, 0xff, 0xfd, 0, 0, 0, 7]);
+        assert_eq!(back, [&li[..12]].concat());
+    }
+
+    #[test]
+    fn external32_long_double_is_an_ieee_quadruple() {
+        // 1.0 and 2.0 as x87 extended values, in 16 bytes (pack_external's expected bytes).
+        let x87 = |m: u64, se: u16| {
+            let mut v = m.to_le_bytes().to_vec();
+            v.extend(se.to_le_bytes());
+            v.extend([0u8; 6]);
+            v
+        };
+        let native = [x87(1 << 63, 0x3fff), x87(1 << 63, 0x4000)].concat();
+        let (size, ext, back) = external(LONG_DOUBLE, &native, 2);
+        let mut want = vec![0u8; 32];
+        (want[0], want[1], want[16]) = (0x3f, 0xff, 0x40);
+        assert_eq!((size, ext), (16, want));
+        assert_eq!(back, native);
+        // Exact both ways for any finite value, negative, denormal, infinite.
+        for v in [
+            x87(0xaaaa_aaaa_aaaa_aaab, 0x3ffd), // 1/3
+            x87(0xc90f_daa2_2168_c235, 0xc000), // -pi
+            x87(0x0000_0000_0000_0001, 0),      // the smallest denormal
+            x87(1 << 63, 0x7fff),               // infinity
+            x87(0, 0),
+        ] {
+            assert_eq!(
+                crate::ldouble::from_quad(&crate::ldouble::to_quad(&v)),
+                v[..]
+            );
+        }
+        // A quadruple rounds to the nearest x87 value, ties to even.
+        let mut q = crate::ldouble::to_quad(&x87(1 << 63, 0x3fff));
+        q[15] = 1; // 1 + 2^-112
+        assert_eq!(crate::ldouble::from_quad(&q), x87(1 << 63, 0x3fff)[..]);
+        // Bit 48 of the quadruple is half an ulp of the x87 mantissa (byte 9, big-endian).
+        let half = |m: u64, more: bool| {
+            let mut q = crate::ldouble::to_quad(&x87(m, 0x3fff));
+            q[9] |= 1;
+            q[10] |= if more { 0x80 } else { 0 };
+            crate::ldouble::from_quad(&q)
+        };
+        assert_eq!(half((1 << 63) | 1, false), x87((1 << 63) | 2, 0x3fff)[..]);
+        assert_eq!(half((1 << 63) | 2, false), x87((1 << 63) | 2, 0x3fff)[..]);
+        assert_eq!(half((1 << 63) | 2, true), x87((1 << 63) | 3, 0x3fff)[..]);
+        // Rounding up the largest mantissa carries into the exponent.
+        assert_eq!(half(u64::MAX, false), x87(1 << 63, 0x4000)[..]);
     }
 }
