@@ -498,6 +498,28 @@ int main(int argc, char **argv)
         MPI_Pack_external_size("external32", 1, MPI_LONG_INT, &need);
         CHECK(need == 8);
     }
+    /* MPI-1 bound markers in a struct: they set lb and ub (the last of each wins) and are no data */
+    {
+        int mbl[3] = {1, 2, 1};
+        MPI_Aint mds[3] = {-4, 0, 20};
+        MPI_Datatype mts[3] = {MPI_LB, MPI_INT, MPI_UB}, mk;
+        MPI_Type_create_struct(3, mbl, mds, mts, &mk);
+        MPI_Type_commit(&mk);
+        check_extent(mk, -4, 24, 8);
+        MPI_Aint tlb, text;
+        MPI_Type_get_true_extent(mk, &tlb, &text);
+        CHECK(tlb == 0 && text == 8);
+        int src[24], dst[24];
+        for (int i = 0; i < 24; i++) src[i] = R * 100 + i;
+        for (int i = 0; i < 24; i++) dst[i] = -1;
+        /* two elements 24 bytes (6 ints) apart, their data at the buffer's start */
+        MPI_Sendrecv(src + 1, 2, mk, next, 9, dst + 1, 2, mk, prev, 9, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        for (int i = 0; i < 24; i++) {
+            int want = (i == 1 || i == 2 || i == 7 || i == 8) ? prev * 100 + i : -1;
+            CHECK(dst[i] == want);
+        }
+        MPI_Type_free(&mk);
+    }
     for (unsigned k = 0; k < sizeof all / sizeof *all; k++) MPI_Type_free(&all[k]);
     CHECK(all[0] == MPI_DATATYPE_NULL);
     MPI_Barrier(MPI_COMM_WORLD);

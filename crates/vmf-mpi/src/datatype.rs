@@ -148,6 +148,10 @@ fn predefined(dt: MPI_Datatype) -> R<Dtype> {
     })
 }
 
+/// The MPI-1 bound markers (MPI_Type_struct members of size 0 that set the lower and upper bound).
+const MPI_LB: MPI_Datatype = 0x4c00_0010;
+const MPI_UB: MPI_Datatype = 0x4c00_0011;
+
 /// A pair type whose C struct has padding (all but MPI_FLOAT_INT and the pairs of one type): its size
 /// is less than its extent.
 #[inline]
@@ -1270,7 +1274,10 @@ pub(crate) unsafe fn type_struct<T: Cnt>(
 }
 
 /// A struct of blocks of `lens[i]` elements of `types[i]` at byte displacements `disps[i]` (`old`
-/// describes a member type).
+/// describes a member type). The MPI-1 markers MPI_LB and MPI_UB set the bounds of the struct of the
+/// other members, as MPICH does it: the last of each kind wins, whatever its block length, and a bound
+/// without a marker is the other members' (with the struct's padding). They are no data: the true
+/// bounds leave them out.
 fn struct_of(
     lens: &[usize],
     disps: &[MPI_Aint],
@@ -1279,10 +1286,21 @@ fn struct_of(
     c: Contents,
 ) -> R<Dtype> {
     let mut b = Build::new();
+    let (mut lb, mut ub) = (None, None);
     for ((&len, &d), &t) in lens.iter().zip(disps).zip(types) {
-        b.place(&old(t)?, d, len)?;
+        match t {
+            MPI_LB => lb = Some(d),
+            MPI_UB => ub = Some(d),
+            t => b.place(&old(t)?, d, len)?,
+        }
     }
-    Ok(b.finish(MPI_COMBINER_STRUCT, c, types.to_vec()))
+    let mut d = b.finish(MPI_COMBINER_STRUCT, c, types.to_vec());
+    if lb.is_some() || ub.is_some() {
+        d.lb = lb.unwrap_or(d.lb);
+        d.ub = ub.unwrap_or(d.ub);
+        d.set_contig();
+    }
+    Ok(d)
 }
 
 pub(crate) unsafe fn type_resized<T: Cnt>(
@@ -2518,5 +2536,49 @@ mod tests {
         assert_eq!(half((1 << 63) | 2, true), x87((1 << 63) | 3, 0x3fff)[..]);
         // Rounding up the largest mantissa carries into the exponent.
         assert_eq!(half(u64::MAX, false), x87(1 << 63, 0x4000)[..]);
+    }
+
+    /// A struct of (type, blocklength, displacement) members of predefined types.
+    fn strukt(m: &[(MPI_Datatype, usize, isize)]) -> Dtype {
+        let lens: Vec<usize> = m.iter().map(|x| x.1).collect();
+        let disps: Vec<isize> = m.iter().map(|x| x.2).collect();
+        let types: Vec<MPI_Datatype> = m.iter().map(|x| x.0).collect();
+        struct_of(&lens, &disps, &types, predefined, Contents::default()).unwrap()
+    }
+
+    /// (lb, extent, true lb, true extent, size)
+    fn bounds(d: &Dtype) -> (isize, isize, isize, isize, usize) {
+        (d.lb, d.extent(), d.true_lb, d.true_ub - d.true_lb, d.size)
+    }
+
+    #[test]
+    fn mpi1_markers_set_the_bounds_of_a_struct_and_are_no_data() {
+        // lbub_oldapi: { (LB,-3), 4*(BYTE,0), (UB,6) }
+        let t = strukt(&[(MPI_LB, 1, -3), (BYTE, 4, 0), (MPI_UB, 1, 6)]);
+        assert_eq!(bounds(&t), (-3, 9, 0, 4, 4));
+        assert_eq!(t.blocks, vec![block(0, 4, 1, 0)]);
+        assert!(!t.contig);
+        let c = contiguous(&t, 3);
+        assert_eq!(bounds(&c), (-3, 27, 0, 22, 12));
+        assert_eq!(
+            pack_n(&c, &(0..40).collect::<Vec<u8>>(), 1),
+            [0, 1, 2, 3, 9, 10, 11, 12, 18, 19, 20, 21]
+        );
+        // Markers the other way round: a negative extent.
+        let n = strukt(&[(MPI_LB, 1, 6), (BYTE, 4, 0), (MPI_UB, 1, -3)]);
+        assert_eq!(bounds(&n), (6, -9, 0, 4, 4));
+        assert_eq!(bounds(&contiguous(&n, 3)), (-12, 9, -18, 22, 12));
+        // struct_no_real_types: only a marker.
+        assert_eq!(bounds(&strukt(&[(MPI_LB, 1, 10)])), (10, -10, 0, 0, 0));
+        // The last marker of a kind wins; the other bound stays the members' (with the padding).
+        let t = strukt(&[
+            (MPI_UB, 1, 100),
+            (0x4c00_0405, 1, 0),
+            (0x4c00_080b, 1, 8),
+            (MPI_UB, 0, 40),
+        ]);
+        assert_eq!(bounds(&t), (0, 40, 0, 16, 12));
+        let t = strukt(&[(MPI_LB, 1, -8), (0x4c00_080b, 1, 0), (0x4c00_0405, 1, 8)]);
+        assert_eq!(bounds(&t), (-8, 24, 0, 12, 12));
     }
 }
