@@ -407,6 +407,119 @@ int main(int argc, char **argv)
         CHECK_RC(MPI_Bcast_c(&bv, (MPI_Count)-1, MPI_LONG, 0, MPI_COMM_WORLD), MPI_ERR_COUNT);
         MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_ARE_FATAL);
     }
+    /* pair types: the size of their members, the extent of the C struct; the padding is no data */
+    {
+        struct di { double v; int k; } a[4], b[4];
+        struct si { short v; int k; } sa[4], sb[4];
+        check_extent(MPI_DOUBLE_INT, 0, sizeof(struct di), 12);
+        check_extent(MPI_SHORT_INT, 0, sizeof(struct si), 6);
+        check_extent(MPI_FLOAT_INT, 0, 8, 8);
+        MPI_Aint tlb, text;
+        MPI_Type_get_true_extent(MPI_SHORT_INT, &tlb, &text);
+        CHECK(tlb == 0 && text == 8);
+        /* sent as MPI_DOUBLE_INT, received as a struct {double, int} of the same signature */
+        int pbl[2] = {1, 1};
+        MPI_Aint pds[2] = {offsetof(struct di, v), offsetof(struct di, k)};
+        MPI_Datatype pts[2] = {MPI_DOUBLE, MPI_INT}, ps;
+        MPI_Type_create_struct(2, pbl, pds, pts, &ps);
+        MPI_Type_commit(&ps);
+        check_extent(ps, 0, sizeof(struct di), 12);
+        for (int i = 0; i < 4; i++) a[i] = (struct di){R * 10 + i, i};
+        memset(b, 0xff, sizeof b);
+        MPI_Status s;
+        MPI_Sendrecv(a, 4, MPI_DOUBLE_INT, next, 7, b, 4, ps, prev, 7, MPI_COMM_WORLD, &s);
+        for (int i = 0; i < 4; i++) CHECK(b[i].v == prev * 10 + i && b[i].k == i);
+        int c = 0;
+        MPI_Get_count(&s, MPI_DOUBLE_INT, &c);
+        CHECK(c == 4);
+        MPI_Get_elements(&s, MPI_DOUBLE_INT, &c);
+        CHECK(c == 8);
+        MPI_Get_count(&s, MPI_BYTE, &c);
+        CHECK(c == 48);
+        /* 20 bytes as MPI_DOUBLE_INT: a pair and a double */
+        unsigned char raw[20] = {0};
+        MPI_Sendrecv(raw, 20, MPI_BYTE, R, 8, b, 2, MPI_DOUBLE_INT, R, 8, MPI_COMM_WORLD, &s);
+        MPI_Get_elements(&s, MPI_DOUBLE_INT, &c);
+        CHECK(c == 3);
+        MPI_Get_count(&s, MPI_DOUBLE_INT, &c);
+        CHECK(c == MPI_UNDEFINED);
+        /* a broadcast and a gather of padded pairs */
+        for (int i = 0; i < 4; i++) sa[i] = (struct si){(short)(R == 0 ? 100 + i : -1), R == 0 ? i : -1};
+        MPI_Bcast(sa, 3, MPI_SHORT_INT, 0, MPI_COMM_WORLD);
+        for (int i = 0; i < 3; i++) CHECK(sa[i].v == 100 + i && sa[i].k == i);
+        struct di *all_di = malloc(N * sizeof *all_di), mine = {R + 0.5, R};
+        MPI_Allgather(&mine, 1, MPI_DOUBLE_INT, all_di, 1, MPI_DOUBLE_INT, MPI_COMM_WORLD);
+        for (int r = 0; r < N; r++) CHECK(all_di[r].v == r + 0.5 && all_di[r].k == r);
+        free(all_di);
+        /* MINLOC/MAXLOC over an array of pairs and over every other pair (reduced packed) */
+        MPI_Datatype pc, pv, sv;
+        MPI_Type_contiguous(2, MPI_DOUBLE_INT, &pc);
+        MPI_Type_vector(2, 1, 2, MPI_DOUBLE_INT, &pv);
+        MPI_Type_vector(2, 1, 2, MPI_SHORT_INT, &sv);
+        MPI_Type_commit(&pc);
+        MPI_Type_commit(&pv);
+        MPI_Type_commit(&sv);
+        for (int i = 0; i < 4; i++) {
+            a[i] = (struct di){(R + i) % N, R};
+            sa[i] = (struct si){(short)((R + i) % N), R};
+        }
+        /* position i's minimum 0 is at rank (N - i % N) % N, its maximum N-1 at (2N - 1 - i % N) % N */
+        memset(b, 0xff, sizeof b);
+        MPI_Allreduce(a, b, 2, MPI_DOUBLE_INT, MPI_MINLOC, MPI_COMM_WORLD);
+        for (int i = 0; i < 2; i++) CHECK(b[i].v == 0 && b[i].k == (N - i % N) % N);
+        memset(b, 0xff, sizeof b);
+        MPI_Allreduce(a, b, 1, pc, MPI_MAXLOC, MPI_COMM_WORLD);
+        for (int i = 0; i < 2; i++) CHECK(b[i].v == N - 1 && b[i].k == (2 * N - 1 - i % N) % N);
+        memset(b, 0xff, sizeof b);
+        MPI_Allreduce(a, b, 1, pv, MPI_MINLOC, MPI_COMM_WORLD);
+        for (int i = 0; i < 4; i += 2) CHECK(b[i].v == 0 && b[i].k == (N - i % N) % N);
+        CHECK(b[1].k == -1 && b[3].k == -1);
+        memset(sb, 0xff, sizeof sb);
+        MPI_Reduce(sa, sb, 1, sv, MPI_MAXLOC, 0, MPI_COMM_WORLD);
+        if (R == 0) {
+            for (int i = 0; i < 4; i += 2) CHECK(sb[i].v == N - 1 && sb[i].k == (2 * N - 1 - i % N) % N);
+            CHECK(sb[1].k == -1);
+        }
+        MPI_Type_free(&sv);
+        MPI_Type_free(&pv);
+        MPI_Type_free(&pc);
+        MPI_Type_free(&ps);
+        /* external32: C long is 4 bytes, truncated when it does not fit, sign-extended back */
+        long lv[2] = {-2, 0x100000005L}, lb[2] = {0, 0};
+        unsigned char xl[8];
+        MPI_Aint need = 0, ep = 0;
+        MPI_Pack_external_size("external32", 2, MPI_LONG, &need);
+        CHECK(need == 8);
+        MPI_Pack_external("external32", lv, 2, MPI_LONG, xl, sizeof xl, &ep);
+        CHECK(ep == 8 && xl[0] == 0xff && xl[3] == 0xfe && xl[4] == 0 && xl[7] == 5);
+        ep = 0;
+        MPI_Unpack_external("external32", xl, sizeof xl, &ep, lb, 2, MPI_LONG);
+        CHECK(ep == 8 && lb[0] == -2 && lb[1] == 5);
+        MPI_Pack_external_size("external32", 1, MPI_LONG_INT, &need);
+        CHECK(need == 8);
+    }
+    /* MPI-1 bound markers in a struct: they set lb and ub (the last of each wins) and are no data */
+    {
+        int mbl[3] = {1, 2, 1};
+        MPI_Aint mds[3] = {-4, 0, 20};
+        MPI_Datatype mts[3] = {MPI_LB, MPI_INT, MPI_UB}, mk;
+        MPI_Type_create_struct(3, mbl, mds, mts, &mk);
+        MPI_Type_commit(&mk);
+        check_extent(mk, -4, 24, 8);
+        MPI_Aint tlb, text;
+        MPI_Type_get_true_extent(mk, &tlb, &text);
+        CHECK(tlb == 0 && text == 8);
+        int src[24], dst[24];
+        for (int i = 0; i < 24; i++) src[i] = R * 100 + i;
+        for (int i = 0; i < 24; i++) dst[i] = -1;
+        /* two elements 24 bytes (6 ints) apart, their data at the buffer's start */
+        MPI_Sendrecv(src + 1, 2, mk, next, 9, dst + 1, 2, mk, prev, 9, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        for (int i = 0; i < 24; i++) {
+            int want = (i == 1 || i == 2 || i == 7 || i == 8) ? prev * 100 + i : -1;
+            CHECK(dst[i] == want);
+        }
+        MPI_Type_free(&mk);
+    }
     for (unsigned k = 0; k < sizeof all / sizeof *all; k++) MPI_Type_free(&all[k]);
     CHECK(all[0] == MPI_DATATYPE_NULL);
     MPI_Barrier(MPI_COMM_WORLD);

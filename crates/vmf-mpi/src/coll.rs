@@ -886,11 +886,14 @@ pub(crate) fn red_packed(
         return Ok(None);
     }
     let d = datatype::get(st, dt)?;
-    if d.contig || d.basic == MPI_DATATYPE_NULL {
+    if d.dense || d.basic == MPI_DATATYPE_NULL {
         return Ok(None);
     }
     let (basic, n) = (d.basic, d.nbasic * count as usize);
-    op::resolve(st, op, basic, n).map(Some)
+    let (mut red, n) = op::resolve(st, op, basic, n)?;
+    // Packed, a pair type has no padding.
+    red.elem = type_size(basic)?;
+    Ok(Some((red, n)))
 }
 
 unsafe fn packed_in(
@@ -1236,8 +1239,8 @@ unsafe fn alltoall(
         let n = c.inter.as_ref().map_or(c.n, |x| x.len());
         if sbuf != IN_PLACE
             && c.inter.is_none()
-            && !datatype::is_derived(stype)
-            && !datatype::is_derived(rtype)
+            && datatype::is_simple(stype)
+            && datatype::is_simple(rtype)
         {
             let sb = msg_bytes(sbuf, scount, stype)?;
             let rb = msg_bytes(rbuf, rcount, rtype)?;

@@ -6,7 +6,8 @@
 //! blocks of each element (`i * extent + offset`) into a staging buffer; receiving unpacks. A derived type
 //! whose one block is `[0, extent)` (e.g. a contiguous type of a basic type) is marked `contig` and moves
 //! straight from the user buffer like a predefined type: contiguous data never pays for the machinery.
-//! Predefined and pair types never touch the table (their size is in the handle).
+//! Predefined types never touch the table (their size is in the handle); the pair types with padding
+//! (MPI_DOUBLE_INT...) are described on the fly as their two members and move packed, like a derived type.
 use crate::*;
 use std::ffi::{c_char, c_int, c_void, CStr};
 
@@ -59,10 +60,16 @@ pub(crate) struct Dtype {
     pub align: usize,
     /// The one basic type all elements share (MPI_DATATYPE_NULL if mixed): reductions and Get_elements.
     pub basic: MPI_Datatype,
-    /// Basic elements per element.
+    /// Elements of `basic` per element (a pair type counts once: the unit of reductions).
     pub nbasic: usize,
+    /// Basic elements per element, as MPI_Get_elements counts them (a pair type counts twice).
+    pub nelem: usize,
     /// One block `[0, extent)`: moves as `count * size` bytes from the buffer.
     pub contig: bool,
+    /// An element is `nbasic` elements of `basic` back to back from offset 0, each at its extent (a
+    /// contiguous type, or an array of padded pair types): a predefined reduction may work on the buffer
+    /// as an array of `basic`.
+    pub dense: bool,
     pub committed: bool,
     pub name: String,
     pub combiner: c_int,
@@ -90,45 +97,45 @@ pub(crate) fn is_derived(dt: MPI_Datatype) -> bool {
     (dt as u32) & 0xfc00_0000 == DT_BASE
 }
 
-/// Description of a predefined (or pair) type, built on the fly.
+/// Description of a predefined type, built on the fly. A pair type is the C struct `{ value; index; }`
+/// MPICH describes: its two members (MPI_DOUBLE_INT: 8 bytes at 0 and 4 at 8, size 12, extent 16), so
+/// it packs without the struct's padding.
 fn predefined(dt: MPI_Datatype) -> R<Dtype> {
-    let size = type_extent(dt)?;
-    let basic_align = match dt as u32 & 0xff {
-        0x1e | 0x22 | 0x28 | 0x2a | 0x40 | 0x41 | 0x34 | 0x35 | 0x16 | 0x20 | 0x21 | 0x23 => {
-            size / 2
+    let ext = type_extent(dt)?;
+    let mut b = Build::new();
+    let (true_ub, align, nelem) = match pair_members(dt) {
+        Some((v, i, ioff)) => {
+            let (vs, is) = (type_extent(v)?, type_extent(i)?);
+            b.push(0, vs);
+            b.push(ioff as isize, is);
+            (ioff + is, vs.max(is).min(16), 2)
         }
-        _ => size,
-    };
-    let align = if is_pair(dt) {
-        if size >= 16 {
-            8
-        } else {
-            4
+        None => {
+            b.push(0, ext);
+            // A complex number aligns as its parts.
+            let align = match dt as u32 & 0xff {
+                0x1e | 0x22 | 0x28 | 0x2a | 0x40 | 0x41 | 0x34 | 0x35 | 0x42 | 0x36 | 0x2c => {
+                    ext / 2
+                }
+                _ => ext,
+            };
+            (ext, align.clamp(1, 16), usize::from(ext > 0))
         }
-    } else {
-        basic_align.clamp(1, 16)
     };
-    let align = if dt == MPI_LONG_DOUBLE_INT { 16 } else { align };
+    let size = type_size(dt)?;
     Ok(Dtype {
-        blocks: if size > 0 {
-            vec![Run {
-                off: 0,
-                len: size,
-                reps: 1,
-                stride: 0,
-            }]
-        } else {
-            vec![]
-        },
+        contig: size == ext && b.blocks.len() <= 1,
+        blocks: b.blocks,
         size,
         lb: 0,
-        ub: size as isize,
+        ub: ext as isize,
         true_lb: 0,
-        true_ub: size as isize,
+        true_ub: true_ub as isize,
         align,
         basic: dt,
         nbasic: 1,
-        contig: true,
+        nelem,
+        dense: true,
         committed: true,
         name: String::new(),
         combiner: MPI_COMBINER_NAMED,
@@ -141,14 +148,31 @@ fn predefined(dt: MPI_Datatype) -> R<Dtype> {
     })
 }
 
-pub(crate) const MPI_LONG_DOUBLE_INT: MPI_Datatype = 0x8c00_0004u32 as c_int;
+/// The MPI-1 bound markers (MPI_Type_struct members of size 0 that set the lower and upper bound).
+const MPI_LB: MPI_Datatype = 0x4c00_0010;
+const MPI_UB: MPI_Datatype = 0x4c00_0011;
 
-pub(crate) fn is_pair(dt: MPI_Datatype) -> bool {
-    (dt as u32) & 0xffff_fff8 == 0x8c00_0000
-        || matches!(
-            dt as u32 & 0xffff_00ff,
-            0x4c00_0016 | 0x4c00_0020 | 0x4c00_0021 | 0x4c00_0023
-        )
+/// A pair type whose C struct has padding (all but MPI_FLOAT_INT and the pairs of one type): its size
+/// is less than its extent.
+#[inline]
+fn is_padded_pair(dt: MPI_Datatype) -> bool {
+    matches!(dt as u32, 0x8c00_0001..=0x8c00_0004)
+}
+
+/// A predefined type whose elements are contiguous bytes (size = extent): (buffer, count, type) moves
+/// straight from the buffer. Derived types and the padded pair types go through [`layout`].
+#[inline]
+pub(crate) fn is_simple(dt: MPI_Datatype) -> bool {
+    !is_derived(dt) && !is_padded_pair(dt)
+}
+
+/// The description of a type that may need packing: a derived type in place, a predefined one built.
+pub(crate) fn desc(st: &State, dt: MPI_Datatype) -> R<std::borrow::Cow<'_, Dtype>> {
+    if is_derived(dt) {
+        get(st, dt).map(std::borrow::Cow::Borrowed)
+    } else {
+        predefined(dt).map(std::borrow::Cow::Owned)
+    }
 }
 
 /// The description of any datatype (cloned: only for constructors and slow paths).
@@ -219,8 +243,7 @@ fn add(st: &mut State, d: Dtype) -> MPI_Datatype {
 /// Extent (bytes between consecutive elements) and size of any datatype.
 pub(crate) fn ext_size(dt: MPI_Datatype) -> R<(isize, usize)> {
     if !is_derived(dt) {
-        let s = type_extent(dt)?;
-        return Ok((s as isize, s));
+        return Ok((type_extent(dt)? as isize, type_size(dt)?));
     }
     let st = state()?;
     let d = get(st, dt)?;
@@ -245,6 +268,7 @@ struct Build {
     basic: Option<MPI_Datatype>,
     mixed: bool,
     nbasic: usize,
+    nelem: usize,
 }
 
 impl Build {
@@ -261,6 +285,7 @@ impl Build {
             basic: None,
             mixed: false,
             nbasic: 0,
+            nelem: 0,
         }
     }
 
@@ -329,6 +354,7 @@ impl Build {
             }
         }
         self.nbasic = self.nbasic.saturating_add(c.nbasic.saturating_mul(n));
+        self.nelem = self.nelem.saturating_add(c.nelem.saturating_mul(n));
         Ok(())
     }
 
@@ -356,25 +382,35 @@ impl Build {
         }
         self.bound(c, d, n)?;
         self.tally(c, n)?;
-        let run = Self::is_run(c);
-        if !run {
-            self.check_blocks(c.blocks.len().saturating_mul(n))?;
-        }
-        if run {
+        match c.blocks[..] {
             // n elements form one block.
-            self.push(d + c.lb, c.size * n);
-        } else {
-            let ext = c.extent();
-            for k in 0..n as isize {
-                for b in &c.blocks {
-                    self.push_run(Run {
-                        off: d + k * ext + b.off,
-                        ..*b
-                    });
-                }
-            }
+            _ if Self::is_run(c) => self.push(d + c.lb, c.size * n),
+            // One block per element (a padded pair type, a resized block): n of them are one run.
+            [b] if b.reps == 1 => self.push_run(Run {
+                off: d + b.off,
+                len: b.len,
+                reps: n,
+                stride: c.extent(),
+            }),
+            _ => self.place_each(c, d, n)?,
         }
         self.check_blocks(0)
+    }
+
+    /// Place the blocks of `n` consecutive elements of `c` at byte displacement `d` one element after
+    /// the other.
+    fn place_each(&mut self, c: &Dtype, d: isize, n: usize) -> R {
+        self.check_blocks(c.blocks.len().saturating_mul(n))?;
+        let ext = c.extent();
+        for k in 0..n as isize {
+            for b in &c.blocks {
+                self.push_run(Run {
+                    off: d + k * ext + b.off,
+                    ..*b
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Place `reps` blocks of `n` elements of `c`, block `i` at byte displacement `i * step`: one run
@@ -478,6 +514,8 @@ impl Build {
                 self.basic.unwrap_or(MPI_DATATYPE_NULL)
             },
             nbasic: self.nbasic,
+            nelem: self.nelem,
+            dense: false,
             committed: false,
             name: String::new(),
             combiner,
@@ -513,11 +551,31 @@ impl Dtype {
     fn any_extent_pad(&self) -> bool {
         self.align > 1
     }
+    /// Work out `contig` and `dense` from the blocks and bounds.
     fn set_contig(&mut self) {
         self.contig = self.lb == 0
             && self.extent() == self.size as isize
             && (self.size == 0
                 || (self.blocks.len() == 1 && self.blocks[0].off == 0 && self.blocks[0].reps == 1));
+        self.dense = if is_padded_pair(self.basic) {
+            self.is_pair_array()
+        } else {
+            self.contig
+        };
+    }
+
+    /// Whether the type is laid out as an array of `nbasic` elements of its (padded pair) basic type
+    /// from offset 0: the blocks and bounds of a contiguous type of them.
+    fn is_pair_array(&self) -> bool {
+        let Ok(p) = predefined(self.basic) else {
+            return false;
+        };
+        let whole = (self.nbasic as isize).checked_mul(p.extent());
+        if self.lb != 0 || whole != Some(self.extent()) {
+            return false;
+        }
+        let mut b = Build::new();
+        b.place(&p, 0, self.nbasic).is_ok() && b.blocks == self.blocks
     }
 }
 
@@ -672,11 +730,15 @@ pub(crate) enum Lay {
 /// Layout of (buf, count, dt), with the argument checks of `msg_bytes`.
 #[inline]
 pub(crate) fn layout(buf: *const c_void, count: c_int, dt: MPI_Datatype) -> R<Lay> {
-    if !is_derived(dt) {
+    if is_simple(dt) {
         return msg_bytes(buf, count, dt).map(Lay::Contig);
     }
     if count < 0 {
         return err(MPI_ERR_COUNT, format!("count {count} is negative"));
+    }
+    if !is_derived(dt) {
+        // A padded pair type: its members without the padding.
+        return msg_bytes(buf, count, dt).map(|bytes| Lay::Packed { bytes });
     }
     let st = state()?;
     let d = get(st, dt)?;
@@ -706,9 +768,9 @@ pub(crate) unsafe fn pack_vec(
     bytes: usize,
 ) -> R<Vec<u8>> {
     let st = state()?;
-    let d = get(st, dt)?;
+    let d = desc(st, dt)?;
     let mut v = vec![0u8; bytes];
-    pack(d, buf, count, v.as_mut_ptr());
+    pack(&d, buf, count, v.as_mut_ptr());
     Ok(v)
 }
 
@@ -721,8 +783,8 @@ pub(crate) unsafe fn unpack_from(
     dt: MPI_Datatype,
 ) -> R {
     let st = state()?;
-    let d = get(st, dt)?;
-    unpack(d, tmp.as_ptr(), nbytes.min(tmp.len()), buf, count);
+    let d = desc(st, dt)?;
+    unpack(&d, tmp.as_ptr(), nbytes.min(tmp.len()), buf, count);
     Ok(())
 }
 
@@ -1199,16 +1261,46 @@ pub(crate) unsafe fn type_struct<T: Cnt>(
     let st = state()?;
     let n = count_arg(count, "count")?;
     let (bl, ds, ts) = (arr_n(blocklengths, n)?, arr_n(disps, n)?, arr_n(types, n)?);
-    let mut b = Build::new();
-    for i in 0..n {
-        let t = check_old(st, ts[i])?;
-        b.place(&t, ds[i], count_arg(bl[i], "blocklength")?)?;
-    }
+    let lens = bl
+        .iter()
+        .map(|&l| count_arg(l, "blocklength"))
+        .collect::<R<Vec<usize>>>()?;
     let mut c = Contents::default();
     c.count(count);
     bl.iter().for_each(|&l| c.count(l));
     ds.iter().for_each(|&d| c.addr::<T>(d));
-    create(newtype, b.finish(MPI_COMBINER_STRUCT, c, ts))
+    let d = struct_of(&lens, &ds, &ts, |t| check_old(st, t), c)?;
+    create(newtype, d)
+}
+
+/// A struct of blocks of `lens[i]` elements of `types[i]` at byte displacements `disps[i]` (`old`
+/// describes a member type). The MPI-1 markers MPI_LB and MPI_UB set the bounds of the struct of the
+/// other members, as MPICH does it: the last of each kind wins, whatever its block length, and a bound
+/// without a marker is the other members' (with the struct's padding). They are no data: the true
+/// bounds leave them out.
+fn struct_of(
+    lens: &[usize],
+    disps: &[MPI_Aint],
+    types: &[MPI_Datatype],
+    old: impl Fn(MPI_Datatype) -> R<Dtype>,
+    c: Contents,
+) -> R<Dtype> {
+    let mut b = Build::new();
+    let (mut lb, mut ub) = (None, None);
+    for ((&len, &d), &t) in lens.iter().zip(disps).zip(types) {
+        match t {
+            MPI_LB => lb = Some(d),
+            MPI_UB => ub = Some(d),
+            t => b.place(&old(t)?, d, len)?,
+        }
+    }
+    let mut d = b.finish(MPI_COMBINER_STRUCT, c, types.to_vec());
+    if lb.is_some() || ub.is_some() {
+        d.lb = lb.unwrap_or(d.lb);
+        d.ub = ub.unwrap_or(d.ub);
+        d.set_contig();
+    }
+    Ok(d)
 }
 
 pub(crate) unsafe fn type_resized<T: Cnt>(
@@ -1611,7 +1703,9 @@ mpi_api! {
     fn MPI_Pack_external_size / PMPI_Pack_external_size(datarep: *const c_char, incount: c_int, datatype: MPI_Datatype, size: *mut MPI_Aint) -> c_int {
         let r = (|| -> R {
             check_datarep(datarep)?;
-            let (_, s) = ext_size(datatype)?;
+            let st = state()?;
+            let d = desc(st, datatype)?;
+            let s = external_size(&members(st, &d)?, &d)?;
             if size.is_null() {
                 return err(MPI_ERR_ARG, "size is NULL");
             }
@@ -1627,16 +1721,17 @@ mpi_api! {
                 return err(MPI_ERR_ARG, "position is NULL");
             }
             let st = state()?;
-            let d = info(st, datatype)?;
+            let d = desc(st, datatype)?;
             let n = nonneg(incount, "incount")?;
-            let bytes = d.size * n;
+            let m = members(st, &d)?;
+            let bytes = external_size(&m, &d)? * n;
             let pos = *position as usize;
             if pos + bytes > outsize.max(0) as usize {
                 return err(MPI_ERR_TRUNCATE, "output buffer too small");
             }
-            let out = (outbuf as *mut u8).add(pos);
-            pack(&d, inbuf as *const u8, n, out);
-            swap_external(&d, out, bytes)?;
+            let mut v = vec![0u8; d.size * n];
+            pack(&d, inbuf as *const u8, n, v.as_mut_ptr());
+            convert_external(&m, n, v.as_ptr(), (outbuf as *mut u8).add(pos), true)?;
             *position = (pos + bytes) as MPI_Aint;
             Ok(())
         })();
@@ -1649,16 +1744,17 @@ mpi_api! {
                 return err(MPI_ERR_ARG, "position is NULL");
             }
             let st = state()?;
-            let d = info(st, datatype)?;
+            let d = desc(st, datatype)?;
             let n = nonneg(outcount, "outcount")?;
-            let bytes = d.size * n;
+            let m = members(st, &d)?;
+            let bytes = external_size(&m, &d)? * n;
             let pos = *position as usize;
             if pos + bytes > insize.max(0) as usize {
                 return err(MPI_ERR_TRUNCATE, "input buffer too small");
             }
-            let mut v = std::slice::from_raw_parts((inbuf as *const u8).add(pos), bytes).to_vec();
-            swap_external(&d, v.as_mut_ptr(), bytes)?;
-            unpack(&d, v.as_ptr(), bytes, outbuf as *mut u8, n);
+            let mut v = vec![0u8; d.size * n];
+            convert_external(&m, n, (inbuf as *const u8).add(pos), v.as_mut_ptr(), false)?;
+            unpack(&d, v.as_ptr(), v.len(), outbuf as *mut u8, n);
             *position = (pos + bytes) as MPI_Aint;
             Ok(())
         })();
@@ -1670,12 +1766,12 @@ mpi_api! {
 /// description).
 fn extents(dt: MPI_Datatype) -> R<(isize, isize, isize, isize)> {
     let st = state()?;
-    if is_derived(dt) {
-        let d = get(st, dt)?;
-        Ok((d.lb, d.extent(), d.true_lb, d.true_ub - d.true_lb))
-    } else {
+    if is_simple(dt) {
         let s = type_extent(dt)? as isize;
         Ok((0, s, 0, s))
+    } else {
+        let d = desc(st, dt)?;
+        Ok((d.lb, d.extent(), d.true_lb, d.true_ub - d.true_lb))
     }
 }
 
@@ -1704,184 +1800,227 @@ unsafe fn check_datarep(datarep: *const c_char) -> R {
     Ok(())
 }
 
-/// external32 is big-endian: reverse the bytes of every basic element of the packed data, in typemap order
-/// (native sizes; pair types swap each member, complex types each half, padding is left alone).
-unsafe fn swap_external(d: &Dtype, p: *mut u8, bytes: usize) -> R {
-    let mut runs = Vec::new();
-    if d.basic != MPI_DATATYPE_NULL {
-        let bs = type_extent(d.basic)?;
-        if bs > 0 {
-            push_reps(&mut runs, &basic_units(d.basic, bs), bytes / bs);
-        }
-    } else {
-        let st = state()?;
-        let mut one = Vec::new();
-        elem_units(st, d, &mut one)?;
-        push_reps(&mut runs, &one, bytes / d.size.max(1));
-    }
-    let total: usize = runs.iter().map(|&(u, c)| u * c).sum();
-    if total != bytes {
-        return err(MPI_ERR_TYPE, format!(
-            "MPI_Pack_external: the datatype's members describe {total} bytes, not {bytes} (was a member type freed?)"
-        ));
-    }
-    let mut q = p;
-    for (unit, count) in runs {
-        if unit > 1 {
-            for _ in 0..count {
-                std::slice::from_raw_parts_mut(q, unit).reverse();
-                q = q.add(unit);
-            }
-        } else {
-            q = q.add(count);
-        }
-    }
-    Ok(())
+/// The basic members of one element of a datatype in typemap order: `pattern` repeated `reps` times,
+/// each entry a predefined type that is not a pair (a pair is its two members) and how many of it.
+/// Types of size 0 (the MPI-1 markers) are left out.
+struct Members {
+    pattern: Vec<(MPI_Datatype, usize)>,
+    reps: usize,
 }
 
-/// Byte-swap units of one element of a predefined type: (unit size, repeat) runs; 1-byte runs are padding or
-/// bytes that need no swap.
-fn basic_units(dt: MPI_Datatype, size: usize) -> Vec<(usize, usize)> {
-    let members: &[usize] = match dt as u32 {
-        0x8c00_0000 => &[4, 4],               // MPI_FLOAT_INT
-        0x8c00_0001 | 0x8c00_0002 => &[8, 4], // MPI_DOUBLE_INT, MPI_LONG_INT
-        0x8c00_0003 => &[2, 0, 4],            // MPI_SHORT_INT (short, 2 padding bytes, int)
-        0x8c00_0004 => &[16, 4],              // MPI_LONG_DOUBLE_INT
-        _ if is_pair(dt)
-            || matches!(
-                dt as u32 & 0xff,
-                0x1e | 0x22 | 0x28 | 0x2a | 0x40 | 0x41 | 0x34 | 0x35 | 0x42
-            ) =>
-        {
-            return vec![(size / 2, 2)];
-        }
-        _ => return vec![(size, 1)],
-    };
-    let mut v = Vec::new();
-    let mut used = 0;
-    for &m in members {
-        if m == 0 {
-            v.push((1, 2)); // MPI_SHORT_INT's padding
-            used += 2;
-        } else {
-            v.push((m, 1));
-            used += m;
-        }
-    }
-    if size > used {
-        v.push((1, size - used));
-    }
-    v
-}
-
-/// Append `reps` copies of `units` to `out`, merging equal neighbouring runs.
-fn push_reps(out: &mut Vec<(usize, usize)>, units: &[(usize, usize)], reps: usize) {
-    fn push(out: &mut Vec<(usize, usize)>, u: usize, c: usize) {
-        if c == 0 {
-            return;
-        }
-        match out.last_mut() {
-            Some(l) if l.0 == u => l.1 += c,
-            _ => out.push((u, c)),
-        }
-    }
-    if let [(u, c)] = units {
-        push(out, *u, c * reps);
-    } else {
-        for _ in 0..reps {
-            for &(u, c) in units {
-                push(out, u, c);
-            }
-        }
+/// Append `n` elements of basic type `t` to a member list, merging with an equal last entry.
+fn push_member(out: &mut Vec<(MPI_Datatype, usize)>, t: MPI_Datatype, n: usize) {
+    match out.last_mut() {
+        _ if n == 0 => {}
+        Some(l) if l.0 == t => l.1 += n,
+        _ => out.push((t, n)),
     }
 }
 
-/// Byte-swap units of one element of a derived type with members of different basic types, from its
-/// constructor: a struct's members block by block; any other constructor repeats its one old type as
-/// many times as its size holds.
-fn elem_units(st: &State, d: &Dtype, out: &mut Vec<(usize, usize)>) -> R {
-    let member = |t: MPI_Datatype, reps: usize, out: &mut Vec<(usize, usize)>| -> R {
-        if reps == 0 {
+/// The members of one element of `d` (a type mixing basic types reads its constructor's member types).
+fn members(st: &State, d: &Dtype) -> R<Members> {
+    if let Some(m) = basic_members(d)? {
+        return Ok(m);
+    }
+    // Members of different types: from the constructor, a struct's member types block by block; any
+    // other constructor repeats its one old type as many times as its size holds.
+    let mut pattern = Vec::new();
+    let mut add = |t: MPI_Datatype, n: usize| -> R {
+        if n == 0 {
             return Ok(());
         }
-        if is_derived(t) {
-            let td = get(st, t)?;
-            if td.basic != MPI_DATATYPE_NULL {
-                let bs = type_extent(td.basic)?;
-                push_reps(
-                    out,
-                    &basic_units(td.basic, bs),
-                    reps * (td.size / bs.max(1)),
-                );
-            } else {
-                let mut one = Vec::new();
-                elem_units(st, td, &mut one)?;
-                push_reps(out, &one, reps);
+        let m = members(st, &*desc(st, t)?)?;
+        match m.pattern[..] {
+            [(b, c)] => push_member(&mut pattern, b, c * m.reps * n),
+            _ => {
+                for _ in 0..m.reps * n {
+                    m.pattern
+                        .iter()
+                        .for_each(|&(b, c)| push_member(&mut pattern, b, c));
+                }
             }
-        } else {
-            let bs = type_extent(t)?;
-            push_reps(out, &basic_units(t, bs), reps);
         }
         Ok(())
     };
     if d.combiner == MPI_COMBINER_STRUCT {
-        let n = d.types.len();
-        for i in 0..n {
-            member(d.types[i], d.struct_blocklength(i), out)?;
+        for (i, &t) in d.types.iter().enumerate() {
+            add(t, d.struct_blocklength(i))?;
         }
     } else {
         let Some(&t) = d.types.first() else {
-            return err(
-                MPI_ERR_TYPE,
-                "MPI_Pack_external: datatype without a member type",
-            );
+            return err(MPI_ERR_TYPE, "datatype without a member type");
         };
         let (_, ts) = ext_size(t)?;
-        member(t, d.size / ts.max(1), out)?;
+        add(t, d.size.checked_div(ts).unwrap_or(0))?;
     }
-    Ok(())
+    Ok(Members { pattern, reps: 1 })
+}
+
+/// The members of a type of one basic type (None for a type mixing basic types).
+fn basic_members(d: &Dtype) -> R<Option<Members>> {
+    if d.basic == MPI_DATATYPE_NULL {
+        return Ok(None);
+    }
+    let mut pattern = Vec::new();
+    let reps = match pair_members(d.basic) {
+        Some((v, i, _)) => {
+            push_member(&mut pattern, v, 1);
+            push_member(&mut pattern, i, 1);
+            d.nbasic
+        }
+        None if type_extent(d.basic)? > 0 => {
+            pattern.push((d.basic, d.nbasic));
+            1
+        }
+        None => 1,
+    };
+    Ok(Some(Members { pattern, reps }))
+}
+
+impl Members {
+    /// Visit `count` elements' members in order; stops at the first error.
+    fn each(&self, count: usize, mut f: impl FnMut(MPI_Datatype, usize) -> R) -> R {
+        for _ in 0..count.saturating_mul(self.reps) {
+            for &(t, n) in &self.pattern {
+                f(t, n)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// How a basic type is converted to external32 (big-endian, with the sizes of the MPI standard's table,
+/// as MPICH has them).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Conv {
+    /// The same size: bytes reversed.
+    Swap,
+    /// An integer of another size (C long and unsigned long are 4 bytes in external32, wchar_t 2):
+    /// truncated when packed, sign- or zero-extended when unpacked, as MPICH converts them.
+    Int { signed: bool },
+    /// An x87 extended `long double` (16 bytes in memory) as an IEEE quadruple.
+    X87,
+}
+
+/// The external32 conversion of one basic type: (conversion, native bytes, external bytes) of each of
+/// its `units` parts (the two halves of a complex number; one part otherwise).
+fn ext32(t: MPI_Datatype) -> R<(Conv, usize, usize, usize)> {
+    let native = type_extent(t)?;
+    Ok(match t as u32 {
+        0x4c00_0807 => (Conv::Int { signed: true }, 8, 4, 1), // MPI_LONG
+        0x4c00_0808 => (Conv::Int { signed: false }, 8, 4, 1), // MPI_UNSIGNED_LONG
+        0x4c00_040e => (Conv::Int { signed: false }, 4, 2, 1), // MPI_WCHAR
+        0x4c00_100c => (Conv::X87, 16, 16, 1),                // MPI_LONG_DOUBLE
+        // MPI_C_LONG_DOUBLE_COMPLEX, MPI_CXX_LONG_DOUBLE_COMPLEX
+        0x4c00_2042 | 0x4c00_2036 => (Conv::X87, 16, 16, 2),
+        u if matches!(
+            u & 0xff,
+            0x1e | 0x22 | 0x28 | 0x2a | 0x2c | 0x40 | 0x41 | 0x34 | 0x35
+        ) =>
+        {
+            (Conv::Swap, native / 2, native / 2, 2)
+        }
+        _ => (Conv::Swap, native, native, 1),
+    })
+}
+
+/// Bytes of one element of `d` in external32, checking that its members `m` describe its size.
+fn external_size(m: &Members, d: &Dtype) -> R<usize> {
+    let (mut native, mut ext) = (0usize, 0usize);
+    for &(t, n) in &m.pattern {
+        let (_, ns, es, units) = ext32(t)?;
+        native += n * units * ns;
+        ext += n * units * es;
+    }
+    if native.checked_mul(m.reps) != Some(d.size) {
+        return err(MPI_ERR_TYPE, format!(
+            "external32: the datatype's members describe {} bytes, not {} (was a member type freed?)",
+            native.saturating_mul(m.reps), d.size
+        ));
+    }
+    Ok(ext * m.reps)
+}
+
+/// Convert `count` elements of members `m` from the packed native stream at `src` to external32 at `dst`
+/// (`pack`), or from external32 at `src` to the packed native stream at `dst`.
+unsafe fn convert_external(
+    m: &Members,
+    count: usize,
+    src: *const u8,
+    dst: *mut u8,
+    pack: bool,
+) -> R {
+    let (mut p, mut q) = (src, dst);
+    m.each(count, |t, n| {
+        let (conv, ns, es, units) = ext32(t)?;
+        let (from, to) = if pack { (ns, es) } else { (es, ns) };
+        for _ in 0..n * units {
+            let a = std::slice::from_raw_parts(p, from);
+            let b = std::slice::from_raw_parts_mut(q, to);
+            match conv {
+                Conv::Swap => b.iter_mut().zip(a.iter().rev()).for_each(|(y, x)| *y = *x),
+                // Memory is little-endian: packing keeps the low bytes.
+                Conv::Int { .. } if pack => b
+                    .iter_mut()
+                    .zip(a[..es].iter().rev())
+                    .for_each(|(y, x)| *y = *x),
+                Conv::Int { signed } => {
+                    b.fill(if signed && a[0] & 0x80 != 0 { 0xff } else { 0 });
+                    b[..es]
+                        .iter_mut()
+                        .zip(a.iter().rev())
+                        .for_each(|(y, x)| *y = *x);
+                }
+                Conv::X87 if pack => b.copy_from_slice(&crate::ldouble::to_quad(a)),
+                Conv::X87 => b.copy_from_slice(&crate::ldouble::from_quad(a)),
+            }
+            (p, q) = (p.add(from), q.add(to));
+        }
+        Ok(())
+    })
 }
 
 /// Basic elements in `bytes` of packed data of `dt` (MPI_Get_elements), or None if not a whole number.
+/// A pair type counts two elements, and a partial pair its value alone.
 pub(crate) fn elements_of(dt: MPI_Datatype, bytes: i64) -> R<Option<i64>> {
     let st = state()?;
-    let d = info(st, dt)?;
+    let d = desc(st, dt)?;
     if d.size == 0 {
         return Ok(Some(0));
     }
-    let whole = bytes / d.size as i64;
     let rest = bytes % d.size as i64;
-    let per = if is_derived(dt) {
-        d.nbasic as i64
-    } else {
-        type_elements(dt) as i64
-    };
-    if rest == 0 {
-        return Ok(Some(whole * per));
-    }
-    if d.basic != MPI_DATATYPE_NULL && !is_pair(d.basic) {
-        let bs = type_extent(d.basic)? as i64;
-        if rest % bs == 0 {
-            return Ok(Some(whole * per + rest / bs));
+    let m = if rest == 0 {
+        Members {
+            pattern: vec![],
+            reps: 0,
         }
-    } else if d.basic == MPI_DATATYPE_NULL && is_derived(dt) {
-        // Members of different types: walk one element's basic members in typemap order.
-        let mut units = Vec::new();
-        elem_units(st, &d, &mut units)?;
-        let (mut left, mut n) = (rest as usize, 0i64);
-        for &(u, c) in units.iter().filter(|u| u.0 > 0) {
-            let k = (left / u).min(c);
+    } else {
+        members(st, &d)?
+    };
+    count_elements(&d, &m, bytes)
+}
+
+/// Basic elements in `bytes` of packed data of `d` with members `m` (read only for a partial element).
+fn count_elements(d: &Dtype, m: &Members, bytes: i64) -> R<Option<i64>> {
+    let (whole, rest) = (bytes / d.size as i64, bytes % d.size as i64);
+    let mut n = whole * d.nelem as i64;
+    // The rest of a partial element: its basic members in typemap order, as far as they are whole.
+    let mut left = rest as usize;
+    'walk: for _ in 0..m.reps {
+        for &(t, c) in &m.pattern {
+            if left == 0 {
+                break 'walk;
+            }
+            let size = type_extent(t)?;
+            let k = (left / size).min(c);
             n += k as i64;
-            left -= k * u;
+            left -= k * size;
             if k < c {
-                break;
+                break 'walk;
             }
         }
-        if left == 0 {
-            return Ok(Some(whole * per + n));
-        }
     }
-    Ok(None)
+    Ok((left == 0).then_some(n))
 }
 
 unsafe fn type_attr_slot(st: &mut State, dt: MPI_Datatype) -> R<&mut Vec<(c_int, *mut c_void)>> {
@@ -2172,5 +2311,274 @@ mod tests {
             b.place(&int(), 0, usize::MAX / 2).unwrap_err().code,
             MPI_ERR_ARG
         );
+    }
+
+    const BYTE: MPI_Datatype = 0x4c00_010d;
+    const LONG: MPI_Datatype = 0x4c00_0807;
+    const ULONG: MPI_Datatype = 0x4c00_0808;
+    const WCHAR: MPI_Datatype = 0x4c00_040e;
+    const LONG_DOUBLE: MPI_Datatype = 0x4c00_100c;
+    const FLOAT_INT: MPI_Datatype = 0x8c00_0000u32 as c_int;
+    const DOUBLE_INT: MPI_Datatype = 0x8c00_0001u32 as c_int;
+    const LONG_INT: MPI_Datatype = 0x8c00_0002u32 as c_int;
+    const SHORT_INT: MPI_Datatype = 0x8c00_0003u32 as c_int;
+    const LONG_DOUBLE_INT: MPI_Datatype = 0x8c00_0004u32 as c_int;
+
+    fn pd(dt: MPI_Datatype) -> Dtype {
+        predefined(dt).unwrap()
+    }
+
+    fn block(off: isize, len: usize, reps: usize, stride: isize) -> Run {
+        Run {
+            off,
+            len,
+            reps,
+            stride,
+        }
+    }
+
+    /// `n` consecutive elements of `c` as a contiguous type.
+    fn contiguous(c: &Dtype, n: usize) -> Dtype {
+        let mut b = Build::new();
+        b.place(c, 0, n).unwrap();
+        b.finish(MPI_COMBINER_CONTIGUOUS, Contents::default(), vec![])
+    }
+
+    fn pack_n(d: &Dtype, src: &[u8], n: usize) -> Vec<u8> {
+        let mut out = vec![0u8; d.size * n];
+        // SAFETY: the callers' buffers hold n extents of `d`.
+        unsafe { pack(d, src.as_ptr(), n, out.as_mut_ptr()) };
+        out
+    }
+
+    #[test]
+    fn pair_types_are_their_two_members_in_the_extent_of_the_c_struct() {
+        // (type, size, extent, true extent, alignment), as MPICH reports them on x86-64.
+        for (t, size, ext, true_ext, align) in [
+            (FLOAT_INT, 8, 8, 8, 4),
+            (DOUBLE_INT, 12, 16, 12, 8),
+            (LONG_INT, 12, 16, 12, 8),
+            (SHORT_INT, 6, 8, 8, 4),
+            (LONG_DOUBLE_INT, 20, 32, 20, 16),
+            (MPI_2INT, 8, 8, 8, 4),
+        ] {
+            let d = pd(t);
+            assert_eq!(
+                (d.size, d.extent(), d.true_ub - d.true_lb),
+                (size, ext, true_ext)
+            );
+            assert_eq!((d.align, d.nelem, d.nbasic), (align, 2, 1));
+            assert_eq!(d.contig, size as isize == ext, "{t:#x}");
+            assert_eq!(is_simple(t), size as isize == ext, "{t:#x}");
+            assert_eq!(ext_size(t).unwrap(), (ext, size));
+        }
+        // The value at 0, the int at its aligned offset: the padding is not data.
+        assert_eq!(pd(DOUBLE_INT).blocks, vec![block(0, 12, 1, 0)]);
+        assert_eq!(
+            pd(SHORT_INT).blocks,
+            vec![block(0, 2, 1, 0), block(4, 4, 1, 0)]
+        );
+        let src: Vec<u8> = (0..32).collect();
+        assert_eq!(
+            pack_n(&pd(SHORT_INT), &src, 2),
+            vec![0, 1, 4, 5, 6, 7, 8, 9, 12, 13, 14, 15]
+        );
+        let mut want: Vec<u8> = (0..12).collect();
+        want.extend(16..28);
+        assert_eq!(pack_n(&pd(DOUBLE_INT), &src, 2), want);
+        // An array of them is one run, and still an array of the pair type for reductions.
+        let c = contiguous(&pd(DOUBLE_INT), 1000);
+        assert_eq!(c.blocks, vec![block(0, 12, 1000, 16)]);
+        assert_eq!(
+            (c.size, c.extent(), c.nbasic, c.nelem),
+            (12_000, 16_000, 1000, 2000)
+        );
+        assert!(!c.contig && c.dense && c.basic == DOUBLE_INT);
+        assert!(contiguous(&pd(SHORT_INT), 3).dense);
+        // Every other pair is not (a reduction packs it).
+        let mut b = Build::new();
+        b.place_strided(&pd(DOUBLE_INT), 1, 2, 32).unwrap();
+        let v = b.finish(MPI_COMBINER_VECTOR, Contents::default(), vec![]);
+        assert_eq!(v.blocks, vec![block(0, 12, 2, 32)]);
+        assert!(!v.dense && v.size == 24);
+        // A struct {double; int} is the same as MPI_DOUBLE_INT (pairtype_size_extent).
+        let s = struct_of(
+            &[1, 1],
+            &[0, 8],
+            &[0x4c00_080b, 0x4c00_0405],
+            predefined,
+            Contents::default(),
+        )
+        .unwrap();
+        assert_eq!(
+            (s.size, s.extent(), s.blocks.clone()),
+            (12, 16, pd(DOUBLE_INT).blocks)
+        );
+    }
+
+    #[test]
+    fn get_elements_counts_both_members_of_a_pair() {
+        let count =
+            |d: &Dtype, bytes| count_elements(d, &basic_members(d).unwrap().unwrap(), bytes);
+        let d = pd(DOUBLE_INT);
+        // get_elements_pairtype: 24 bytes received as MPI_DOUBLE_INT are 4 elements.
+        assert_eq!(count(&d, 24).unwrap(), Some(4));
+        // A partial pair counts its value; a partial value nothing whole.
+        assert_eq!(count(&d, 20).unwrap(), Some(3));
+        assert_eq!(count(&d, 30).unwrap(), None);
+        let c = contiguous(&d, 2);
+        assert_eq!(count(&c, 24 + 12 + 8).unwrap(), Some(4 + 3));
+        assert_eq!(count(&pd(SHORT_INT), 8).unwrap(), Some(3));
+        assert_eq!(count(&pd(0x4c00_0405), 12).unwrap(), Some(3));
+    }
+
+    /// Pack `n` elements of predefined `t` from `native` to external32 and back.
+    fn external(t: MPI_Datatype, native: &[u8], n: usize) -> (usize, Vec<u8>, Vec<u8>) {
+        let d = pd(t);
+        let m = basic_members(&d).unwrap().unwrap();
+        let size = external_size(&m, &d).unwrap();
+        let packed = pack_n(&d, native, n);
+        let mut ext = vec![0u8; size * n];
+        let mut back = vec![0u8; d.size * n];
+        // SAFETY: the buffers hold n elements of each representation.
+        unsafe {
+            convert_external(&m, n, packed.as_ptr(), ext.as_mut_ptr(), true).unwrap();
+            convert_external(&m, n, ext.as_ptr(), back.as_mut_ptr(), false).unwrap();
+        }
+        (size, ext, back)
+    }
+
+    fn bytes_of_longs(v: &[i64]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn external32_has_the_sizes_of_the_standard_table() {
+        // pack_external: C long is 4 bytes in external32, big-endian.
+        let (size, ext, back) = external(LONG, &bytes_of_longs(&[1, -2]), 2);
+        assert_eq!(size, 4);
+        assert_eq!(ext, vec![0, 0, 0, 1, 0xff, 0xff, 0xff, 0xfe]);
+        assert_eq!(back, bytes_of_longs(&[1, -2]));
+        // A value that does not fit keeps its low 32 bits (MPICH converts as C does), and comes back
+        // sign-extended; an unsigned long zero-extended.
+        let (_, ext, back) = external(LONG, &bytes_of_longs(&[0x1_0000_0005, 0xffff_ffff]), 2);
+        assert_eq!(ext, vec![0, 0, 0, 5, 0xff, 0xff, 0xff, 0xff]);
+        assert_eq!(back, bytes_of_longs(&[5, -1]));
+        let (size, ext, back) = external(ULONG, &bytes_of_longs(&[0xffff_ffff]), 1);
+        assert_eq!((size, ext), (4, vec![0xff; 4]));
+        assert_eq!(back, bytes_of_longs(&[0xffff_ffff]));
+        let (size, ext, _) = external(WCHAR, &0x41u32.to_le_bytes(), 1);
+        assert_eq!((size, ext), (2, vec![0, 0x41]));
+        // Sizes of the pair types: their members' (MPI_LONG_INT: 4 + 4).
+        for (t, want) in [
+            (FLOAT_INT, 8),
+            (DOUBLE_INT, 12),
+            (LONG_INT, 8),
+            (SHORT_INT, 6),
+            (LONG_DOUBLE_INT, 20),
+            (BYTE, 1),
+            (0x4c00_0840, 8), // MPI_C_FLOAT_COMPLEX
+        ] {
+            let d = pd(t);
+            let m = basic_members(&d).unwrap().unwrap();
+            assert_eq!(external_size(&m, &d).unwrap(), want, "{t:#x}");
+        }
+        // A pair: each member big-endian, no padding.
+        let mut li = vec![0u8; 16];
+        li[..8].copy_from_slice(&(-3i64).to_le_bytes());
+        li[8..12].copy_from_slice(&7i32.to_le_bytes());
+        let (_, ext, back) = external(LONG_INT, &li, 1);
+        assert_eq!(ext, vec![0xff, 0xff, 0xff, 0xfd, 0, 0, 0, 7]);
+        assert_eq!(back, [&li[..12]].concat());
+    }
+
+    #[test]
+    fn external32_long_double_is_an_ieee_quadruple() {
+        // 1.0 and 2.0 as x87 extended values, in 16 bytes (pack_external's expected bytes).
+        let x87 = |m: u64, se: u16| {
+            let mut v = m.to_le_bytes().to_vec();
+            v.extend(se.to_le_bytes());
+            v.extend([0u8; 6]);
+            v
+        };
+        let native = [x87(1 << 63, 0x3fff), x87(1 << 63, 0x4000)].concat();
+        let (size, ext, back) = external(LONG_DOUBLE, &native, 2);
+        let mut want = vec![0u8; 32];
+        (want[0], want[1], want[16]) = (0x3f, 0xff, 0x40);
+        assert_eq!((size, ext), (16, want));
+        assert_eq!(back, native);
+        // Exact both ways for any finite value, negative, denormal, infinite.
+        for v in [
+            x87(0xaaaa_aaaa_aaaa_aaab, 0x3ffd), // 1/3
+            x87(0xc90f_daa2_2168_c235, 0xc000), // -pi
+            x87(0x0000_0000_0000_0001, 0),      // the smallest denormal
+            x87(1 << 63, 0x7fff),               // infinity
+            x87(0, 0),
+        ] {
+            assert_eq!(
+                crate::ldouble::from_quad(&crate::ldouble::to_quad(&v)),
+                v[..]
+            );
+        }
+        // A quadruple rounds to the nearest x87 value, ties to even.
+        let mut q = crate::ldouble::to_quad(&x87(1 << 63, 0x3fff));
+        q[15] = 1; // 1 + 2^-112
+        assert_eq!(crate::ldouble::from_quad(&q), x87(1 << 63, 0x3fff)[..]);
+        // Bit 48 of the quadruple is half an ulp of the x87 mantissa (byte 9, big-endian).
+        let half = |m: u64, more: bool| {
+            let mut q = crate::ldouble::to_quad(&x87(m, 0x3fff));
+            q[9] |= 1;
+            q[10] |= if more { 0x80 } else { 0 };
+            crate::ldouble::from_quad(&q)
+        };
+        assert_eq!(half((1 << 63) | 1, false), x87((1 << 63) | 2, 0x3fff)[..]);
+        assert_eq!(half((1 << 63) | 2, false), x87((1 << 63) | 2, 0x3fff)[..]);
+        assert_eq!(half((1 << 63) | 2, true), x87((1 << 63) | 3, 0x3fff)[..]);
+        // Rounding up the largest mantissa carries into the exponent.
+        assert_eq!(half(u64::MAX, false), x87(1 << 63, 0x4000)[..]);
+    }
+
+    /// A struct of (type, blocklength, displacement) members of predefined types.
+    fn strukt(m: &[(MPI_Datatype, usize, isize)]) -> Dtype {
+        let lens: Vec<usize> = m.iter().map(|x| x.1).collect();
+        let disps: Vec<isize> = m.iter().map(|x| x.2).collect();
+        let types: Vec<MPI_Datatype> = m.iter().map(|x| x.0).collect();
+        struct_of(&lens, &disps, &types, predefined, Contents::default()).unwrap()
+    }
+
+    /// (lb, extent, true lb, true extent, size)
+    fn bounds(d: &Dtype) -> (isize, isize, isize, isize, usize) {
+        (d.lb, d.extent(), d.true_lb, d.true_ub - d.true_lb, d.size)
+    }
+
+    #[test]
+    fn mpi1_markers_set_the_bounds_of_a_struct_and_are_no_data() {
+        // lbub_oldapi: { (LB,-3), 4*(BYTE,0), (UB,6) }
+        let t = strukt(&[(MPI_LB, 1, -3), (BYTE, 4, 0), (MPI_UB, 1, 6)]);
+        assert_eq!(bounds(&t), (-3, 9, 0, 4, 4));
+        assert_eq!(t.blocks, vec![block(0, 4, 1, 0)]);
+        assert!(!t.contig);
+        let c = contiguous(&t, 3);
+        assert_eq!(bounds(&c), (-3, 27, 0, 22, 12));
+        assert_eq!(
+            pack_n(&c, &(0..40).collect::<Vec<u8>>(), 1),
+            [0, 1, 2, 3, 9, 10, 11, 12, 18, 19, 20, 21]
+        );
+        // Markers the other way round: a negative extent.
+        let n = strukt(&[(MPI_LB, 1, 6), (BYTE, 4, 0), (MPI_UB, 1, -3)]);
+        assert_eq!(bounds(&n), (6, -9, 0, 4, 4));
+        assert_eq!(bounds(&contiguous(&n, 3)), (-12, 9, -18, 22, 12));
+        // struct_no_real_types: only a marker.
+        assert_eq!(bounds(&strukt(&[(MPI_LB, 1, 10)])), (10, -10, 0, 0, 0));
+        // The last marker of a kind wins; the other bound stays the members' (with the padding).
+        let t = strukt(&[
+            (MPI_UB, 1, 100),
+            (0x4c00_0405, 1, 0),
+            (0x4c00_080b, 1, 8),
+            (MPI_UB, 0, 40),
+        ]);
+        assert_eq!(bounds(&t), (0, 40, 0, 16, 12));
+        let t = strukt(&[(MPI_LB, 1, -8), (0x4c00_080b, 1, 0), (0x4c00_0405, 1, 8)]);
+        assert_eq!(bounds(&t), (-8, 24, 0, 12, 12));
     }
 }

@@ -157,9 +157,11 @@ pub(crate) unsafe fn complex(op: LOp, a: *const u8, b: *mut u8, n: usize) {
 
 /// MINLOC/MAXLOC over `n` `struct { long double v; int i; }` (32 bytes, the index at offset 16); ties
 /// keep the lower index.
-pub(crate) unsafe fn loc(op: LOp, a: *const u8, b: *mut u8, n: usize) {
+/// MINLOC/MAXLOC on (long double, int) pairs `stride` bytes apart (32 in memory, 20 packed), the index
+/// at byte 16.
+pub(crate) unsafe fn loc(op: LOp, a: *const u8, b: *mut u8, n: usize, stride: usize) {
     for k in 0..n {
-        let (pa, pb) = (a.add(32 * k), b.add(32 * k));
+        let (pa, pb) = (a.add(stride * k), b.add(stride * k));
         let (va, vb) = (ld(pa), ld(pb));
         let ia = (pa.add(16) as *const i32).read_unaligned();
         let ib = (pb.add(16) as *const i32).read_unaligned();
@@ -174,6 +176,58 @@ pub(crate) unsafe fn loc(op: LOp, a: *const u8, b: *mut u8, n: usize) {
             (pb.add(16) as *mut i32).write_unaligned(ia);
         }
     }
+}
+
+/// A `long double` (16 bytes in memory, the first 10 an x87 extended value) as external32 has it: an
+/// IEEE quadruple, big-endian. Exact: the quadruple's 112-bit fraction holds the 63 bits below the x87
+/// explicit integer bit, with the same exponent range (a denormal keeps the scale of its exponent 1).
+pub(crate) fn to_quad(x: &[u8]) -> [u8; 16] {
+    let m = u64::from_le_bytes(x[..8].try_into().unwrap()) as u128;
+    let se = u16::from_le_bytes([x[8], x[9]]) as u128;
+    let (sign, exp) = (se >> 15, se & 0x7fff);
+    let q = if exp == 0 {
+        // A (pseudo-)denormal: the same scale; an integer bit carries into exponent 1.
+        (sign << 127) | (m << 49)
+    } else {
+        (sign << 127) | (exp << 112) | ((m & !(1 << 63)) << 49)
+    };
+    q.to_be_bytes()
+}
+
+/// The inverse of [`to_quad`]: an external32 quadruple (big-endian) as a 16-byte `long double`, the
+/// fraction rounded to 63 bits (to nearest, ties to even); the 6 padding bytes are zero.
+pub(crate) fn from_quad(x: &[u8]) -> [u8; 16] {
+    let q = u128::from_be_bytes(x[..16].try_into().unwrap());
+    let (sign, mut exp) = ((q >> 127) as u16, ((q >> 112) & 0x7fff) as u16);
+    let frac = q & ((1u128 << 112) - 1);
+    let m: u64 = if exp == 0x7fff {
+        // Infinity or NaN (a NaN whose payload is all in the dropped bits stays a quiet NaN).
+        let m = (1u64 << 63) | (frac >> 49) as u64;
+        if frac != 0 && m == 1 << 63 {
+            m | 1 << 62
+        } else {
+            m
+        }
+    } else {
+        let sig = if exp == 0 { frac } else { frac | 1 << 112 };
+        let (mut m, rest) = (sig >> 49, sig & ((1 << 49) - 1));
+        if rest > 1 << 48 || (rest == 1 << 48 && m & 1 == 1) {
+            m += 1;
+        }
+        if m == 1 << 64 {
+            // Rounded up to the next power of two (infinity past the largest exponent).
+            m = 1 << 63;
+            exp += 1;
+        } else if exp == 0 && m == 1 << 63 {
+            // A denormal rounded up to the smallest normal.
+            exp = 1;
+        }
+        m as u64
+    };
+    let mut out = [0u8; 16];
+    out[..8].copy_from_slice(&m.to_le_bytes());
+    out[8..10].copy_from_slice(&((sign << 15) | exp).to_le_bytes());
+    out
 }
 
 #[cfg(test)]

@@ -47,7 +47,7 @@ pub(crate) struct Red {
     pub op: MPI_Op,
     /// The datatype passed to the user function / the basic type for predefined ops.
     pub dt: MPI_Datatype,
-    /// Bytes of one element (the extent).
+    /// Bytes of one element: the extent, or for packed pair types (`coll::red_packed`) the size.
     pub elem: usize,
     pub user: Option<UserCall>,
     pub commute: bool,
@@ -96,7 +96,7 @@ pub(crate) fn resolve(st: &State, op: MPI_Op, dt: MPI_Datatype, count: usize) ->
     }
     let (basic, n) = if datatype::is_derived(dt) {
         let d = datatype::get(st, dt)?;
-        if d.basic == MPI_DATATYPE_NULL || !d.contig || d.nbasic == 0 {
+        if d.basic == MPI_DATATYPE_NULL || !d.dense || d.nbasic == 0 {
             return err(MPI_ERR_OP, "predefined reduction on a derived datatype that is not a contiguous run of one basic type");
         }
         (d.basic, count * d.nbasic)
@@ -345,10 +345,11 @@ pub(crate) unsafe fn apply(r: &Red, a: *const u8, b: *mut u8, n: usize) {
         K::F64 => float_op!(f64, op, a, b, n),
         K::C32 => cplx_op!(f32, op, a, b, n),
         K::C64 => cplx_op!(f64, op, a, b, n),
+        // Pairs as in memory (`elem` is the extent) or packed (`elem` is the size: no padding).
         K::PFI => loc::<f32, i32>(op, a, b, n, 8, 4),
-        K::PDI => loc::<f64, i32>(op, a, b, n, 16, 8),
-        K::PLI => loc::<i64, i32>(op, a, b, n, 16, 8),
-        K::PSI => loc::<i16, i32>(op, a, b, n, 8, 4),
+        K::PDI => loc::<f64, i32>(op, a, b, n, r.elem, 8),
+        K::PLI => loc::<i64, i32>(op, a, b, n, r.elem, 8),
+        K::PSI => loc::<i16, i32>(op, a, b, n, r.elem, r.elem - 4),
         K::P2I => loc::<i32, i32>(op, a, b, n, 8, 4),
         K::P2F => locf::<f32>(op, a, b, n),
         K::P2D => locf::<f64>(op, a, b, n),
@@ -368,7 +369,7 @@ pub(crate) unsafe fn apply(r: &Red, a: *const u8, b: *mut u8, n: usize) {
             match kind(r.dt) {
                 Some(K::F80) => ld::real(o, a, b, n),
                 Some(K::C80) => ld::complex(o, a, b, n),
-                _ => ld::loc(o, a, b, n),
+                _ => ld::loc(o, a, b, n, r.elem),
             }
         }
     }

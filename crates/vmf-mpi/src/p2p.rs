@@ -639,10 +639,11 @@ unsafe fn bsend(st: &mut State, pt: u32, buf: *const u8, bytes: usize, dest: i64
 }
 
 /// Common checks of a send: returns (comm index, bytes, world destination or None for PROC_NULL).
-/// Bytes on the wire of (buf, count, dt): predefined types straight from the handle, derived through the table.
+/// Bytes on the wire of (buf, count, dt): contiguous predefined types straight from the handle, others
+/// through their description.
 #[inline]
 fn lay_bytes(buf: *const c_void, count: c_int, dt: MPI_Datatype) -> R<usize> {
-    if !crate::datatype::is_derived(dt) {
+    if crate::datatype::is_simple(dt) {
         return msg_bytes(buf, count, dt);
     }
     match crate::datatype::layout(buf, count, dt)? {
@@ -650,7 +651,7 @@ fn lay_bytes(buf: *const c_void, count: c_int, dt: MPI_Datatype) -> R<usize> {
     }
 }
 
-/// Staging of a non-contiguous derived datatype: `Some(vec)` (send: packed data; receive: room) or None.
+/// Staging of a non-contiguous datatype: `Some(vec)` (send: packed data; receive: room) or None.
 #[inline]
 unsafe fn stage(
     buf: *const c_void,
@@ -659,7 +660,7 @@ unsafe fn stage(
     bytes: usize,
     send: bool,
 ) -> R<Option<Vec<u8>>> {
-    if !crate::datatype::is_derived(dt) {
+    if crate::datatype::is_simple(dt) {
         return Ok(None);
     }
     match crate::datatype::layout(buf, count, dt)? {
@@ -912,7 +913,7 @@ unsafe fn persistent(
         send_args(st, buf, count, dt, peer_r, tag, comm)?
     };
     let packed = stage(buf, 0, dt, 0, false)?.is_some()
-        || (crate::datatype::is_derived(dt)
+        || (!crate::datatype::is_simple(dt)
             && !matches!(
                 crate::datatype::layout(buf, count, dt)?,
                 crate::datatype::Lay::Contig(_)
@@ -1942,22 +1943,21 @@ unsafe fn set_elements(status: *mut MPI_Status, dt: MPI_Datatype, count: MPI_Cou
 }
 
 fn elements(status: &MPI_Status, dt: MPI_Datatype) -> R<MPI_Count> {
-    if crate::datatype::is_derived(dt) {
+    if crate::datatype::is_derived(dt) || pair_members(dt).is_some() {
+        // Members of a partial element count as far as they are whole.
         return Ok(
             crate::datatype::elements_of(dt, get_count(status))?.unwrap_or(MPI_UNDEFINED as i64)
         );
     }
-    let ext = type_extent(dt)? as i64;
+    let size = type_size(dt)? as i64;
     let bytes = get_count(status);
-    if ext == 0 {
+    if size == 0 {
         return Ok(0);
     }
-    if bytes % ext != 0 {
-        // Basic elements of a partially received pair type: the complete pairs only (MPICH counts the
-        // partial element's members; this is the next issue's datatype engine).
+    if bytes % size != 0 {
         return Ok(MPI_UNDEFINED as MPI_Count);
     }
-    Ok(bytes / ext * type_elements(dt) as i64)
+    Ok(bytes / size)
 }
 
 const MPI_BYTE: MPI_Datatype = 0x4c00_010d;

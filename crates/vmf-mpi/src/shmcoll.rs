@@ -576,14 +576,16 @@ unsafe fn put(
     dt: MPI_Datatype,
     bytes: usize,
 ) -> R {
-    if !datatype::is_derived(dt) {
+    if datatype::is_simple(dt) {
         // Predefined (checked by `sig`): contiguous.
         std::ptr::copy_nonoverlapping(src as *const u8, dst, bytes);
         return Ok(());
     }
     match datatype::layout(src, count as c_int, dt)? {
         Lay::Contig(_) => std::ptr::copy_nonoverlapping(src as *const u8, dst, bytes),
-        Lay::Packed { .. } => datatype::pack(datatype::get(st, dt)?, src as *const u8, count, dst),
+        Lay::Packed { .. } => {
+            datatype::pack(&*datatype::desc(st, dt)?, src as *const u8, count, dst)
+        }
     }
     Ok(())
 }
@@ -598,14 +600,14 @@ unsafe fn take(
     count: usize,
     dt: MPI_Datatype,
 ) -> R {
-    if !datatype::is_derived(dt) {
+    if datatype::is_simple(dt) {
         std::ptr::copy_nonoverlapping(src, dst as *mut u8, bytes);
         return Ok(());
     }
     match datatype::layout(dst, count as c_int, dt)? {
         Lay::Contig(_) => std::ptr::copy_nonoverlapping(src, dst as *mut u8, bytes),
         Lay::Packed { .. } => {
-            datatype::unpack(datatype::get(st, dt)?, src, bytes, dst as *mut u8, count)
+            datatype::unpack(&*datatype::desc(st, dt)?, src, bytes, dst as *mut u8, count)
         }
     }
     Ok(())
@@ -989,8 +991,8 @@ pub(crate) unsafe fn scatter(
     let (sbytes, sext) = if sender { span(sc, st_)? } else { (0, 0) };
     let need = rbytes * n;
     let chunked = root.is_none()
-        && !datatype::is_derived(st_)
-        && !datatype::is_derived(rtype)
+        && datatype::is_simple(st_)
+        && datatype::is_simple(rtype)
         && need > ROUND_MIN;
     let big = root.is_none() && need > DATA && (need <= BIG_MAX || chunked);
     if eligible(st, comm, if big { 0 } else { need })?.is_none() {
@@ -1056,7 +1058,7 @@ pub(crate) unsafe fn scatter(
         });
     }
     // An alltoall of predefined types copies its own block straight across, after it has stamped.
-    let own_direct = root.is_none() && !datatype::is_derived(st_) && !datatype::is_derived(rtype);
+    let own_direct = root.is_none() && datatype::is_simple(st_) && datatype::is_simple(rtype);
     run(st, ci, |st, e, a| {
         a.fresh(root);
         let k = a.next();
