@@ -169,7 +169,7 @@ impl Sched {
         }
     }
     fn copy(&mut self, src: *const u8, dst: *mut u8, len: usize) {
-        if len > 0 && src != dst as *const u8 {
+        if len > 0 && !std::ptr::eq(src, dst) {
             self.steps.push(Step::Copy { src, dst, len });
         }
     }
@@ -1091,7 +1091,7 @@ unsafe fn scatterv(
         for i in 0..c.n {
             let b = (sbuf as *const u8).wrapping_offset(disp[i] as isize * ext) as *const c_void;
             if i == root {
-                if rbuf as *const c_void != IN_PLACE {
+                if !std::ptr::eq(rbuf, IN_PLACE) {
                     datatype::local_copy(
                         b as *const u8,
                         counts[i].max(0) as usize,
@@ -1253,15 +1253,14 @@ unsafe fn alltoall(
             alltoall_s(s, c, &sv, &rv);
             return Ok(());
         }
-        let fixed =
-            |count: c_int, dt: MPI_Datatype| -> R<(Vec<c_int>, Vec<isize>, Vec<MPI_Datatype>)> {
-                let (ext, _) = datatype::ext_size(dt)?;
-                Ok((
-                    vec![count; n],
-                    (0..n).map(|i| i as isize * count as isize * ext).collect(),
-                    vec![dt; n],
-                ))
-            };
+        let fixed = |count: c_int, dt: MPI_Datatype| -> R<Blocks> {
+            let (ext, _) = datatype::ext_size(dt)?;
+            Ok((
+                vec![count; n],
+                (0..n).map(|i| i as isize * count as isize * ext).collect(),
+                vec![dt; n],
+            ))
+        };
         let r = fixed(rcount, rtype)?;
         let sx = if sbuf == IN_PLACE {
             r.clone()
@@ -1519,7 +1518,7 @@ unsafe fn v_args(
     types: Option<*const MPI_Datatype>,
     dt: MPI_Datatype,
     bytes_displs: bool,
-) -> R<(Vec<c_int>, Vec<isize>, Vec<MPI_Datatype>)> {
+) -> R<Blocks> {
     let n = st.comm(comm)?.1.peer_size() as usize;
     let c = arr_i(counts, n)?;
     let d = arr_i(displs, n)?;
@@ -1554,7 +1553,7 @@ unsafe fn nbr_args(
     bytes: bool,
     k: usize,
     fixed: bool,
-) -> R<(Vec<c_int>, Vec<isize>, Vec<MPI_Datatype>)> {
+) -> R<Blocks> {
     let _ = st.comm(comm)?;
     if fixed {
         let (ext, _) = datatype::ext_size(dt)?;
@@ -1589,7 +1588,7 @@ unsafe fn nbr_args_c(
     dt: MPI_Datatype,
     types: Option<*const MPI_Datatype>,
     k: usize,
-) -> R<(Vec<c_int>, Vec<isize>, Vec<MPI_Datatype>)> {
+) -> R<Blocks> {
     if k > 0 && (counts.is_null() || displs.is_null() || types.is_some_and(|t| t.is_null())) {
         return err(MPI_ERR_ARG, "array argument is NULL");
     }
@@ -1616,10 +1615,15 @@ unsafe fn nbr_args_c(
     Ok(out)
 }
 
+/// Per-peer blocks of a v/w collective: counts, byte displacements and types.
+type Blocks = (Vec<c_int>, Vec<isize>, Vec<MPI_Datatype>);
+
 macro_rules! coll_pair {
     ($( fn $name:ident / $pname:ident / $iname:ident / $piname:ident ( $($a:ident : $t:ty),* ) => $body:expr $(, shm $shm:expr)?; )*) => {$(
         mpi_api! {
             fn $name / $pname($($a: $t,)* comm: MPI_Comm) -> c_int {
+                // A closure, so that `?` and the shared-memory path's early return end the call's body.
+                #[allow(clippy::redundant_closure_call)]
                 let r = (|| -> R {
                     $( if ($shm)(state()?, comm)? { return Ok(()); } )?
                     let mut b = $body;
@@ -1628,6 +1632,7 @@ macro_rules! coll_pair {
                 fin(comm, stringify!($name), r)
             }
             fn $iname / $piname($($a: $t,)* comm: MPI_Comm, request: *mut MPI_Request) -> c_int {
+                #[allow(clippy::redundant_closure_call)]
                 let r = (|| -> R {
                     let mut b = $body;
                     go(comm, request, true, &mut b)
@@ -1675,10 +1680,10 @@ mpi_api! {
         fin(comm, "MPI_Barrier", r)
     }
     fn MPI_Ibarrier / PMPI_Ibarrier(comm: MPI_Comm, request: *mut MPI_Request) -> c_int {
-        let r = (|| -> R {
+        let r = {
             let mut b = |_st: &mut State, s: &mut Sched, c: &Ctx| -> R { barrier_s(s, c); Ok(()) };
             go(comm, request, true, &mut b)
-        })();
+        };
         fin(comm, "MPI_Ibarrier", r)
     }
 }
@@ -1708,17 +1713,17 @@ macro_rules! a2a_pair {
     )*};
 }
 
-unsafe fn six(
-    s: (Vec<c_int>, Vec<isize>, Vec<MPI_Datatype>),
-    r: (Vec<c_int>, Vec<isize>, Vec<MPI_Datatype>),
-) -> (
+/// The send and the receive side's blocks of a v/w collective, flattened for the schedule.
+type SixVecs = (
     Vec<c_int>,
     Vec<isize>,
     Vec<MPI_Datatype>,
     Vec<c_int>,
     Vec<isize>,
     Vec<MPI_Datatype>,
-) {
+);
+
+unsafe fn six(s: Blocks, r: Blocks) -> SixVecs {
     (s.0, s.1, s.2, r.0, r.1, r.2)
 }
 

@@ -414,7 +414,7 @@ pub(crate) fn topo_neighbors(c: &Comm) -> R<(Vec<c_int>, Vec<c_int>)> {
     }
 }
 
-fn cart<'a>(st: &'a mut State, comm: MPI_Comm) -> R<(&'a Vec<c_int>, &'a Vec<c_int>, c_int)> {
+fn cart(st: &mut State, comm: MPI_Comm) -> R<(&Vec<c_int>, &Vec<c_int>, c_int)> {
     let c = st.comm(comm)?.1;
     match &c.topo {
         Some(Topo::Cart { dims, periods }) => Ok((dims, periods, c.rank)),

@@ -804,7 +804,7 @@ pub(crate) unsafe fn local_copy(
             if a > b {
                 return err(MPI_ERR_TRUNCATE, format!("{a} bytes into a buffer of {b}"));
             }
-            if a > 0 && sbuf != rbuf as *const u8 {
+            if a > 0 && !std::ptr::eq(sbuf, rbuf) {
                 std::ptr::copy(sbuf, rbuf, a);
             }
         }

@@ -606,15 +606,13 @@ mpi_api! {
     }
 
     fn MPIX_Delete_error_string / PMPIX_Delete_error_string(errorcode: c_int) -> c_int {
-        let r = (|| -> R {
-            match user_string(errorcode) {
-                Some(s) if s.is_some() => {
-                    *s = None;
-                    Ok(())
-                }
-                _ => err(MPI_ERR_ARG, format!("error code {errorcode} has no added string")),
+        let r = match user_string(errorcode) {
+            Some(s) if s.is_some() => {
+                *s = None;
+                Ok(())
             }
-        })();
+            _ => err(MPI_ERR_ARG, format!("error code {errorcode} has no added string")),
+        };
         fin(MPI_COMM_WORLD, "MPIX_Delete_error_string", r)
     }
 

@@ -73,6 +73,7 @@ pub(crate) use mpi_api;
 
 /// An MPI error: a class (or user code) and a message saying what was wrong.
 #[derive(Debug, Clone)]
+
 pub struct MpiErr {
     /// Error code (predefined class or a code added with MPI_Add_error_code).
     pub code: c_int,
@@ -287,6 +288,9 @@ pub(crate) fn get_count(s: &MPI_Status) -> i64 {
     ((((s.count_hi_and_cancelled as u32) >> 1) as u64) << 32) as i64 + (s.count_lo as u32) as i64
 }
 
+/// Work run once a schedule has completed (see `then` below).
+pub(crate) type Then = Box<dyn FnOnce(&mut State) -> R>;
+
 /// An MPI request (or an entry of the message table).
 pub(crate) struct MReq {
     pub live: bool,
@@ -311,7 +315,7 @@ pub(crate) struct MReq {
     pub part: Option<Box<p2p::Part>>,
     /// Run once the schedule has completed without error, before its buffers go (MPI_Comm_idup makes
     /// the new communicator here).
-    pub then: Option<Box<dyn FnOnce(&mut State) -> R>>,
+    pub then: Option<Then>,
 }
 
 impl MReq {

@@ -123,6 +123,7 @@ pub(crate) fn resolve(st: &State, op: MPI_Op, dt: MPI_Datatype, count: usize) ->
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[allow(clippy::upper_case_acronyms)] // the pair kinds are named after MPI's types
 enum K {
     I8,
     I16,

@@ -1423,6 +1423,9 @@ unsafe fn mprobe(
     Ok(())
 }
 
+/// A started receive of a matched message: engine request, communicator index, staging buffer.
+type Matched = (ReqId, usize, Option<Vec<u8>>);
+
 /// Receive a matched message: returns the engine request (None for MPI_MESSAGE_NO_PROC) and comm index.
 unsafe fn mrecv_start(
     st: &mut State,
@@ -1430,7 +1433,7 @@ unsafe fn mrecv_start(
     count: c_int,
     dt: MPI_Datatype,
     msg: *mut MPI_Message,
-) -> R<Option<(ReqId, usize, Option<Vec<u8>>)>> {
+) -> R<Option<Matched>> {
     if msg.is_null() {
         return err(MPI_ERR_ARG, "message pointer is NULL");
     }

@@ -446,8 +446,7 @@ fn setup_inner(st: &mut State, ci: usize) -> R<Option<Box<Area>>> {
         let e = st.fab.engine();
         let me_w = e.rank();
         if !e.config().shm_coll
-            || n < 2
-            || n > MAX_RANKS
+            || !(2..=MAX_RANKS).contains(&n)
             || e.may_migrate()
             || world
                 .iter()
@@ -806,7 +805,7 @@ pub(crate) unsafe fn reduce(
             let (off, len) = (lo * red.elem, (hi - lo) * red.elem);
             // Only this rank reads segment `me` of its contribution, so unless the result overwrites the
             // input (in place) that segment is read from the input and not staged: 1/n less copying.
-            let in_place = input as usize == rbuf as usize;
+            let in_place = std::ptr::eq(input, rbuf);
             if ok {
                 let (src, dst) = (input as *const u8, a.big_of(e, me, h, bytes)?);
                 if in_place {
@@ -977,7 +976,7 @@ pub(crate) unsafe fn scatter(
     let in_place = sbuf == crate::coll::IN_PLACE;
     // In-place: scatter's root keeps its block in sbuf (rbuf is IN_PLACE); alltoall reads rbuf.
     let scatter_root_in_place =
-        root.is_some() && sender && rbuf as *const c_void == crate::coll::IN_PLACE;
+        root.is_some() && sender && std::ptr::eq(rbuf, crate::coll::IN_PLACE);
     let (rbytes, rext) = if scatter_root_in_place {
         span(scount, stype)?
     } else {
