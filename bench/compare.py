@@ -34,6 +34,7 @@ import json
 import math
 import os
 import platform
+import re
 import sys
 
 OURS = "vmfabric"
@@ -270,8 +271,9 @@ def _round_value(impl, bench, rnd, size, key):
     return None
 
 
-def per_round_ratio(bench, size, ours, kind):
-    """Median over rounds of ours / best other (or / floor) within the same round; None without round files."""
+def per_round_ratio(bench, size, ours, kind, only=None):
+    """Median over rounds of ours / best other (or / floor) within the same round; None without round files.
+    `only`: the rounds to count (None: all)."""
     coll = bench.startswith("coll-")
     if not (coll or bench in ("latency", "bw", "bibw", "tcplat", "tcpbw")) or not os.path.isdir(ROUNDS_DIR):
         return None
@@ -288,7 +290,7 @@ def per_round_ratio(bench, size, ours, kind):
         else:
             theirs = [x for x in (_round_value(i, bench, rnd, size, key) for i in ("mpich", "openmpi")) if x]
             ref = (min(theirs) if kind == "le_best" else max(theirs)) if theirs else None
-        if ref:
+        if ref and (only is None or rnd in only):
             ratios.append(mine / ref)
     if not ratios:
         return None
@@ -353,6 +355,62 @@ def check_targets(summary, floor):
 COLL_TARGETS = [(2, 4096, 0.8, 1.0), (4, None, 0.5, 0.5)]
 
 
+# A round of a collective whose cache-line floor (measured right before and after its runs) exceeds this
+# multiple of the run's lowest floor ran while the host had moved the VM's CPUs far apart: every
+# implementation is then bound by the floor, and the round is left out of the collective verdicts as long as
+# at least MIN_NEAR_ROUNDS rounds remain.
+FAR_FLOOR = 2.0
+MIN_NEAR_ROUNDS = 3
+
+
+def _floor_file(path):
+    try:
+        with open(path) as f:
+            for r in json.load(f).get("results", []):
+                if is_number(r.get("latency_us")):
+                    return r["latency_us"]
+    except (OSError, ValueError, AttributeError):
+        pass
+    return None
+
+
+def coll_floors(bench):
+    """{round: highest cache-line floor measured around this collective's runs in that round} and the lowest
+    floor measured anywhere in the run (None without probes)."""
+    floors, lowest = {}, None
+    if not os.path.isdir(ROUNDS_DIR):
+        return floors, lowest
+    for name in os.listdir(ROUNDS_DIR):
+        if not (name.startswith("floor-") or name.startswith("cacheline-cacheline.")):
+            continue
+        v = _floor_file(os.path.join(ROUNDS_DIR, name))
+        if v is None:
+            continue
+        lowest = v if lowest is None else min(lowest, v)
+        m = re.match(r"floor-(.+)\.r(\d+)\.(pre|post)\.json$", name)
+        if m and m.group(1) == bench:
+            rnd = int(m.group(2))
+            floors[rnd] = max(floors.get(rnd, 0.0), v)
+    return floors, lowest
+
+
+def near_rounds(bench):
+    """The rounds that count for a collective's verdict and a note on those left out (see FAR_FLOOR)."""
+    floors, lowest = coll_floors(bench)
+    if not floors or not lowest:
+        return None, ""
+    far = sorted(r for r, v in floors.items() if v > FAR_FLOOR * lowest)
+    near = set(floors) - set(far)
+    if not far:
+        return None, ""
+    if len(near) < MIN_NEAR_ROUNDS:
+        return None, "; rounds %s ran at a cache-line floor above %.0fx the run's lowest (%s us) but count, too few remain" % (
+            ", ".join(str(r) for r in far), FAR_FLOOR, fmt(lowest))
+    return near, "; left out: round%s %s, run at a cache-line floor of %s us against the run's lowest %s us" % (
+        "s" if len(far) > 1 else "", ", ".join(str(r) for r in far),
+        " / ".join(fmt(floors[r]) for r in far), fmt(lowest))
+
+
 def check_coll_targets():
     """One target per (ranks, collective), judged size by size on the median of within-round ratios of our
     MPI library (its per-round files) to the better of MPICH and Open MPI."""
@@ -366,8 +424,9 @@ def check_coll_targets():
             except (OSError, ValueError, KeyError, TypeError):
                 continue
             rows = []
+            only, left_out = near_rounds(bench)
             for size in sizes:
-                pr = per_round_ratio(bench, size, "vmfabric-mpi", "le_best")
+                pr = per_round_ratio(bench, size, "vmfabric-mpi", "le_best", only)
                 if pr is not None:
                     limit = small if small_max is None or size <= small_max else large
                     rows.append((size, pr["median"], limit, len(pr["ratios"])))
@@ -383,7 +442,7 @@ def check_coll_targets():
                 "ratio": max(r[1] for r in rows),
                 "detail": "median of %d within-round ratios per size: %s%s" % (
                     rows[0][3], ", ".join("%s %.2f" % (human_size(s), m) for s, m, _, _ in rows),
-                    "; over the limit: %s" % ", ".join(human_size(r[0]) for r in over) if over else ""),
+                    "; over the limit: %s" % ", ".join(human_size(r[0]) for r in over) if over else "") + left_out,
             })
     return out
 

@@ -282,6 +282,14 @@ for round in $(seq 1 "$ROUNDS"); do
             # each in turn, and the medians of the within-round ratios do not carry an order bias.
             order=(vmfabric-mpi mpich openmpi)
             for s in $(seq 1 $(( (round - 1) % 3 ))); do order=("${order[@]:1}" "${order[0]}"); done
+            # The cache-line floor right before and after this collective's runs: the host may move the
+            # VM's CPUs between rounds (a floor 4-5x higher than usual was seen), and compare.py leaves
+            # rounds run at such a floor out of the collective verdicts (bench/README.md).
+            floor_probe() {
+                [ -z "$(skip_reason cacheline)" ] && "$BUILD/cacheline" "${CL[@]}" \
+                    --json "$ROUNDS_DIR/floor-$b.r$round.$1.json" >/dev/null 2>&1 || true
+            }
+            floor_probe pre
             for impl in "${order[@]}"; do case "$impl" in
             vmfabric-mpi)
                 if [ -z "$(skip_reason vmfabric)" ] && [ -f "$ROOT/target/release/lib/libmpich.so.12" ] && [ -x "$BUILD/mpi_coll.mpich" ]; then
@@ -300,6 +308,7 @@ for round in $(seq 1 "$ROUNDS"); do
                         "$BUILD/mpi_coll.openmpi" "${CA[@]}" --json "$ROUNDS_DIR/openmpi-$b.r$round.json" --label openmpi
                 fi ;;
             esac; done
+            floor_probe post
         done
     done
     fi
