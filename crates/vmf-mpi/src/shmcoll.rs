@@ -576,7 +576,7 @@ unsafe fn put(
     bytes: usize,
 ) -> R {
     if datatype::is_simple(dt) {
-        // Predefined (checked by `sig`): contiguous.
+        // A predefined type without padding (checked by `sig`): contiguous.
         std::ptr::copy_nonoverlapping(src as *const u8, dst, bytes);
         return Ok(());
     }
@@ -988,6 +988,9 @@ pub(crate) unsafe fn scatter(
         (sbuf, scount, stype)
     };
     let (sbytes, sext) = if sender { span(sc, st_)? } else { (0, 0) };
+    // A large alltoall goes through every member's big block (one copy in, one copy out per byte). With
+    // predefined types it goes in rounds of a chunk of every block, so that what one rank copies in is
+    // still in the cache when the others copy it out, and the block stays small; other types go whole.
     let need = rbytes * n;
     let chunked = root.is_none()
         && datatype::is_simple(st_)
