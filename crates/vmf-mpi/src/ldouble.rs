@@ -155,10 +155,8 @@ pub(crate) unsafe fn complex(op: LOp, a: *const u8, b: *mut u8, n: usize) {
     }
 }
 
-/// MINLOC/MAXLOC over `n` `struct { long double v; int i; }` (32 bytes, the index at offset 16); ties
-/// keep the lower index.
-/// MINLOC/MAXLOC on (long double, int) pairs `stride` bytes apart (32 in memory, 20 packed), the index
-/// at byte 16.
+/// MINLOC/MAXLOC over `n` `struct { long double v; int i; }` pairs `stride` bytes apart (32 in memory,
+/// 20 packed), the index at byte 16; ties keep the lower index.
 pub(crate) unsafe fn loc(op: LOp, a: *const u8, b: *mut u8, n: usize, stride: usize) {
     for k in 0..n {
         let (pa, pb) = (a.add(stride * k), b.add(stride * k));

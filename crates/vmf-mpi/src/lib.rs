@@ -73,7 +73,6 @@ pub(crate) use mpi_api;
 
 /// An MPI error: a class (or user code) and a message saying what was wrong.
 #[derive(Debug, Clone)]
-
 pub struct MpiErr {
     /// Error code (predefined class or a code added with MPI_Add_error_code).
     pub code: c_int,
