@@ -547,6 +547,13 @@ pub(crate) fn type_extent(dt: MPI_Datatype) -> R<usize> {
             _ => {}
         }
     }
+    bad_type(dt)
+}
+
+/// The error for a handle that is no predefined type (out of line: keeps `type_extent` small to inline).
+#[cold]
+#[inline(never)]
+fn bad_type(dt: MPI_Datatype) -> R<usize> {
     if dt == MPI_DATATYPE_NULL {
         err(
             MPI_ERR_TYPE,

@@ -1027,15 +1027,19 @@ pub(crate) unsafe fn scatter(
     } else {
         (sbuf, scount, stype)
     };
-    let (sbytes, sext) = if sender { span(sc, st_)? } else { (0, 0) };
+    let (sbytes, sext) = if !sender {
+        (0, 0)
+    } else if (sc, st_) == (rcount, rtype) && !scatter_root_in_place {
+        (rbytes, rext)
+    } else {
+        span(sc, st_)?
+    };
+    let simple = datatype::is_simple(st_) && datatype::is_simple(rtype);
     // A large alltoall goes through every member's big block (one copy in, one copy out per byte). With
     // predefined types it goes in rounds of a chunk of every block, so that what one rank copies in is
     // still in the cache when the others copy it out, and the block stays small; other types go whole.
     let need = rbytes * n;
-    let chunked = root.is_none()
-        && datatype::is_simple(st_)
-        && datatype::is_simple(rtype)
-        && need > ROUND_MIN;
+    let chunked = root.is_none() && simple && need > ROUND_MIN;
     let big = root.is_none() && need > DATA && (need <= BIG_MAX || chunked);
     if eligible(st, comm, if big { 0 } else { need })?.is_none() {
         return Ok(false);
@@ -1100,7 +1104,7 @@ pub(crate) unsafe fn scatter(
         });
     }
     // An alltoall of predefined types copies its own block straight across, after it has stamped.
-    let own_direct = root.is_none() && datatype::is_simple(st_) && datatype::is_simple(rtype);
+    let own_direct = root.is_none() && simple;
     run(st, ci, |st, e, a| {
         a.fresh(root);
         let k = a.next();
