@@ -252,7 +252,9 @@ impl Area {
     /// with `k - 2` (so that its `may_write` passes) stamps `k` without waiting for anyone, so a rank on
     /// another CPU spins for it even if a mate has not reached `k` yet: the mate's turn comes once this
     /// rank has taken the data (4 ranks on 2 CPUs, a 4 KiB broadcast after a barrier: 0.9 us a call when
-    /// the readers yielded to their mates instead).
+    /// the readers yielded to their mates instead). Should the root wait for a mate after all (its own
+    /// point-to-point traffic between the two collectives, or the schedule a big collective falls back
+    /// to when a pool is full), the spin ends after `WAIT_PEER_SPIN_US` and the wait yields as before.
     fn wait_arrived(&self, e: &mut Engine, root: usize, k: u64) -> R {
         let rc = ctl(self.areas[root]);
         let left = || {
