@@ -256,14 +256,14 @@ impl Area {
     /// point-to-point traffic between the two collectives, or the schedule a big collective falls back
     /// to when a pool is full), the spin ends after `WAIT_PEER_SPIN_US` and the wait yields as before.
     fn wait_arrived(&self, e: &mut Engine, root: usize, k: u64) -> R {
-        let rc = ctl(self.areas[root]);
+        let ra = self.areas[root];
         let left = || {
             if self.last_barrier == k - 1 {
                 // A barrier stores `done` on arrival and `release` on leaving (the latter only when
                 // ranks outnumber cores, the only case where spinning is in question).
-                rc.release.load(Ordering::Acquire) >= k - 1
+                ctl(ra).release.load(Ordering::Acquire) >= k - 1
             } else {
-                done(self.areas[root]) >= k - 1
+                done(ra) >= k - 1
             }
         };
         let writable =
