@@ -10,7 +10,8 @@
 #   BENCH_MODES="latency bw bibw"
 #   BENCH_CACHELINE_ITERS=N   round trips for the cache-line floor (1000000)
 #   BENCH_SKIP_VMFABRIC=1 / BENCH_SKIP_MPICH=1 / BENCH_SKIP_OPENMPI=1 /
-#   BENCH_SKIP_CACHELINE=1    leave one column out
+#   BENCH_SKIP_CACHELINE=1 /
+#   BENCH_SKIP_IDEAL=1        leave one column out (ideal-shm: the no-MPI alltoall floor)
 #   BENCH_ROUNDS=R            interleaved rounds; best round kept (default 3)
 #   BENCH_TIMEOUT=SECONDS     per-run time limit (default 600)
 #   BENCH_MPICH_ARGS / BENCH_OPENMPI_ARGS / BENCH_VMFABRIC_ARGS
@@ -107,6 +108,7 @@ CFLAGS=(-O2 -Wall -Wextra)
 if [ "$HAVE_GCC" = 1 ]; then
     gcc "${CFLAGS[@]}" -o "$BUILD/cacheline" bench/c/cacheline.c || { warn "cacheline build failed"; HAVE_GCC=0; }
     gcc "${CFLAGS[@]}" -o "$BUILD/tcp_floor" bench/c/tcp_floor.c || warn "tcp_floor build failed"
+    gcc "${CFLAGS[@]}" -o "$BUILD/alltoall_floor" bench/c/alltoall_floor.c || warn "alltoall_floor build failed"
 fi
 if [ "${BENCH_SKIP_MPICH:-0}" != 1 ] && [ "$HAVE_MPICH" = 1 ]; then
     mpicc.mpich "${CFLAGS[@]}" -o "$BUILD/mpi_pingpong.mpich" bench/c/mpi_pingpong.c \
@@ -228,6 +230,9 @@ skip_reason() { # IMPL -> prints why it is skipped, or nothing
         cacheline)
             if [ "${BENCH_SKIP_CACHELINE:-0}" = 1 ]; then echo "BENCH_SKIP_CACHELINE=1"
             elif [ "$HAVE_GCC" != 1 ]; then echo "no C compiler"; fi ;;
+        ideal-shm)
+            if [ "${BENCH_SKIP_IDEAL:-0}" = 1 ]; then echo "BENCH_SKIP_IDEAL=1"
+            elif [ ! -x "$BUILD/alltoall_floor" ]; then echo "alltoall_floor not built"; fi ;;
     esac
 }
 
@@ -280,8 +285,10 @@ for round in $(seq 1 "$ROUNDS"); do
             # Each round starts with a different implementation, so that none always runs first (right
             # after the point-to-point runs) or last: on a shared machine a slow stretch then lands on
             # each in turn, and the medians of the within-round ratios do not carry an order bias.
+            # The alltoall also runs its no-MPI floor (bench/c/alltoall_floor.c), a reference column.
             order=(vmfabric-mpi mpich openmpi)
-            for s in $(seq 1 $(( (round - 1) % 3 ))); do order=("${order[@]:1}" "${order[0]}"); done
+            [ "$coll" = alltoall ] && [ -z "$(skip_reason ideal-shm)" ] && order+=(ideal-shm)
+            for s in $(seq 1 $(( (round - 1) % ${#order[@]} ))); do order=("${order[@]:1}" "${order[0]}"); done
             # The cache-line floor right before and after this collective's runs: the host may move the
             # VM's CPUs between rounds (a floor 4-5x higher than usual was seen), and compare.py leaves
             # rounds run at such a floor out of the collective verdicts (bench/README.md).
@@ -307,6 +314,9 @@ for round in $(seq 1 "$ROUNDS"); do
                     run_one openmpi "$b" "$round" mpirun.openmpi "${OMPI_ARGS[@]}" -n "$np" "${X_OMPI[@]}" \
                         "$BUILD/mpi_coll.openmpi" "${CA[@]}" --json "$ROUNDS_DIR/openmpi-$b.r$round.json" --label openmpi
                 fi ;;
+            ideal-shm)
+                run_one ideal-shm "$b" "$round" "$BUILD/alltoall_floor" --ranks "$np" --sizes "$COLL_SIZES" \
+                    --iters "$it" --json "$ROUNDS_DIR/ideal-shm-$b.r$round.json" --label ideal-shm ;;
             esac; done
             floor_probe post
         done
@@ -347,6 +357,14 @@ for np in 2 4; do for coll in "${COLLS[@]}"; do for impl in vmfabric-mpi mpich o
             "$RESULTS/$impl-coll-$coll-$np.json" "coll-$coll-$np"
     else record "$impl" "coll-$coll-$np" "skipped: $why"; fi
 done; done; done
+for np in 2 4; do
+    b="coll-alltoall-$np"
+    if [ -z "$(skip_reason ideal-shm)" ] && [[ " ${COLLS[*]} " == *" alltoall "* ]]; then
+        merge ideal-shm "$b" "$RESULTS/ideal-shm-$b.json"
+        [ -f "$RESULTS/ideal-shm-$b.json" ] && "$PY" -c 'import json,sys; p=sys.argv[1]; d=json.load(open(p)); d["benchmark"]=sys.argv[2]; json.dump(d, open(p,"w"), indent=1)' \
+            "$RESULTS/ideal-shm-$b.json" "$b"
+    fi
+done
 
 # ---------------------------------------------------------------- overcommit
 # K = 2, 4, 8 ranks on this host: vmfabric's wait policies vs MPICH / Open MPI
