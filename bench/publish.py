@@ -31,6 +31,11 @@ parts = [
     "about 45 ns and 1.2 µs), so each implementation runs once per round, rounds are interleaved, tables "
     "show the best round per size, and targets are judged on the median of within-round ratios "
     "(implementations of one round ran back to back).\n",
+    "The alltoall tables have a reference column, \"ideal shm, no MPI\" (`bench/c/alltoall_floor.c`): the same "
+    "measurement over plain processes that do only what any alltoall must (small blocks: one cache line per "
+    "pair; large blocks: one copy straight out of the sender's buffer). It is a lower bound, never a "
+    "competitor; the alltoall verdicts print it divided by the better of MPICH and Open MPI, which says how "
+    "close to the target any implementation can get on this machine.\n",
     "Plots: `bench/results/latency.png`, `bench/results/bandwidth.png`, `bench/results/overcommit_wall.png`, "
     "`bench/results/overcommit_cpu.png`.\n",
     summary.replace("# vmfabric benchmark summary", "## Point to point, TCP and migration").replace("\n## ", "\n### "),
