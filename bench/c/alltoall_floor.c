@@ -34,8 +34,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "coll_args.h"
+
 #define MAX_RANKS 16
-#define MAX_SIZES 64
 #define SMALL_MAX 4096
 #define SPIN_MAX 4096
 
@@ -101,23 +102,17 @@ static unsigned char pattern(int from, int to, uint64_t call) { return (unsigned
 
 int main(int argc, char **argv)
 {
-    long sizes[MAX_SIZES] = {8, 64, 512, 4096, 32768, 262144, 1048576};
-    int nsizes = 7;
-    long iters = 10000, warmup = -1;
-    const char *json = NULL, *label = "ideal-shm";
+    struct coll_args a;
+    coll_args_init(&a, "ideal-shm");
     nranks = 4;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--ranks") && i + 1 < argc) nranks = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atol(argv[++i]);
-        else if (!strcmp(argv[i], "--warmup") && i + 1 < argc) warmup = atol(argv[++i]);
-        else if (!strcmp(argv[i], "--json") && i + 1 < argc) json = argv[++i];
-        else if (!strcmp(argv[i], "--label") && i + 1 < argc) label = argv[++i];
-        else if (!strcmp(argv[i], "--sizes") && i + 1 < argc) {
-            char *s = argv[++i], *tok;
-            nsizes = 0;
-            for (tok = strtok(s, ","); tok && nsizes < MAX_SIZES; tok = strtok(NULL, ",")) sizes[nsizes++] = atol(tok);
-        } else die("usage: alltoall_floor [--ranks N] [--sizes a,b] [--iters N] [--warmup N] [--json F] [--label L]");
+        else if (!coll_args_take(&a, argc, argv, &i))
+            die("usage: alltoall_floor [--ranks N] [--sizes a,b] [--iters N] [--warmup N] [--json F] [--label L]");
     }
+    const long *sizes = a.sizes, iters = a.iters;
+    const int nsizes = a.nsizes;
+    const char *json = a.json, *label = a.label;
     if (nranks < 2 || nranks > MAX_RANKS) die("--ranks must be 2..16");
     if (iters < 1) die("--iters must be positive");
     long maxs = 8;
@@ -167,10 +162,8 @@ int main(int argc, char **argv)
 
     for (int k = 0; k < nsizes; k++) {
         long s = sizes[k];
-        long it = s > 0 ? iters * 8192 / s : iters;
-        if (it > iters) it = iters;
-        if (it < 10) it = 10;
-        long wu = warmup >= 0 ? warmup : (it / 10 > 2 ? it / 10 : 2);
+        long it, wu;
+        coll_args_counts(&a, s, &it, &wu);
         double sum = 0;
         for (long i = 0; i < wu + it; i++) {
             ++call;

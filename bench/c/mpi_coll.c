@@ -22,7 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MAX_SIZES 64
+#include "coll_args.h"
 
 static void die(const char *m)
 {
@@ -36,22 +36,17 @@ int main(int argc, char **argv)
     int rank, n;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &n);
-    const char *coll = "allreduce", *json = NULL, *label = "mpi";
-    long sizes[MAX_SIZES] = {8, 64, 512, 4096, 32768, 262144, 1048576};
-    int nsizes = 7;
-    long iters = 10000, warmup = -1;
+    const char *coll = "allreduce";
+    struct coll_args a;
+    coll_args_init(&a, "mpi");
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--coll") && i + 1 < argc) coll = argv[++i];
-        else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atol(argv[++i]);
-        else if (!strcmp(argv[i], "--warmup") && i + 1 < argc) warmup = atol(argv[++i]);
-        else if (!strcmp(argv[i], "--json") && i + 1 < argc) json = argv[++i];
-        else if (!strcmp(argv[i], "--label") && i + 1 < argc) label = argv[++i];
-        else if (!strcmp(argv[i], "--sizes") && i + 1 < argc) {
-            char *s = argv[++i], *tok;
-            nsizes = 0;
-            for (tok = strtok(s, ","); tok && nsizes < MAX_SIZES; tok = strtok(NULL, ",")) sizes[nsizes++] = atol(tok);
-        } else die("usage: mpi_coll --coll barrier|bcast|allreduce|alltoall [--sizes a,b] [--iters N] [--json F] [--label L]");
+        else if (!coll_args_take(&a, argc, argv, &i))
+            die("usage: mpi_coll --coll barrier|bcast|allreduce|alltoall [--sizes a,b] [--iters N] [--json F] [--label L]");
     }
+    long *sizes = a.sizes;
+    int nsizes = a.nsizes;
+    const char *json = a.json, *label = a.label;
     int c = !strcmp(coll, "barrier") ? 0 : !strcmp(coll, "bcast") ? 1 : !strcmp(coll, "allreduce") ? 2 : !strcmp(coll, "alltoall") ? 3 : -1;
     if (c < 0) die("unknown --coll");
     if (c == 0) { nsizes = 1; sizes[0] = 0; }
@@ -65,10 +60,8 @@ int main(int argc, char **argv)
     double lat[MAX_SIZES];
     for (int k = 0; k < nsizes; k++) {
         long s = sizes[k];
-        long it = c == 0 ? iters : s > 0 ? iters * 8192 / s : iters;
-        if (it > iters) it = iters;
-        if (it < 10) it = 10;
-        long wu = warmup >= 0 ? warmup : (it / 10 > 2 ? it / 10 : 2);
+        long it, wu;
+        coll_args_counts(&a, c == 0 ? 0 : s, &it, &wu);
         int nf = (int)(s / 4);
         /* verify once */
         if (c == 2) {
