@@ -236,6 +236,14 @@ skip_reason() { # IMPL -> prints why it is skipped, or nothing
     esac
 }
 
+# coll_impls COLL -> the implementations a collective runs with: the alltoall also has its no-MPI floor
+# (bench/c/alltoall_floor.c), a reference column.
+coll_impls() {
+    local l="vmfabric-mpi mpich openmpi"
+    [ "$1" = alltoall ] && [ -z "$(skip_reason ideal-shm)" ] && l="$l ideal-shm"
+    echo "$l"
+}
+
 CL=()
 [ -n "${BENCH_CACHELINE_ITERS:-}" ] && CL+=(--iters "$BENCH_CACHELINE_ITERS")
 
@@ -285,9 +293,7 @@ for round in $(seq 1 "$ROUNDS"); do
             # Each round starts with a different implementation, so that none always runs first (right
             # after the point-to-point runs) or last: on a shared machine a slow stretch then lands on
             # each in turn, and the medians of the within-round ratios do not carry an order bias.
-            # The alltoall also runs its no-MPI floor (bench/c/alltoall_floor.c), a reference column.
-            order=(vmfabric-mpi mpich openmpi)
-            [ "$coll" = alltoall ] && [ -z "$(skip_reason ideal-shm)" ] && order+=(ideal-shm)
+            read -r -a order <<<"$(coll_impls "$coll")"
             for s in $(seq 1 $(( (round - 1) % ${#order[@]} ))); do order=("${order[@]:1}" "${order[0]}"); done
             # The cache-line floor right before and after this collective's runs: the host may move the
             # VM's CPUs between rounds (a floor 4-5x higher than usual was seen), and compare.py leaves
@@ -347,7 +353,8 @@ for mode in "${MODES[@]}"; do
     done
 done
 
-for np in 2 4; do for coll in "${COLLS[@]}"; do for impl in vmfabric-mpi mpich openmpi; do
+for np in 2 4; do for coll in "${COLLS[@]}"; do
+    for impl in $(coll_impls "$coll"); do
     why="$(skip_reason "${impl%-mpi}")"
     [ "$impl" = vmfabric-mpi ] && [ ! -x "$BUILD/mpi_coll.mpich" ] && why="${why:-mpi_coll.mpich not built}"
     if [ -z "$why" ]; then
@@ -357,14 +364,6 @@ for np in 2 4; do for coll in "${COLLS[@]}"; do for impl in vmfabric-mpi mpich o
             "$RESULTS/$impl-coll-$coll-$np.json" "coll-$coll-$np"
     else record "$impl" "coll-$coll-$np" "skipped: $why"; fi
 done; done; done
-for np in 2 4; do
-    b="coll-alltoall-$np"
-    if [ -z "$(skip_reason ideal-shm)" ] && [[ " ${COLLS[*]} " == *" alltoall "* ]]; then
-        merge ideal-shm "$b" "$RESULTS/ideal-shm-$b.json"
-        [ -f "$RESULTS/ideal-shm-$b.json" ] && "$PY" -c 'import json,sys; p=sys.argv[1]; d=json.load(open(p)); d["benchmark"]=sys.argv[2]; json.dump(d, open(p,"w"), indent=1)' \
-            "$RESULTS/ideal-shm-$b.json" "$b"
-    fi
-done
 
 # ---------------------------------------------------------------- overcommit
 # K = 2, 4, 8 ranks on this host: vmfabric's wait policies vs MPICH / Open MPI
