@@ -68,26 +68,35 @@ static double now(void)
     return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
+/* True if rank r runs on this rank's CPU (then it needs the CPU we would spin on). */
+static int mate_of_mine(int r) { return cpu_of[r] >= 0 && cpu_of[r] == cpu_of[me]; }
+
+/* One idle step of a wait: yield at once while a mate is awaited, else spin, yielding every SPIN_MAX. */
+static void idle(int mate, unsigned *spins)
+{
+    if (mate || ++*spins >= SPIN_MAX) {
+        sched_yield();
+        *spins = 0;
+    } else {
+        __builtin_ia32_pause();
+    }
+}
+
 /* Wait until every other rank's word (at base + r * stride bytes) reaches v. */
 static void wait_all(const void *base, size_t stride, uint64_t v)
 {
-    for (unsigned spins = 0;; spins++) {
+    for (unsigned spins = 0;;) {
         int missing = 0, mate = 0;
         for (int r = 0; r < nranks; r++) {
             if (r == me) continue;
             const _Atomic uint64_t *w = (const _Atomic uint64_t *)((const char *)base + r * stride);
             if (atomic_load_explicit(w, memory_order_acquire) < v) {
                 missing = 1;
-                if (cpu_of[r] >= 0 && cpu_of[r] == cpu_of[me]) mate = 1;
+                mate |= mate_of_mine(r);
             }
         }
         if (!missing) return;
-        if (mate || spins >= SPIN_MAX) {
-            sched_yield();
-            spins = 0;
-        } else {
-            __builtin_ia32_pause();
-        }
+        idle(mate, &spins);
     }
 }
 
@@ -192,17 +201,11 @@ int main(int argc, char **argv)
                             got[p] = 1;
                             pending--;
                             progress = 1;
-                        } else if (cpu_of[p] >= 0 && cpu_of[p] == cpu_of[me]) {
-                            mate = 1;
+                        } else {
+                            mate |= mate_of_mine(p);
                         }
                     }
-                    if (!pending || progress) continue;
-                    if (mate || ++spins >= SPIN_MAX) {
-                        sched_yield();
-                        spins = 0;
-                    } else {
-                        __builtin_ia32_pause();
-                    }
+                    if (pending && !progress) idle(mate, &spins);
                 }
             } else {
                 atomic_store_explicit(&c->enter[me].v, call, memory_order_release);
