@@ -1508,6 +1508,19 @@ pub(crate) fn allgather_ints(st: &mut State, ci: usize, mine: &[i32]) -> R<Vec<i
     Ok(out)
 }
 
+/// Allgather of byte strings of any length over communicator `ci` (window creation): the lengths first,
+/// then the strings.
+pub(crate) fn allgather_bytes(st: &mut State, ci: usize, mine: &[u8]) -> R<Vec<Vec<u8>>> {
+    let lens = allgather_ints(st, ci, &[mine.len() as i32])?;
+    let (mut s, c) = begin(st, ci);
+    let mut out: Vec<Vec<u8>> = lens.iter().map(|&l| vec![0u8; l.max(0) as usize]).collect();
+    out[c.me].copy_from_slice(mine);
+    let blocks: Vec<(*mut u8, usize)> = out.iter_mut().map(|v| (v.as_mut_ptr(), v.len())).collect();
+    allgather_s(&mut s, &c, &blocks);
+    finish(st, s)?;
+    Ok(out)
+}
+
 // ------------------------------------------------------------------------------------------------ entry points
 
 unsafe fn v_args(

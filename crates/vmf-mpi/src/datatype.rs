@@ -37,14 +37,8 @@ const MPI_DISTRIBUTE_NONE: c_int = 123;
 const MPI_DISTRIBUTE_DFLT_DARG: c_int = -49767;
 
 /// `reps` byte blocks of `len` bytes, the first at `off` and each `stride` bytes after the last: a
-/// vector of any length is one run.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) struct Run {
-    pub off: isize,
-    pub len: usize,
-    pub reps: usize,
-    pub stride: isize,
-}
+/// vector of any length is one run. The one-sided layer's type, so a target datatype travels as it is.
+pub(crate) use vmf_rma::Run;
 
 /// A datatype, flattened.
 #[derive(Clone, Debug)]
@@ -1971,8 +1965,8 @@ unsafe fn convert_external(
                         .zip(a.iter().rev())
                         .for_each(|(y, x)| *y = *x);
                 }
-                Conv::X87 if pack => b.copy_from_slice(&crate::ldouble::to_quad(a)),
-                Conv::X87 => b.copy_from_slice(&crate::ldouble::from_quad(a)),
+                Conv::X87 if pack => b.copy_from_slice(&vmf_rma::ldouble::to_quad(a)),
+                Conv::X87 => b.copy_from_slice(&vmf_rma::ldouble::from_quad(a)),
             }
             (p, q) = (p.add(from), q.add(to));
         }
@@ -2516,20 +2510,20 @@ mod tests {
             x87(0, 0),
         ] {
             assert_eq!(
-                crate::ldouble::from_quad(&crate::ldouble::to_quad(&v)),
+                vmf_rma::ldouble::from_quad(&vmf_rma::ldouble::to_quad(&v)),
                 v[..]
             );
         }
         // A quadruple rounds to the nearest x87 value, ties to even.
-        let mut q = crate::ldouble::to_quad(&x87(1 << 63, 0x3fff));
+        let mut q = vmf_rma::ldouble::to_quad(&x87(1 << 63, 0x3fff));
         q[15] = 1; // 1 + 2^-112
-        assert_eq!(crate::ldouble::from_quad(&q), x87(1 << 63, 0x3fff)[..]);
+        assert_eq!(vmf_rma::ldouble::from_quad(&q), x87(1 << 63, 0x3fff)[..]);
         // Bit 48 of the quadruple is half an ulp of the x87 mantissa (byte 9, big-endian).
         let half = |m: u64, more: bool| {
-            let mut q = crate::ldouble::to_quad(&x87(m, 0x3fff));
+            let mut q = vmf_rma::ldouble::to_quad(&x87(m, 0x3fff));
             q[9] |= 1;
             q[10] |= if more { 0x80 } else { 0 };
-            crate::ldouble::from_quad(&q)
+            vmf_rma::ldouble::from_quad(&q)
         };
         assert_eq!(half((1 << 63) | 1, false), x87((1 << 63) | 2, 0x3fff)[..]);
         assert_eq!(half((1 << 63) | 2, false), x87((1 << 63) | 2, 0x3fff)[..]);

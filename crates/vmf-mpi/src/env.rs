@@ -281,6 +281,7 @@ pub(crate) fn start(required: c_int) -> R {
         spare: None,
         nbc_active: 0,
         pcolls: Vec::new(),
+        wins: Vec::new(),
     };
     // SAFETY: serialised calls (crate contract).
     unsafe {

@@ -40,10 +40,10 @@ mod env;
 mod graph;
 mod info;
 mod intercomm;
-mod ldouble;
 mod op;
 mod p2p;
 mod removed;
+mod rma;
 mod session;
 mod shmcoll;
 
@@ -389,6 +389,8 @@ pub(crate) struct State {
     pub nbc_active: usize,
     /// Persistent collectives (MPI_Bcast_init...), by request index (`coll/persistent.rs`).
     pub pcolls: Vec<Option<Box<coll::persistent::PColl>>>,
+    /// One-sided windows (handle 0xa0000000|i, `rma/`).
+    pub wins: Vec<Option<rma::MWin>>,
 }
 
 /// Library lifecycle.

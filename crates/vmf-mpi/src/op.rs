@@ -3,6 +3,7 @@
 //! (MPI_Op_create/free, commutative or not), plus MPI_Reduce_local and MPI_Op_commutative.
 use crate::*;
 use std::ffi::{c_int, c_void};
+use vmf_rma::reduce::{Elem, ROp};
 
 pub type MPI_Op = c_int;
 pub type UserFn = unsafe extern "C" fn(*mut c_void, *mut c_void, *mut c_int, *mut MPI_Datatype);
@@ -122,44 +123,17 @@ pub(crate) fn resolve(st: &State, op: MPI_Op, dt: MPI_Datatype, count: usize) ->
     ))
 }
 
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-#[allow(clippy::upper_case_acronyms)] // the pair kinds are named after MPI's types
-enum K {
-    I8,
-    I16,
-    I32,
-    I64,
-    U8,
-    U16,
-    U32,
-    U64,
-    F32,
-    F64,
-    C32,
-    C64,
-    /// Pairs (value, index): FLOAT_INT, DOUBLE_INT, LONG_INT, SHORT_INT, 2INT, 2REAL, 2DOUBLE
-    PFI,
-    PDI,
-    PLI,
-    PSI,
-    P2I,
-    P2F,
-    P2D,
-    /// long double (x87 extended), its complex, and (long double, int) pairs: see `ldouble.rs`.
-    F80,
-    C80,
-    Pldi,
-}
-
-fn kind(dt: MPI_Datatype) -> Option<K> {
+/// The element kind of a predefined datatype for reductions (the kernels live in `vmf_rma::reduce`, which
+/// one-sided accumulates share).
+pub(crate) fn kind(dt: MPI_Datatype) -> Option<Elem> {
     let u = dt as u32;
     if u & 0xffff_fff8 == 0x8c00_0000 {
         return match u & 7 {
-            0 => Some(K::PFI),
-            1 => Some(K::PDI),
-            2 => Some(K::PLI),
-            3 => Some(K::PSI),
-            4 => Some(K::Pldi),
+            0 => Some(Elem::PFI),
+            1 => Some(Elem::PDI),
+            2 => Some(Elem::PLI),
+            3 => Some(Elem::PSI),
+            4 => Some(Elem::Pldi),
             _ => None,
         };
     }
@@ -167,141 +141,51 @@ fn kind(dt: MPI_Datatype) -> Option<K> {
         return None;
     }
     Some(match u & 0xff {
-        0x01 | 0x18 | 0x37 | 0x2d => K::I8,
-        0x03 | 0x38 | 0x2f => K::I16,
-        0x05 | 0x39 | 0x1b | 0x30 | 0x0e | 0x1d => K::I32,
-        0x07 | 0x09 | 0x3a | 0x31 | 0x43 | 0x44 | 0x45 => K::I64,
-        0x02 | 0x3b | 0x0d | 0x1a | 0x3f | 0x33 | 0x0f => K::U8,
-        0x04 | 0x3c => K::U16,
-        0x06 | 0x3d => K::U32,
-        0x08 | 0x19 | 0x3e => K::U64,
-        0x0a | 0x1c | 0x27 => K::F32,
-        0x0b | 0x1f | 0x29 => K::F64,
-        0x1e | 0x28 | 0x40 | 0x34 => K::C32,
-        0x22 | 0x2a | 0x41 | 0x35 => K::C64,
-        0x16 | 0x20 => K::P2I,
-        0x21 => K::P2F,
-        0x23 => K::P2D,
-        0x0c => K::F80,
-        0x42 | 0x36 => K::C80,
+        0x01 | 0x18 | 0x37 | 0x2d => Elem::I8,
+        0x03 | 0x38 | 0x2f => Elem::I16,
+        0x05 | 0x39 | 0x1b | 0x30 | 0x0e | 0x1d => Elem::I32,
+        0x07 | 0x09 | 0x3a | 0x31 | 0x43 | 0x44 | 0x45 => Elem::I64,
+        0x02 | 0x3b | 0x0d | 0x1a | 0x3f | 0x33 | 0x0f => Elem::U8,
+        0x04 | 0x3c => Elem::U16,
+        0x06 | 0x3d => Elem::U32,
+        0x08 | 0x19 | 0x3e => Elem::U64,
+        0x0a | 0x1c | 0x27 => Elem::F32,
+        0x0b | 0x1f | 0x29 => Elem::F64,
+        0x1e | 0x28 | 0x40 | 0x34 => Elem::C32,
+        0x22 | 0x2a | 0x41 | 0x35 => Elem::C64,
+        0x16 | 0x20 => Elem::P2I,
+        0x21 => Elem::P2F,
+        0x23 => Elem::P2D,
+        0x0c => Elem::F80,
+        0x42 | 0x36 => Elem::C80,
         _ => return None,
     })
 }
 
-fn allowed(op: MPI_Op, k: K) -> bool {
-    use K::*;
-    let int = matches!(k, I8 | I16 | I32 | I64 | U8 | U16 | U32 | U64);
-    let float = matches!(k, F32 | F64 | F80);
-    let cplx = matches!(k, C32 | C64 | C80);
-    let pair = matches!(k, PFI | PDI | PLI | PSI | P2I | P2F | P2D | Pldi);
-    match op {
-        MPI_MAX | MPI_MIN => int || float,
-        MPI_SUM | MPI_PROD => int || float || cplx,
-        // Logical ops on floating types are an MPICH extension (its oplxor test relies on it).
-        MPI_LAND | MPI_LOR | MPI_LXOR => int || float,
-        MPI_BAND | MPI_BOR | MPI_BXOR => int,
-        MPI_MINLOC | MPI_MAXLOC => pair,
-        MPI_REPLACE | MPI_NO_OP => true,
-        _ => false,
-    }
+/// The predefined operation of handle `op`.
+#[inline]
+pub(crate) fn rop(op: MPI_Op) -> Option<ROp> {
+    Some(match op {
+        MPI_MAX => ROp::Max,
+        MPI_MIN => ROp::Min,
+        MPI_SUM => ROp::Sum,
+        MPI_PROD => ROp::Prod,
+        MPI_LAND => ROp::Land,
+        MPI_BAND => ROp::Band,
+        MPI_LOR => ROp::Lor,
+        MPI_BOR => ROp::Bor,
+        MPI_LXOR => ROp::Lxor,
+        MPI_BXOR => ROp::Bxor,
+        MPI_MINLOC => ROp::MinLoc,
+        MPI_MAXLOC => ROp::MaxLoc,
+        MPI_REPLACE => ROp::Replace,
+        MPI_NO_OP => ROp::NoOp,
+        _ => return None,
+    })
 }
 
-/// Apply elementwise `b[i] = f(a[i], b[i])` over `n` elements of type `T`.
-#[inline(always)]
-unsafe fn zip<T: Copy>(a: *const u8, b: *mut u8, n: usize, f: impl Fn(T, T) -> T) {
-    let (a, b) = (a as *const T, b as *mut T);
-    let al = std::mem::align_of::<T>();
-    if (a as usize) % al == 0 && (b as usize) % al == 0 {
-        let a = std::slice::from_raw_parts(a, n);
-        let b = std::slice::from_raw_parts_mut(b, n);
-        for (x, y) in a.iter().zip(b.iter_mut()) {
-            *y = f(*x, *y);
-        }
-    } else {
-        for i in 0..n {
-            let x = a.add(i).read_unaligned();
-            let y = b.add(i).read_unaligned();
-            b.add(i).write_unaligned(f(x, y));
-        }
-    }
-}
-
-macro_rules! int_op {
-    ($t:ty, $op:expr, $a:expr, $b:expr, $n:expr) => {
-        match $op {
-            MPI_SUM => zip::<$t>($a, $b, $n, |x, y| x.wrapping_add(y)),
-            MPI_PROD => zip::<$t>($a, $b, $n, |x, y| x.wrapping_mul(y)),
-            MPI_MAX => zip::<$t>($a, $b, $n, |x, y| if x > y { x } else { y }),
-            MPI_MIN => zip::<$t>($a, $b, $n, |x, y| if x < y { x } else { y }),
-            MPI_LAND => zip::<$t>($a, $b, $n, |x, y| ((x != 0) && (y != 0)) as $t),
-            MPI_LOR => zip::<$t>($a, $b, $n, |x, y| ((x != 0) || (y != 0)) as $t),
-            MPI_LXOR => zip::<$t>($a, $b, $n, |x, y| ((x != 0) != (y != 0)) as $t),
-            MPI_BAND => zip::<$t>($a, $b, $n, |x, y| x & y),
-            MPI_BOR => zip::<$t>($a, $b, $n, |x, y| x | y),
-            MPI_BXOR => zip::<$t>($a, $b, $n, |x, y| x ^ y),
-            _ => {}
-        }
-    };
-}
-
-macro_rules! float_op {
-    ($t:ty, $op:expr, $a:expr, $b:expr, $n:expr) => {
-        match $op {
-            MPI_SUM => zip::<$t>($a, $b, $n, |x, y| x + y),
-            MPI_PROD => zip::<$t>($a, $b, $n, |x, y| x * y),
-            MPI_MAX => zip::<$t>($a, $b, $n, |x, y| if x > y { x } else { y }),
-            MPI_MIN => zip::<$t>($a, $b, $n, |x, y| if x < y { x } else { y }),
-            // Logical ops on floating values, as MPICH allows: any nonzero value is true.
-            MPI_LAND => zip::<$t>($a, $b, $n, |x, y| ((x != 0.0) && (y != 0.0)) as u8 as $t),
-            MPI_LOR => zip::<$t>($a, $b, $n, |x, y| ((x != 0.0) || (y != 0.0)) as u8 as $t),
-            MPI_LXOR => zip::<$t>($a, $b, $n, |x, y| ((x != 0.0) != (y != 0.0)) as u8 as $t),
-            _ => {}
-        }
-    };
-}
-
-macro_rules! cplx_op {
-    ($t:ty, $op:expr, $a:expr, $b:expr, $n:expr) => {
-        match $op {
-            MPI_SUM => zip::<$t>($a, $b, 2 * $n, |x, y| x + y),
-            MPI_PROD => zip::<[$t; 2]>($a, $b, $n, |x, y| {
-                [x[0] * y[0] - x[1] * y[1], x[0] * y[1] + x[1] * y[0]]
-            }),
-            _ => {}
-        }
-    };
-}
-
-/// MINLOC/MAXLOC on (value, index) pairs laid out as a C struct of `size` bytes with the index at `ioff`.
-unsafe fn loc<V: Copy + PartialOrd, I: Copy + Ord>(
-    op: MPI_Op,
-    a: *const u8,
-    b: *mut u8,
-    n: usize,
-    size: usize,
-    ioff: usize,
-) {
-    for k in 0..n {
-        let pa = a.add(k * size);
-        let pb = b.add(k * size);
-        let (va, ia) = (
-            (pa as *const V).read_unaligned(),
-            (pa.add(ioff) as *const I).read_unaligned(),
-        );
-        let (vb, ib) = (
-            (pb as *const V).read_unaligned(),
-            (pb.add(ioff) as *const I).read_unaligned(),
-        );
-        let take_a = if op == MPI_MINLOC {
-            va < vb || (va == vb && ia < ib)
-        } else {
-            va > vb || (va == vb && ia < ib)
-        };
-        if take_a {
-            (pb as *mut V).write_unaligned(va);
-            (pb.add(ioff) as *mut I).write_unaligned(ia);
-        }
-    }
+fn allowed(op: MPI_Op, k: Elem) -> bool {
+    rop(op).is_some_and(|o| vmf_rma::reduce::allowed(o, k))
 }
 
 /// `b = a op b` over `n` elements (a is the left operand: the lower ranks' contribution).
@@ -324,80 +208,11 @@ pub(crate) unsafe fn apply(r: &Red, a: *const u8, b: *mut u8, n: usize) {
         }
         return;
     }
-    match r.op {
-        MPI_REPLACE => {
-            std::ptr::copy(a, b, n * r.elem);
-            return;
-        }
-        MPI_NO_OP => return,
-        _ => {}
-    }
-    let op = r.op;
-    match kind(r.dt).expect("checked by resolve") {
-        K::I8 => int_op!(i8, op, a, b, n),
-        K::I16 => int_op!(i16, op, a, b, n),
-        K::I32 => int_op!(i32, op, a, b, n),
-        K::I64 => int_op!(i64, op, a, b, n),
-        K::U8 => int_op!(u8, op, a, b, n),
-        K::U16 => int_op!(u16, op, a, b, n),
-        K::U32 => int_op!(u32, op, a, b, n),
-        K::U64 => int_op!(u64, op, a, b, n),
-        K::F32 => float_op!(f32, op, a, b, n),
-        K::F64 => float_op!(f64, op, a, b, n),
-        K::C32 => cplx_op!(f32, op, a, b, n),
-        K::C64 => cplx_op!(f64, op, a, b, n),
-        // Pairs as in memory (`elem` is the extent) or packed (`elem` is the size: no padding).
-        K::PFI => loc::<f32, i32>(op, a, b, n, 8, 4),
-        K::PDI => loc::<f64, i32>(op, a, b, n, r.elem, 8),
-        K::PLI => loc::<i64, i32>(op, a, b, n, r.elem, 8),
-        K::PSI => loc::<i16, i32>(op, a, b, n, r.elem, r.elem - 4),
-        K::P2I => loc::<i32, i32>(op, a, b, n, 8, 4),
-        K::P2F => locf::<f32>(op, a, b, n),
-        K::P2D => locf::<f64>(op, a, b, n),
-        K::F80 | K::C80 | K::Pldi => {
-            use crate::ldouble::{self as ld, LOp};
-            let o = match op {
-                MPI_SUM => LOp::Sum,
-                MPI_PROD => LOp::Prod,
-                MPI_MAX => LOp::Max,
-                MPI_MIN => LOp::Min,
-                MPI_MINLOC => LOp::MinLoc,
-                MPI_MAXLOC => LOp::MaxLoc,
-                MPI_LAND => LOp::Land,
-                MPI_LOR => LOp::Lor,
-                _ => LOp::Lxor,
-            };
-            match kind(r.dt) {
-                Some(K::F80) => ld::real(o, a, b, n),
-                Some(K::C80) => ld::complex(o, a, b, n),
-                _ => ld::loc(o, a, b, n, r.elem),
-            }
-        }
-    }
-}
-
-/// MINLOC/MAXLOC on Fortran pairs of one float type (the index is a float too).
-unsafe fn locf<V: Copy + PartialOrd>(op: MPI_Op, a: *const u8, b: *mut u8, n: usize) {
-    let s = std::mem::size_of::<V>();
-    for k in 0..n {
-        let pa = a.add(2 * k * s) as *const V;
-        let pb = b.add(2 * k * s) as *mut V;
-        let (va, ia, vb, ib) = (
-            pa.read_unaligned(),
-            pa.add(1).read_unaligned(),
-            pb.read_unaligned(),
-            pb.add(1).read_unaligned(),
-        );
-        let take_a = if op == MPI_MINLOC {
-            va < vb || (va == vb && ia < ib)
-        } else {
-            va > vb || (va == vb && ia < ib)
-        };
-        if take_a {
-            pb.write_unaligned(va);
-            pb.add(1).write_unaligned(ia);
-        }
-    }
+    let (Some(o), Some(k)) = (rop(r.op), kind(r.dt)) else {
+        return; // checked by resolve
+    };
+    // Pairs are laid out as in memory (`elem` is the extent) or packed (`elem` is the size).
+    vmf_rma::reduce::apply(o, k, a, b, n, r.elem);
 }
 
 /// MPI_Op_create(_c): a user-defined operation.

@@ -15,6 +15,7 @@ pub mod cma;
 pub mod futex;
 pub mod membarrier;
 pub mod process;
+pub mod shmem;
 
 /// Hint to the CPU that we are in a spin loop.
 #[inline(always)]

@@ -68,7 +68,9 @@ pub struct TcpConfig {
     pub max_frame: usize,
 }
 
-fn mac(
+/// The handshake MAC: SipHash-2-4 keyed by the job secret over the role byte, the job hash, the two ranks
+/// and the two nonces (also used by the one-sided agents' handshake, with roles of their own).
+pub fn mac(
     secret: &[u8; 16],
     role: u8,
     job: u64,
@@ -89,7 +91,8 @@ fn mac(
     h.finish()
 }
 
-fn nonce() -> [u8; 16] {
+/// A fresh random nonce for a handshake.
+pub fn nonce() -> [u8; 16] {
     let mut n = [0u8; 16];
     let _ = getrandom::fill(&mut n);
     n
@@ -223,6 +226,12 @@ impl TcpTransport {
     /// The address peers connect to.
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The configuration in force (secret and job hash included: the one-sided agents authenticate
+    /// with them).
+    pub fn config(&self) -> &TcpConfig {
+        &self.cfg
     }
 
     /// Stop using the connection to `peer` once its backlog is written (live migration: the next send

@@ -92,16 +92,24 @@ fn gt(x: &F80, y: &F80) -> bool {
 
 /// What to do.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) enum LOp {
+pub enum LOp {
+    /// Sum.
     Sum,
+    /// Product.
     Prod,
+    /// Maximum.
     Max,
+    /// Minimum.
     Min,
+    /// Minimum value and its index.
     MinLoc,
+    /// Maximum value and its index.
     MaxLoc,
     /// Logical and/or/xor on values (MPICH accepts them on floating types): the result is 1.0 or 0.0.
     Land,
+    /// Logical or.
     Lor,
+    /// Logical exclusive or.
     Lxor,
 }
 
@@ -120,7 +128,7 @@ fn truth(t: bool) -> F80 {
 }
 
 /// `b[i] = a[i] op b[i]` over `n` `long double`s (16-byte elements).
-pub(crate) unsafe fn real(op: LOp, a: *const u8, b: *mut u8, n: usize) {
+pub unsafe fn real(op: LOp, a: *const u8, b: *mut u8, n: usize) {
     for k in 0..n {
         let (pa, pb) = (a.add(16 * k), b.add(16 * k));
         let (x, y) = (ld(pa), ld(pb));
@@ -138,7 +146,7 @@ pub(crate) unsafe fn real(op: LOp, a: *const u8, b: *mut u8, n: usize) {
 }
 
 /// SUM/PROD over `n` `long double _Complex` (32-byte elements: real part, imaginary part).
-pub(crate) unsafe fn complex(op: LOp, a: *const u8, b: *mut u8, n: usize) {
+pub unsafe fn complex(op: LOp, a: *const u8, b: *mut u8, n: usize) {
     for k in 0..n {
         let (pa, pb) = (a.add(32 * k), b.add(32 * k));
         let (ar, ai, br, bi) = (ld(pa), ld(pa.add(16)), ld(pb), ld(pb.add(16)));
@@ -157,7 +165,7 @@ pub(crate) unsafe fn complex(op: LOp, a: *const u8, b: *mut u8, n: usize) {
 
 /// MINLOC/MAXLOC over `n` `struct { long double v; int i; }` pairs `stride` bytes apart (32 in memory,
 /// 20 packed), the index at byte 16; ties keep the lower index.
-pub(crate) unsafe fn loc(op: LOp, a: *const u8, b: *mut u8, n: usize, stride: usize) {
+pub unsafe fn loc(op: LOp, a: *const u8, b: *mut u8, n: usize, stride: usize) {
     for k in 0..n {
         let (pa, pb) = (a.add(stride * k), b.add(stride * k));
         let (va, vb) = (ld(pa), ld(pb));
@@ -179,7 +187,7 @@ pub(crate) unsafe fn loc(op: LOp, a: *const u8, b: *mut u8, n: usize, stride: us
 /// A `long double` (16 bytes in memory, the first 10 an x87 extended value) as external32 has it: an
 /// IEEE quadruple, big-endian. Exact: the quadruple's 112-bit fraction holds the 63 bits below the x87
 /// explicit integer bit, with the same exponent range (a denormal keeps the scale of its exponent 1).
-pub(crate) fn to_quad(x: &[u8]) -> [u8; 16] {
+pub fn to_quad(x: &[u8]) -> [u8; 16] {
     let m = u64::from_le_bytes(x[..8].try_into().unwrap()) as u128;
     let se = u16::from_le_bytes([x[8], x[9]]) as u128;
     let (sign, exp) = (se >> 15, se & 0x7fff);
@@ -194,7 +202,7 @@ pub(crate) fn to_quad(x: &[u8]) -> [u8; 16] {
 
 /// The inverse of [`to_quad`]: an external32 quadruple (big-endian) as a 16-byte `long double`, the
 /// fraction rounded to 63 bits (to nearest, ties to even); the 6 padding bytes are zero.
-pub(crate) fn from_quad(x: &[u8]) -> [u8; 16] {
+pub fn from_quad(x: &[u8]) -> [u8; 16] {
     let q = u128::from_be_bytes(x[..16].try_into().unwrap());
     let (sign, mut exp) = ((q >> 127) as u16, ((q >> 112) & 0x7fff) as u16);
     let frac = q & ((1u128 << 112) - 1);

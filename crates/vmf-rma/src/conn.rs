@@ -1,0 +1,255 @@
+//! An origin's connection to a target's agent: requests go out in order, responses come back in the
+//! same order and are placed where the operation wants them (a get's bytes straight into the result
+//! buffer).
+//!
+//! The socket is nonblocking and [`Conn::pump`] always both writes and reads, so an origin that queues
+//! many operations never deadlocks with an agent whose answers fill the socket the other way.
+use crate::exec::Status;
+use crate::wire::{ReqHeader, RespHeader, RESP_HDR};
+use std::collections::VecDeque;
+use std::io::{ErrorKind, Read};
+use std::net::TcpStream;
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+
+/// Where a response goes.
+struct Expect {
+    /// Destination of the response's data (may be null when none is expected).
+    dest: *mut u8,
+    /// Bytes the destination holds.
+    cap: usize,
+    /// Record the status for the caller ([`Conn::take_status`]) instead of latching errors.
+    want_status: bool,
+}
+
+/// A connection to one agent.
+pub(crate) struct Conn {
+    s: TcpStream,
+    out: Vec<u8>,
+    out_pos: usize,
+    hdr: [u8; RESP_HDR],
+    hdr_got: usize,
+    /// Bytes of the current response's data read so far, and its length.
+    body: Option<(usize, usize)>,
+    expect: VecDeque<Expect>,
+    /// Requests sent and responses received (sequence numbers start at 1).
+    pub issued: u64,
+    pub done: u64,
+    /// First failure of an operation that reported no status of its own.
+    pub error: Option<Status>,
+    /// Statuses wanted by their callers: (sequence, status).
+    statuses: VecDeque<(u64, Status)>,
+    /// The connection is unusable (a protocol or I/O error).
+    pub broken: Option<String>,
+    spin: Duration,
+}
+
+impl Conn {
+    pub(crate) fn new(s: TcpStream, spin: Duration) -> Conn {
+        Conn {
+            s,
+            out: Vec::new(),
+            out_pos: 0,
+            hdr: [0; RESP_HDR],
+            hdr_got: 0,
+            body: None,
+            expect: VecDeque::new(),
+            issued: 0,
+            done: 0,
+            error: None,
+            statuses: VecDeque::new(),
+            broken: None,
+            spin,
+        }
+    }
+
+    /// Queue a request (header, encoded runs, payload parts) whose response's data goes to `dest`
+    /// (`cap` bytes). Returns its sequence number.
+    ///
+    /// # Safety
+    /// `dest` must stay writable for `cap` bytes until the response is received.
+    pub(crate) unsafe fn send(
+        &mut self,
+        h: &ReqHeader,
+        runs: &[u8],
+        parts: &[&[u8]],
+        dest: *mut u8,
+        cap: usize,
+        want_status: bool,
+    ) -> u64 {
+        let mut head = Vec::with_capacity(crate::wire::REQ_HDR + runs.len());
+        h.encode(&mut head);
+        head.extend_from_slice(runs);
+        if self.out_pos >= self.out.len() && self.broken.is_none() {
+            // Nothing queued: write straight from the caller's buffers, copy only what does not go.
+            self.out.clear();
+            self.out_pos = 0;
+            let mut all: Vec<&[u8]> = Vec::with_capacity(1 + parts.len());
+            all.push(&head);
+            all.extend_from_slice(parts);
+            let total: usize = all.iter().map(|p| p.len()).sum();
+            let mut skip = crate::sock::sendv(self.s.as_raw_fd(), &all).unwrap_or(0);
+            if skip < total {
+                for b in &all {
+                    if skip >= b.len() {
+                        skip -= b.len();
+                    } else {
+                        self.out.extend_from_slice(&b[skip..]);
+                        skip = 0;
+                    }
+                }
+            }
+        } else {
+            self.out.extend_from_slice(&head);
+            for p in parts {
+                self.out.extend_from_slice(p);
+            }
+        }
+        self.expect.push_back(Expect {
+            dest,
+            cap,
+            want_status,
+        });
+        self.issued += 1;
+        self.issued
+    }
+
+    /// Write what is queued and read what arrived; true if anything moved.
+    pub(crate) fn pump(&mut self) -> bool {
+        if self.broken.is_some() {
+            return false;
+        }
+        let mut moved = false;
+        while self.out_pos < self.out.len() {
+            match crate::sock::sendv(self.s.as_raw_fd(), &[&self.out[self.out_pos..]]) {
+                Ok(0) => {
+                    self.broken = Some("the agent closed the connection".into());
+                    return moved;
+                }
+                Ok(n) => {
+                    self.out_pos += n;
+                    moved = true;
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => {
+                    self.broken = Some(format!("writing to the agent failed: {e}"));
+                    return moved;
+                }
+            }
+        }
+        if self.out_pos >= self.out.len() && !self.out.is_empty() {
+            self.out.clear();
+            self.out_pos = 0;
+        }
+        while self.done < self.issued {
+            match self.read_some() {
+                Ok(true) => moved = true,
+                Ok(false) => break,
+                Err(e) => {
+                    self.broken = Some(e);
+                    break;
+                }
+            }
+        }
+        moved
+    }
+
+    /// Read part of the current response; Ok(false) when nothing is there.
+    fn read_some(&mut self) -> Result<bool, String> {
+        if let Some((got, len)) = self.body {
+            let e = self.expect.front().expect("a response is due");
+            // SAFETY: dest holds cap >= len bytes (checked when the header arrived).
+            let dst = unsafe { std::slice::from_raw_parts_mut(e.dest.add(got), len - got) };
+            return match self.s.read(dst) {
+                Ok(0) => Err("the agent closed the connection".into()),
+                Ok(n) => {
+                    if got + n == len {
+                        self.body = None;
+                        self.finish(Status::Ok);
+                    } else {
+                        self.body = Some((got + n, len));
+                    }
+                    Ok(true)
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => Ok(false),
+                Err(e) if e.kind() == ErrorKind::Interrupted => Ok(true),
+                Err(e) => Err(format!("reading from the agent failed: {e}")),
+            };
+        }
+        match self.s.read(&mut self.hdr[self.hdr_got..]) {
+            Ok(0) => Err("the agent closed the connection".into()),
+            Ok(n) => {
+                self.hdr_got += n;
+                if self.hdr_got == RESP_HDR {
+                    self.hdr_got = 0;
+                    let r = RespHeader::decode(&self.hdr);
+                    let st = Status::from_u32(r.status);
+                    let e = self.expect.front().ok_or("a response nobody asked for")?;
+                    if r.len > e.cap as u64 || (r.len > 0 && st != Status::Ok) {
+                        return Err(format!(
+                            "a response of {} bytes where at most {} were due",
+                            r.len, e.cap
+                        ));
+                    }
+                    if r.len == 0 {
+                        self.finish(st);
+                    } else {
+                        self.body = Some((0, r.len as usize));
+                    }
+                }
+                Ok(true)
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => Ok(false),
+            Err(e) if e.kind() == ErrorKind::Interrupted => Ok(true),
+            Err(e) => Err(format!("reading from the agent failed: {e}")),
+        }
+    }
+
+    fn finish(&mut self, st: Status) {
+        let e = self.expect.pop_front().expect("a response is due");
+        self.done += 1;
+        if e.want_status {
+            self.statuses.push_back((self.done, st));
+        } else if st != Status::Ok && self.error.is_none() {
+            self.error = Some(st);
+        }
+    }
+
+    /// The status of request `seq` (sent with `want_status`), once received.
+    pub(crate) fn take_status(&mut self, seq: u64) -> Option<Status> {
+        let i = self.statuses.iter().position(|&(s, _)| s == seq)?;
+        self.statuses.remove(i).map(|(_, st)| st)
+    }
+
+    /// Everything queued has been written to the socket (the origin's buffers are free again).
+    pub(crate) fn written(&self) -> bool {
+        self.out_pos >= self.out.len()
+    }
+
+    /// Wait until responses up to `seq` are in (or the connection breaks). Polls for `spin`, then
+    /// sleeps in `poll(2)`.
+    pub(crate) fn wait(&mut self, seq: u64) -> Result<(), String> {
+        let start = Instant::now();
+        loop {
+            self.pump();
+            if let Some(b) = &self.broken {
+                return Err(b.clone());
+            }
+            if self.done >= seq && self.written() {
+                return Ok(());
+            }
+            if start.elapsed() < self.spin {
+                std::hint::spin_loop();
+                continue;
+            }
+            let mut pfd = libc::pollfd {
+                fd: self.s.as_raw_fd(),
+                events: libc::POLLIN | if self.written() { 0 } else { libc::POLLOUT },
+                revents: 0,
+            };
+            // SAFETY: one pollfd.
+            unsafe { libc::poll(&mut pfd, 1, 100) };
+        }
+    }
+}
