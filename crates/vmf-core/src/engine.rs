@@ -248,7 +248,14 @@ pub struct Engine {
     pool_copies: u64,
     /// A migration of this rank in progress.
     mig: Option<migrate::Moving>,
+    /// Called between idle polls of every wait when several threads share this engine (the MPI
+    /// library's `MPI_THREAD_MULTIPLE`): it lets other threads in. Waits then never sleep in the
+    /// kernel (a thread of this process that completes what we wait for rings no doorbell).
+    yield_hook: Option<YieldHook>,
 }
+
+/// See [`Engine::set_yield_hook`].
+pub type YieldHook = unsafe fn(*mut Engine);
 
 /// State of the waiting policy of one rank.
 #[derive(Debug, Clone)]
@@ -451,7 +458,28 @@ impl Engine {
             shared: None,
             pool_copies: 0,
             mig: None,
+            yield_hook: None,
             cfg,
+        }
+    }
+
+    /// Install `hook`, called by every wait between idle polls with a pointer to this engine (which the
+    /// hook may let other threads use until it returns). Waits no longer sleep in the kernel; they spin
+    /// and yield instead.
+    ///
+    /// # Safety
+    /// Whoever uses the engine while the hook runs must be serialised with the waiting thread by the
+    /// hook's lock; see `vmf_core::EngineCell`.
+    pub unsafe fn set_yield_hook(&mut self, hook: Option<YieldHook>) {
+        self.yield_hook = hook;
+    }
+
+    /// Let other threads use the engine now (calls the yield hook, if any).
+    #[inline]
+    pub fn let_others_in(&mut self) {
+        if let Some(h) = self.yield_hook {
+            // SAFETY: the hook's contract (set_yield_hook).
+            unsafe { h(self as *mut Engine) };
         }
     }
 
@@ -821,6 +849,7 @@ impl Engine {
             || self.fatal.is_some()
             || self.mig.is_some()
             || self.waiter.oversubscribed
+            || self.yield_hook.is_some()
             || !self.posted.is_empty()
         {
             return Ok(None);
@@ -1689,6 +1718,17 @@ impl Engine {
                 continue;
             }
             polls = polls.wrapping_add(1);
+            if self.yield_hook.is_some() {
+                // Several threads share the engine: let them in between polls, and never sleep.
+                self.let_others_in();
+                if polls > 64 {
+                    vmf_pal::yield_now();
+                }
+                if polls % 256 == 0 && self.last_liveness.elapsed() >= live_every {
+                    self.check_liveness(op)?;
+                }
+                continue;
+            }
             match self.waiter.policy {
                 WaitPolicy::Spin => {
                     if polls > 1024 {

@@ -37,7 +37,7 @@ pub use engine::{Route, SendMode, Status, ANY_SOURCE, ANY_TAG};
 pub use error::{Error, Op, Result};
 
 use engine::{Engine, ReqId};
-use std::cell::{Cell, RefCell};
+use std::cell::{Cell, RefCell, UnsafeCell};
 use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
@@ -107,7 +107,7 @@ pub struct Request<'a> {
 impl Drop for Request<'_> {
     fn drop(&mut self) {
         if let Some(id) = self.id.take() {
-            let mut e = self.fab.eng.borrow_mut();
+            let mut e = self.fab.eng.get();
             if self.is_recv && e.cancel_recv(id) {
                 let _ = e.take(id);
                 return;
@@ -118,9 +118,78 @@ impl Drop for Request<'_> {
     }
 }
 
+/// The engine's cell. One caller borrows it at a time (a second borrow is a bug and panics), except in
+/// *shared* mode: the MPI library under `MPI_THREAD_MULTIPLE` serialises threads with a lock of its own
+/// and lets a thread that waits inside the engine hand that lock to others (the engine's yield hook),
+/// which then borrow the engine while the waiting thread's borrow is parked. The waiting thread touches
+/// the engine again only after taking the lock back, through a pointer it passed to the hook, so the
+/// compiler reloads whatever the other threads changed.
+pub struct EngineCell {
+    e: UnsafeCell<Engine>,
+    borrows: Cell<u32>,
+    shared: Cell<bool>,
+}
+
+/// A borrow of the engine (see [`EngineCell`]).
+pub struct EngineRef<'a> {
+    cell: &'a EngineCell,
+}
+
+impl EngineCell {
+    fn new(e: Engine) -> EngineCell {
+        EngineCell {
+            e: UnsafeCell::new(e),
+            borrows: Cell::new(0),
+            shared: Cell::new(false),
+        }
+    }
+
+    /// Borrow the engine.
+    #[inline]
+    pub fn get(&self) -> EngineRef<'_> {
+        let b = self.borrows.get();
+        if b > 0 && !self.shared.get() {
+            already_borrowed();
+        }
+        self.borrows.set(b + 1);
+        EngineRef { cell: self }
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn already_borrowed() -> ! {
+    panic!("the engine is already borrowed (re-entrant use outside MPI_THREAD_MULTIPLE)")
+}
+
+impl std::ops::Deref for EngineRef<'_> {
+    type Target = Engine;
+    #[inline]
+    fn deref(&self) -> &Engine {
+        // SAFETY: borrows are exclusive outside shared mode (checked in `get`); in shared mode the MPI
+        // library's lock serialises every access (see EngineCell).
+        unsafe { &*self.cell.e.get() }
+    }
+}
+
+impl std::ops::DerefMut for EngineRef<'_> {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut Engine {
+        // SAFETY: as for Deref.
+        unsafe { &mut *self.cell.e.get() }
+    }
+}
+
+impl Drop for EngineRef<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        self.cell.borrows.set(self.cell.borrows.get() - 1);
+    }
+}
+
 /// One rank's endpoint into the job.
 pub struct Fabric {
-    eng: RefCell<Engine>,
+    eng: EngineCell,
     pmi: RefCell<Option<PmiClient>>,
     rank: usize,
     size: usize,
@@ -318,7 +387,7 @@ impl Fabric {
             eprintln!("vmfabric: rank {rank}: channels {}", ch.join(" "));
         }
         Ok(Fabric {
-            eng: RefCell::new(eng),
+            eng: EngineCell::new(eng),
             pmi: RefCell::new(pmi),
             rank,
             size,
@@ -345,30 +414,29 @@ impl Fabric {
 
     /// The shared region this rank mapped, if any.
     pub fn region_path(&self) -> Option<std::path::PathBuf> {
-        self.eng
-            .borrow()
+        self.eng.get()
             .shm()
             .map(|s| s.region().path().to_owned())
     }
 
     /// The channel used to reach `peer` ("self", "shm" or "none").
     pub fn channel(&self, peer: usize) -> Route {
-        self.eng.borrow().route(peer)
+        self.eng.get().route(peer)
     }
 
     /// Largest message sent eagerly through shared memory.
     pub fn eager_limit(&self) -> usize {
-        self.eng.borrow().eager_limit()
+        self.eng.get().eager_limit()
     }
 
     /// True if large messages move by single copy (process_vm_readv).
     pub fn cma_enabled(&self) -> bool {
-        self.eng.borrow().cma_enabled()
+        self.eng.get().cma_enabled()
     }
 
     /// Blocking standard-mode send.
     pub fn send(&self, buf: &[u8], dest: usize, tag: i32) -> Result<()> {
-        let mut e = self.eng.borrow_mut();
+        let mut e = self.eng.get();
         // SAFETY: `buf` is a live slice; the fast path copies it before returning and the slow path waits.
         unsafe {
             if e.try_send_now(buf.as_ptr(), buf.len(), dest as i64, tag, CTX_USER)? {
@@ -408,8 +476,7 @@ impl Fabric {
     ) -> Result<Request<'b>> {
         // SAFETY: the Request borrows `buf` until it completes.
         let id = unsafe {
-            self.eng
-                .borrow_mut()
+            self.eng.get()
                 .isend(buf.as_ptr(), buf.len(), dest as i64, tag, ctx, mode)?
         };
         Ok(Request {
@@ -422,7 +489,7 @@ impl Fabric {
 
     /// Blocking receive. A message longer than `buf` yields [`Error::Truncated`].
     pub fn recv(&self, buf: &mut [u8], src: Source, tag: TagSel) -> Result<Status> {
-        let mut e = self.eng.borrow_mut();
+        let mut e = self.eng.get();
         // SAFETY: `buf` is borrowed mutably for the call.
         if let Some(st) =
             unsafe { e.recv_direct(buf.as_mut_ptr(), buf.len(), src.raw(), tag.raw(), CTX_USER)? }
@@ -454,8 +521,7 @@ impl Fabric {
     ) -> Result<Request<'b>> {
         // SAFETY: the Request borrows `buf` mutably until it completes.
         let id = unsafe {
-            self.eng
-                .borrow_mut()
+            self.eng.get()
                 .irecv(buf.as_mut_ptr(), buf.len(), src.raw(), tag.raw(), ctx)?
         };
         Ok(Request {
@@ -474,7 +540,7 @@ impl Fabric {
                 op: Op::Wait,
             });
         };
-        let mut e = self.eng.borrow_mut();
+        let mut e = self.eng.get();
         if !e.is_done(id) {
             e.progress()?;
             if !e.is_done(id) {
@@ -491,7 +557,7 @@ impl Fabric {
             rank: self.rank,
             op: Op::Wait,
         })?;
-        let mut e = self.eng.borrow_mut();
+        let mut e = self.eng.get();
         e.wait_until(Op::Wait, |e| e.is_done(id))?;
         e.take(id)
     }
@@ -505,7 +571,7 @@ impl Fabric {
                 op: Op::Wait,
             })?);
         }
-        let mut e = self.eng.borrow_mut();
+        let mut e = self.eng.get();
         let waited = e.wait_until(Op::Wait, |e| ids.iter().all(|&id| e.is_done(id)));
         let mut out = Vec::with_capacity(ids.len());
         let mut first_err = waited.err();
@@ -534,7 +600,7 @@ impl Fabric {
             });
         }
         let ids: Vec<ReqId> = reqs.iter().map(|r| r.id.expect("live request")).collect();
-        let mut e = self.eng.borrow_mut();
+        let mut e = self.eng.get();
         e.wait_until(Op::Wait, |e| ids.iter().any(|&id| e.is_done(id)))?;
         let i = ids.iter().position(|&id| e.is_done(id)).unwrap();
         let mut r = reqs.remove(i);
@@ -544,12 +610,12 @@ impl Fabric {
 
     /// Check for a matching message without receiving it.
     pub fn iprobe(&self, src: Source, tag: TagSel) -> Result<Option<Status>> {
-        self.eng.borrow_mut().iprobe(src.raw(), tag.raw(), CTX_USER)
+        self.eng.get().iprobe(src.raw(), tag.raw(), CTX_USER)
     }
 
     /// Block until a matching message is available; return its status without receiving it.
     pub fn probe(&self, src: Source, tag: TagSel) -> Result<Status> {
-        self.eng.borrow_mut().probe(src.raw(), tag.raw(), CTX_USER)
+        self.eng.get().probe(src.raw(), tag.raw(), CTX_USER)
     }
 
     /// Block until every rank has entered the barrier (dissemination algorithm, ⌈log₂ n⌉ rounds).
@@ -575,22 +641,22 @@ impl Fabric {
     /// with every peer switches channel with nothing lost, duplicated or reordered. Returns how long the
     /// switch took. On failure (unknown host, ...) the rank keeps working where it was.
     pub fn migrate_to(&self, host: usize) -> Result<Duration> {
-        self.eng.borrow_mut().migrate_to(host)
+        self.eng.get().migrate_to(host)
     }
 
     /// The emulated host this rank is on (None without `--hosts`).
     pub fn current_host(&self) -> Option<usize> {
-        self.eng.borrow().current_host()
+        self.eng.get().current_host()
     }
 
     /// Number of emulated hosts (0 without `--hosts`).
     pub fn host_count(&self) -> usize {
-        self.eng.borrow().host_count()
+        self.eng.get().host_count()
     }
 
     /// Drive progress once (for callers polling their own state).
     pub fn progress(&self) -> Result<usize> {
-        self.eng.borrow_mut().progress()
+        self.eng.get().progress()
     }
 
     /// Finish: complete outstanding sends, synchronise with the other ranks, detach from the region.
@@ -605,7 +671,7 @@ impl Fabric {
         }
         // Even after an error the rank leaves the job in an orderly way (PMI fence + finalize), so the
         // launcher can tell a rank that reported an error from one that vanished.
-        let flushed = self.eng.borrow_mut().flush();
+        let flushed = self.eng.get().flush();
         let fin = |e: vmf_pmi::PmiError| Error::Setup {
             rank: self.rank,
             op: Op::Finalize,
@@ -615,7 +681,7 @@ impl Fabric {
             p.fence().map_err(fin)?;
         }
         // The region this rank maps now (it may have moved since init).
-        if let Some(shm) = self.eng.borrow().shm() {
+        if let Some(shm) = self.eng.get().shm() {
             let reg = shm.region();
             reg.detach(shm.local_index());
             // Under a launcher of our own, it removes the region. Under another (Hydra, Slurm) the last rank
@@ -635,7 +701,7 @@ impl Fabric {
     pub fn abort(&self, code: i32, msg: &str) -> ! {
         // The whole job ends: under a foreign launcher nobody else removes the region.
         if launcher_from_env().is_none() {
-            if let Some(shm) = self.eng.borrow().shm() {
+            if let Some(shm) = self.eng.get().shm() {
                 if shm.region().is_file {
                     let _ = std::fs::remove_file(shm.region().path());
                 }
@@ -650,8 +716,19 @@ impl Fabric {
 
     /// Raw access to the engine (for the MPI library layered on top and for tests).
     #[doc(hidden)]
-    pub fn engine(&self) -> std::cell::RefMut<'_, Engine> {
-        self.eng.borrow_mut()
+    pub fn engine(&self) -> EngineRef<'_> {
+        self.eng.get()
+    }
+
+    /// Enter shared mode (see [`EngineCell`]): from now on the caller serialises every use of this
+    /// fabric from several threads itself, and threads waiting in the engine may let others in.
+    ///
+    /// # Safety
+    /// Every later call on this fabric, from any thread, must hold the caller's lock, and the engine's
+    /// yield hook must release and retake exactly that lock.
+    #[doc(hidden)]
+    pub unsafe fn set_shared(&self) {
+        self.eng.shared.set(true);
     }
 }
 

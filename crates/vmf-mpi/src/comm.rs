@@ -134,10 +134,67 @@ pub(crate) fn new_ctx(st: &mut State, ci: usize) -> R<u32> {
     let (mem, me) = crate::intercomm::ctx_members(c);
     let ctx = c.coll;
     let tag = st.comms[ci].as_mut().unwrap().next_coll_tag();
-    let mut v = [st.next_ctx as i32];
+    let mut v = [ctx_propose(st)? as i32];
     coll::allreduce_max_group(st, ctx, tag, &mem, me, &mut v)?;
-    st.next_ctx = v[0] as u32 + 2;
+    ctx_agreed(st, v[0] as u32);
     Ok(v[0] as u32)
+}
+
+/// First context id of the space blocking constructions use under MPI_THREAD_MULTIPLE (below it: the
+/// single-threaded ids from `State::next_ctx`; from IDUP_CTX_BASE on: MPI_Comm_idup's).
+const MT_CTX_BASE: u64 = 0x1000_0000;
+
+/// A context id that is not taken yet, to be striped by world rank (see [`ctx_propose`]), from the space
+/// `[base, end)` with this process's counter `seq`.
+fn striped(st: &State, seq: &mut u64, base: u64, end: u64) -> R<u32> {
+    let (r, w) = (st.fab.rank() as u64, st.fab.size() as u64);
+    let v = base + 2 * (*seq * w + r);
+    if v + 1 >= end {
+        return err(
+            MPI_ERR_OTHER,
+            "this process has made more communicators than its share of context ids under MPI_THREAD_MULTIPLE",
+        );
+    }
+    *seq += 1;
+    Ok(v as u32)
+}
+
+/// This process's proposal in an agreement on a new context pair; the members agree on the largest.
+/// Single-threaded: the next id above every one this process has used (`State::next_ctx`). Under
+/// MPI_THREAD_MULTIPLE, where agreements of several threads run at once in one process and each may
+/// finish on another member's proposal, every proposal is a value no other process and no other call
+/// ever proposes (`base + 2 * (count * world_size + world_rank)`), so the agreed ids of any two
+/// agreements differ and no reservation is needed.
+pub(crate) fn ctx_propose(st: &mut State) -> R<u32> {
+    if crate::mt::on() {
+        let mut seq = st.mt_ctx_seq;
+        let v = striped(st, &mut seq, MT_CTX_BASE, IDUP_CTX_BASE as u64)?;
+        st.mt_ctx_seq = seq;
+        Ok(v)
+    } else {
+        Ok(st.next_ctx)
+    }
+}
+
+/// Record the context pair an agreement settled on.
+pub(crate) fn ctx_agreed(st: &mut State, v: u32) {
+    if !crate::mt::on() {
+        st.next_ctx = st.next_ctx.max(v + 2);
+    }
+}
+
+/// [`ctx_propose`] for MPI_Comm_idup's space (from IDUP_CTX_BASE): the proposal is taken at once.
+pub(crate) fn ictx_propose(st: &mut State) -> R<u32> {
+    if crate::mt::on() {
+        let mut seq = st.mt_ictx_seq;
+        let v = striped(st, &mut seq, IDUP_CTX_BASE as u64, 0x8000_0000)?;
+        st.mt_ictx_seq = seq;
+        Ok(v)
+    } else {
+        let v = st.next_ictx;
+        st.next_ictx += 2;
+        Ok(v)
+    }
 }
 
 /// Run copy callbacks of `ci`'s attributes for a duplicate.
@@ -274,11 +331,12 @@ unsafe fn idup(
     let ctx = c.coll;
     let tag = st.comms[ci].as_mut().unwrap().next_coll_tag();
     *newcomm = MPI_COMM_NULL;
-    let mine = st.next_ictx as i32;
-    st.next_ictx += 2;
+    let mine = ictx_propose(st)? as i32;
     *request = coll::iallreduce_max_group(st, ci, (ctx, tag), &mem, me, mine, move |st, v| {
         let v = v as u32;
-        st.next_ictx = st.next_ictx.max(v + 2);
+        if !crate::mt::on() {
+            st.next_ictx = st.next_ictx.max(v + 2);
+        }
         n.pt = v;
         n.coll = v + 1;
         *newcomm = add_comm(st, n);
@@ -329,9 +387,10 @@ pub(crate) fn split(st: &mut State, ci: usize, color: c_int, key: c_int) -> R<MP
         st.comms[ci].as_ref().unwrap(),
         "splitting by type or topology (MPI_Comm_split_type, MPI_Cart_create, MPI_Cart_sub)",
     )?;
-    let recs = coll::allgather_ints(st, ci, &[color, key, st.next_ctx as i32])?;
+    let prop = ctx_propose(st)? as i32;
+    let recs = coll::allgather_ints(st, ci, &[color, key, prop])?;
     let ctx = recs.chunks(3).map(|r| r[2]).max().unwrap() as u32;
-    st.next_ctx = ctx + 2;
+    ctx_agreed(st, ctx);
     if color == MPI_UNDEFINED {
         return Ok(MPI_COMM_NULL);
     }
@@ -831,9 +890,9 @@ mpi_api! {
                 return Ok(());
             };
             let _ = ci;
-            let mut v = [st.next_ctx as i32];
+            let mut v = [ctx_propose(st)? as i32];
             coll::allreduce_max_group(st, pctx, 0x4000_0000 | (tag & 0x3fff_ffff), &g, r, &mut v)?;
-            st.next_ctx = v[0] as u32 + 2;
+            ctx_agreed(st, v[0] as u32);
             let n = Comm::new(v[0] as u32, r as i32, Some(g.clone()), g.len() as i32, eh);
             *newcomm = add_comm(st, n);
             Ok(())

@@ -253,7 +253,7 @@ pub(crate) fn start(required: c_int) -> R {
     // Every process, on contexts of its own: where communicators made from groups agree (`session.rs`).
     let mut bridge = Comm::new(20, rank as i32, None, size as i32, MPI_ERRORS_RETURN);
     bridge.name = "(vmfabric bridge)".into();
-    let level = required.clamp(MPI_THREAD_SINGLE, MPI_THREAD_SERIALIZED);
+    let level = required.clamp(MPI_THREAD_SINGLE, MPI_THREAD_MULTIPLE);
     let st = State {
         fab,
         comms: vec![Some(world), Some(selfc), Some(bridge)],
@@ -277,6 +277,8 @@ pub(crate) fn start(required: c_int) -> R {
         f90_types: Default::default(),
         big_types: Default::default(),
         next_ctx: 32,
+        mt_ctx_seq: 0,
+        mt_ictx_seq: 0,
         next_ictx: IDUP_CTX_BASE,
         spare: None,
         nbc_active: 0,
@@ -294,6 +296,17 @@ pub(crate) fn start(required: c_int) -> R {
         }
         *G.st.get() = Some(st);
         *G.phase.get() = PHASE_INIT;
+    }
+    if level == MPI_THREAD_MULTIPLE {
+        // Every call takes the library lock from now on, and a thread waiting in the engine hands it over
+        // between its polls (`mt.rs`). The guard covers the rest of this MPI_Init_thread.
+        let _g = crate::mt::enable();
+        let st = state()?;
+        // SAFETY: from now on every call holds the library lock, which the hook hands over and retakes.
+        unsafe {
+            st.fab.set_shared();
+            st.fab.engine().set_yield_hook(Some(crate::mt::hook));
+        }
     }
     Ok(())
 }
@@ -481,6 +494,14 @@ mpi_api! {
                     return Ok(());
                 }
             }
+            // Past the pool: a memfd mapping of whole pages, which co-resident peers map too, so a window
+            // created over it (MPI_Win_create on MPI_Alloc_mem memory) is reached by loads and stores.
+            if size >= 4096 {
+                if let Some(p) = vmf_rma::alloc::alloc_shared(size as usize) {
+                    *(baseptr as *mut *mut c_void) = p as *mut c_void;
+                    return Ok(());
+                }
+            }
             let mut p: *mut c_void = std::ptr::null_mut();
             if libc::posix_memalign(&mut p, 4096, (size as usize).max(1)) != 0 {
                 return err(MPI_ERR_NO_MEM, format!("cannot allocate {size} bytes"));
@@ -499,6 +520,9 @@ mpi_api! {
             if st.fab.engine().pool_free(base as *mut u8) {
                 return MPI_SUCCESS;
             }
+        }
+        if vmf_rma::alloc::free_shared(base as *mut u8) {
+            return MPI_SUCCESS;
         }
         // A pool block freed after MPI_Finalize (erroneous) must not reach free(3): the region is gone.
         let a = base as usize;

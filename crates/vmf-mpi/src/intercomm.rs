@@ -243,7 +243,7 @@ pub(crate) unsafe fn create(
         hdr[1] as usize,
     )?;
     let ctx = hdr[0] as u32;
-    st.next_ctx = st.next_ctx.max(ctx + 2);
+    crate::comm::ctx_agreed(st, ctx);
     let n = local.len() as i32;
     let mut c = Comm::new(ctx, my_rank, Some(local), n, eh);
     c.remote = Some(list.iter().map(|&w| w as usize).collect());
@@ -269,7 +269,7 @@ pub(crate) fn split(st: &mut State, ci: usize, color: c_int, key: c_int) -> R<MP
         .copied()
         .filter(|&w| w != me)
         .collect();
-    let mine = [color, key, st.next_ctx as i32];
+    let mine = [color, key, crate::comm::ctx_propose(st)? as i32];
     let got = exchange(st, ctx, tag, &others, &mine, &others, 3)?;
     let rec = |w: usize| -> &[i32] {
         if w == me {
@@ -285,7 +285,7 @@ pub(crate) fn split(st: &mut State, ci: usize, color: c_int, key: c_int) -> R<MP
         .max()
         .unwrap() as u32;
     // The same context serves every color: a process is in one of the new communicators at most.
-    st.next_ctx = st.next_ctx.max(newctx + 2);
+    crate::comm::ctx_agreed(st, newctx);
     if color == MPI_UNDEFINED {
         return Ok(MPI_COMM_NULL);
     }
@@ -349,9 +349,9 @@ unsafe fn intercomm_merge(intercomm: MPI_Comm, high: c_int, newintracomm: *mut M
     };
     let pos = all.iter().position(|&w| w == me).unwrap();
     let tag2 = next_tag(st, ci);
-    let mut v = [st.next_ctx as i32];
+    let mut v = [crate::comm::ctx_propose(st)? as i32];
     crate::coll::allreduce_max_group(st, ctx, tag2, &all, pos, &mut v)?;
-    st.next_ctx = v[0] as u32 + 2;
+    crate::comm::ctx_agreed(st, v[0] as u32);
     let n = Comm::new(
         v[0] as u32,
         pos as i32,

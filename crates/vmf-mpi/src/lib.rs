@@ -10,9 +10,10 @@
 //! `PMPI_X` (the implementation) and `MPI_X` (a thin wrapper calling `PMPI_X`), the profiling interface.
 //!
 //! # Threads
-//! The library provides at most `MPI_THREAD_SERIALIZED`: calls may come from any thread but never at the
-//! same time. All state lives in one global [`State`] reached through an `UnsafeCell`; that contract is
-//! what makes the unsynchronised access sound. No lock is taken on any path.
+//! All state lives in one global [`State`] reached through an `UnsafeCell`. Up to
+//! `MPI_THREAD_SERIALIZED` calls never overlap (the program's contract) and no lock is taken on any path.
+//! When a program asks for `MPI_THREAD_MULTIPLE`, every call takes one library lock, which a thread
+//! hands to the others while it waits (`mt.rs`); that lock is what makes the access sound then.
 //!
 //! # Hot path
 //! Handles are integers whose low bits index tables (`Vec`), predefined datatypes carry their size in
@@ -40,6 +41,7 @@ mod env;
 mod graph;
 mod info;
 mod intercomm;
+mod mt;
 mod op;
 mod p2p;
 mod removed;
@@ -56,10 +58,13 @@ macro_rules! mpi_api {
         ///
         /// # Safety
         /// Called from C with the arguments the MPI standard describes for this function: every pointer
-        /// must be valid for the accesses the standard documents, and calls must be serialised
-        /// (the library provides at most `MPI_THREAD_SERIALIZED`).
+        /// must be valid for the accesses the standard documents. Calls from several threads at once
+        /// are allowed once `MPI_THREAD_MULTIPLE` was granted (they take the library lock, `mt.rs`).
         #[no_mangle]
-        pub unsafe extern "C" fn $pmpi($($a: $t),*) -> $r $body
+        pub unsafe extern "C" fn $pmpi($($a: $t),*) -> $r {
+            let _mt = $crate::mt::enter();
+            $body
+        }
 
         /// MPI entry point (profiling interface name; calls the `PMPI_` version).
         ///
@@ -378,6 +383,10 @@ pub(crate) struct State {
     pub big_types: std::collections::HashMap<(MPI_Datatype, MPI_Count), MPI_Datatype>,
     /// Next free context id (every communicator takes two: point-to-point and collective).
     pub next_ctx: u32,
+    /// Context agreements this process started under MPI_THREAD_MULTIPLE (blocking ones and idups):
+    /// see `comm::ctx_propose`.
+    pub mt_ctx_seq: u64,
+    pub mt_ictx_seq: u64,
     /// Next free context id of MPI_Comm_idup (from [`IDUP_CTX_BASE`] up): a space of its own, because
     /// its agreement finishes only later, while blocking constructions may already have taken the next
     /// ids of `next_ctx`.
@@ -425,8 +434,8 @@ pub(crate) struct Global {
     pub user_errs: UnsafeCell<UserErrors>,
 }
 
-// SAFETY: the library's contract is MPI_THREAD_SERIALIZED at most: calls never overlap, so the cells are
-// never accessed concurrently.
+// SAFETY: calls never overlap: by the program's contract up to MPI_THREAD_SERIALIZED, and under the
+// library lock of `mt.rs` with MPI_THREAD_MULTIPLE, so the cells are never accessed concurrently.
 unsafe impl Sync for Global {}
 
 pub(crate) static G: Global = Global {

@@ -802,17 +802,17 @@ unsafe fn recv_blocking(
     };
     let mut tmp = stage(buf, count, dt, bytes, false)?;
     let p = tmp.as_mut().map_or(buf as *mut u8, |v| v.as_mut_ptr());
-    let c = st.comms[ci].as_ref().unwrap();
+    let pt = st.comms[ci].as_ref().unwrap().pt;
     let mut e = st.fab.engine();
     // Fast path: an eager message from a co-resident sender, copied straight from its ring.
     if tmp.is_none() {
-        if let Some(s) = e.recv_direct(p, bytes, w, tag, c.pt).map_err(from_core)? {
+        if let Some(s) = e.recv_direct(p, bytes, w, tag, pt).map_err(from_core)? {
             drop(e);
-            st_from(c, s).write(status);
+            st_from(st.comms[ci].as_ref().unwrap(), s).write(status);
             return Ok(());
         }
     }
-    let id = e.irecv(p, bytes, w, tag, c.pt).map_err(from_core)?;
+    let id = e.irecv(p, bytes, w, tag, pt).map_err(from_core)?;
     if !e.is_done(id) {
         e.wait_until(Op::Recv, |e| e.is_done(id))
             .map_err(from_core)?;
@@ -822,7 +822,8 @@ unsafe fn recv_blocking(
     if let Some(t) = &tmp {
         crate::datatype::unpack_from(t, s.count, buf as *mut u8, count as usize, dt)?;
     }
-    st_from(c, s).write(status);
+    // Looked up again after the wait: under MPI_THREAD_MULTIPLE other threads may have grown the table.
+    st_from(st.comms[ci].as_ref().unwrap(), s).write(status);
     core_err(er)
 }
 

@@ -140,9 +140,9 @@ fn from_group(st: &mut State, g: &[usize], tag: c_int, eh: MPI_Errhandler) -> R<
         return Ok(None);
     };
     let bctx = st.comms[BRIDGE].as_ref().unwrap().coll;
-    let mut v = [st.next_ctx as i32];
+    let mut v = [crate::comm::ctx_propose(st)? as i32];
     crate::coll::allreduce_max_group(st, bctx, 0x4000_0000 | tag, g, r, &mut v)?;
-    st.next_ctx = v[0] as u32 + 2;
+    crate::comm::ctx_agreed(st, v[0] as u32);
     let c = Comm::new(v[0] as u32, r as i32, Some(g.to_vec()), g.len() as i32, eh);
     Ok(Some(crate::comm::add_comm(st, c)))
 }
@@ -172,6 +172,7 @@ mpi_api! {
             let level = match hints.iter().find(|(k, _)| k == "thread_level").map(|(_, v)| v.as_str()) {
                 Some("MPI_THREAD_SINGLE") => MPI_THREAD_SINGLE,
                 Some("MPI_THREAD_FUNNELED") => 1,
+                Some("MPI_THREAD_MULTIPLE") => MPI_THREAD_MULTIPLE,
                 _ => MPI_THREAD_SERIALIZED,
             };
             crate::env::start(level)?;
@@ -260,8 +261,8 @@ mpi_api! {
             }
             let mut h = g().sessions[i].as_ref().unwrap().hints.clone();
             h.retain(|(k, _)| k != "thread_level");
-            let level = ["MPI_THREAD_SINGLE", "MPI_THREAD_FUNNELED", "MPI_THREAD_SERIALIZED"];
-            h.push(("thread_level".to_string(), level[state()?.thread_level.clamp(0, 2) as usize].to_string()));
+            let level = ["MPI_THREAD_SINGLE", "MPI_THREAD_FUNNELED", "MPI_THREAD_SERIALIZED", "MPI_THREAD_MULTIPLE"];
+            h.push(("thread_level".to_string(), level[state()?.thread_level.clamp(0, 3) as usize].to_string()));
             *info_used = crate::info::create(h);
             Ok(())
         })();

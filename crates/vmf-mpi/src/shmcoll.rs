@@ -492,7 +492,14 @@ fn setup_inner(st: &mut State, ci: usize) -> R<Option<Box<Area>>> {
             return Ok(None);
         }
     }
-    let mine = st.fab.engine().pool_alloc(AREA, 128);
+    // Under MPI_THREAD_MULTIPLE a thread waiting in a collective must hand the library lock to the other
+    // threads (`mt.rs`), which the point-to-point schedules do and these areas' waits do not attempt:
+    // publish no area, so every member falls back alike (as for a full pool).
+    let mine = if crate::mt::on() {
+        None
+    } else {
+        st.fab.engine().pool_alloc(AREA, 128)
+    };
     let off = match mine {
         Some(p) => {
             let c = ctl(p);

@@ -37,6 +37,7 @@ const PROGRAMS: &[&str] = &[
     "mpi4_extras",
     "sessions",
     "rma",
+    "threads",
 ];
 const MPICH_INC: &str = "/usr/include/x86_64-linux-gnu/mpich";
 
@@ -232,6 +233,12 @@ fn rma_every_window_flavor_synchronisation_and_atomic_works() {
             String::from_utf8_lossy(&o.stderr)
         );
     }
+}
+
+#[test]
+fn threads_multiple_concurrent_p2p_collectives_comm_creation_and_rma_work() {
+    semantic("threads");
+    semantic_wide("threads");
 }
 
 #[test]

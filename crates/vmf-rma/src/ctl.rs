@@ -1,31 +1,16 @@
-//! The control block of one member of a window: its passive-target lock, its accumulate lock and, for
-//! dynamic windows, the table of attached memory that peers read. It lives in shared memory next to the
-//! window's data (the node segment) when co-resident peers can map it, else in the owner's heap, where
-//! only the owner and its agent use it.
+//! The control block of one member of a window: its passive-target lock and its accumulate lock. It lives
+//! in shared memory next to the window's data (the node segment) when co-resident peers can map it, else
+//! in the owner's heap, where only the owner and its agent use it.
 //!
-//! Everything in it is an atomic word; nothing read from it is ever used as a pointer by a peer (the
-//! attach table holds addresses in the owner's address space, which only the kernel dereferences, through
-//! single-copy reads and writes). A corrupt word can make an operation fail or wait for a lock that a live
-//! peer holds, never access memory out of bounds.
+//! Everything in it is an atomic word; nothing read from it is ever used as a pointer. A corrupt word can
+//! make an operation wait for a lock that a live peer holds, never access memory out of bounds.
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 /// Bytes of a control block (one page).
 pub const CTL_SIZE: usize = 4096;
 
-/// Entries of the attach table.
-pub const ATTACH_MAX: usize = 120;
-
 /// Bit of the lock word held by an exclusive lock; the low 32 bits count shared holders.
 pub const EXCL: u64 = 1 << 63;
-
-/// One attached range: address and length in the owner's address space.
-#[repr(C)]
-pub struct AttachEntry {
-    /// Start address.
-    pub base: AtomicU64,
-    /// Length in bytes.
-    pub len: AtomicU64,
-}
 
 /// The control block.
 #[repr(C, align(4096))]
@@ -36,13 +21,7 @@ pub struct Ctl {
     /// The accumulate lock: 0 free, anything else held.
     pub acc: AtomicU32,
     _p1: [u32; 31],
-    /// Attach table version: odd while the owner rewrites the table.
-    pub attach_seq: AtomicU64,
-    /// Live entries of the attach table.
-    pub attach_n: AtomicU32,
-    _p2: u32,
-    /// Attached ranges.
-    pub attach: [AttachEntry; ATTACH_MAX],
+    _rest: [u64; 480],
 }
 
 const _: () = assert!(std::mem::size_of::<Ctl>() == CTL_SIZE);
@@ -121,42 +100,6 @@ impl Ctl {
     pub fn acc_unlock(&self) {
         self.acc.store(0, Ordering::Release);
     }
-
-    /// Publish the attach table `ranges` (owner only), seqlock style.
-    pub fn publish_attach(&self, ranges: &[(u64, u64)]) {
-        let s = self.attach_seq.load(Ordering::Relaxed);
-        self.attach_seq.store(s | 1, Ordering::Relaxed);
-        std::sync::atomic::fence(Ordering::Release);
-        let n = ranges.len().min(ATTACH_MAX);
-        for (e, &(b, l)) in self.attach.iter().zip(ranges) {
-            e.base.store(b, Ordering::Relaxed);
-            e.len.store(l, Ordering::Relaxed);
-        }
-        self.attach_n.store(n as u32, Ordering::Relaxed);
-        self.attach_seq.store((s | 1) + 1, Ordering::Release);
-    }
-
-    /// Does `[addr, addr + len)` lie inside one attached range? Read consistently (retried while the
-    /// owner rewrites the table); `None` if the table stays busy.
-    pub fn attached(&self, addr: u64, len: u64) -> Option<bool> {
-        for _ in 0..1000 {
-            let s = self.attach_seq.load(Ordering::Acquire);
-            if s & 1 != 0 {
-                std::hint::spin_loop();
-                continue;
-            }
-            let n = (self.attach_n.load(Ordering::Relaxed) as usize).min(ATTACH_MAX);
-            let hit = self.attach[..n].iter().any(|e| {
-                let (b, l) = (e.base.load(Ordering::Relaxed), e.len.load(Ordering::Relaxed));
-                addr >= b && addr.checked_add(len).is_some_and(|end| end <= b.saturating_add(l))
-            });
-            std::sync::atomic::fence(Ordering::Acquire);
-            if self.attach_seq.load(Ordering::Relaxed) == s {
-                return Some(hit);
-            }
-        }
-        None
-    }
 }
 
 /// A zeroed control block in this process's heap (for members that share it with nobody).
@@ -199,21 +142,6 @@ mod tests {
         assert!(!c.try_lock(false) && !c.try_lock(true));
         c.unlock(true);
         assert_eq!(c.lock.load(Ordering::SeqCst), 0);
-    }
-
-    #[test]
-    fn attach_table_lookups_work() {
-        let h = HeapCtl::new();
-        // SAFETY: as above.
-        let c = unsafe { Ctl::at(h.ptr()) };
-        assert_eq!(c.attached(100, 1), Some(false));
-        c.publish_attach(&[(1000, 100), (5000, 8)]);
-        assert_eq!(c.attached(1000, 100), Some(true));
-        assert_eq!(c.attached(1050, 51), Some(false), "crosses the end");
-        assert_eq!(c.attached(5000, 8), Some(true));
-        assert_eq!(c.attached(u64::MAX - 1, 8), Some(false));
-        c.publish_attach(&[]);
-        assert_eq!(c.attached(5000, 8), Some(false));
     }
 
     #[test]

@@ -8,8 +8,8 @@
 //! - [`agent`]: the per-process thread that serves operations arriving over TCP (a truly passive target).
 //! - [`exec`]: the code every path runs on the target memory, so results agree whoever computes them.
 //! - [`reduce`]: the reduction kernels (also the MPI library's, for its collectives).
-//! - [`ctl`], [`layout`], [`wire`], [`alloc`]: control blocks, target layouts, the agent protocol, and
-//!   shareable allocations for `MPI_Alloc_mem`.
+//! - [`ctl`], [`attach`], [`layout`], [`wire`], [`alloc`]: control blocks (locks), the memory attached to
+//!   dynamic windows, target layouts, the agent protocol, and shareable allocations for `MPI_Alloc_mem`.
 //!
 //! # Examples
 //! Run as `vmfabric run -n 2 ./prog`; each rank adds 1 to a counter on rank 0, then rank 0 reads it:
@@ -35,6 +35,7 @@
 
 pub mod agent;
 pub mod alloc;
+pub mod attach;
 mod conn;
 pub mod ctl;
 pub mod exec;
@@ -46,7 +47,7 @@ mod sock;
 pub mod window;
 pub mod wire;
 
-pub use exec::{Mode, Status};
+pub use exec::Status;
 pub use layout::{Layout, Run};
 pub use native::Win;
 pub use reduce::{Elem, ROp};

@@ -1,19 +1,12 @@
 //! Reduction kernels on typed elements: the predefined MPI operations (sum, product, min/max, logical and
-//! bitwise operations, MINLOC/MAXLOC, replace, no-op) on every basic element kind, plainly over arrays
-//! ([`apply`]) and atomically on one element in shared memory ([`atomic_rmw`], [`atomic_cas`]).
+//! bitwise operations, MINLOC/MAXLOC, replace, no-op) on every basic element kind, over arrays
+//! ([`apply`]).
 //!
-//! The MPI library maps its datatype and operation handles to [`Elem`] and [`ROp`]; one-sided
-//! accumulates run the same kernels wherever they execute (at the origin on mapped memory, in the
-//! target's agent, or on a copy read by single copy under the window's accumulate lock), so every
-//! implementation of an operation computes the same bits.
-//!
-//! Atomicity: an element of 1, 2, 4 or 8 bytes at an address aligned to its size is updated with one CPU
-//! atomic instruction (or a compare-and-swap loop for operations the CPU has no instruction for), whatever
-//! the operation ([`atomic_capable`] depends on the element and its address only), so that any two
-//! operations on the same element from any origin are atomic with respect to each other. Other elements
-//! are updated under a lock by the callers.
+//! The MPI library maps its datatype and operation handles to [`Elem`] and [`ROp`] and runs its
+//! collectives' reductions here; one-sided accumulates run the same kernels wherever they execute (at the
+//! origin on mapped memory, in the target's agent, or on a copy read by single copy), so every path of an
+//! operation computes the same bits.
 use crate::ldouble::{self as ld, LOp};
-use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering};
 
 /// The kind of a basic element.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
@@ -381,97 +374,6 @@ pub unsafe fn apply(op: ROp, e: Elem, a: *const u8, b: *mut u8, n: usize, stride
     }
 }
 
-/// True if an element of kind `e` at address `addr` is updated with CPU atomics: an integer or an IEEE
-/// float (1, 2, 4 or 8 bytes) at an address aligned to its size, whatever the operation. The choice never
-/// depends on the operation, so two operations on one element always take the same path; complex numbers
-/// and pairs, whose parts a datatype may split across blocks, always go under the accumulate lock.
-#[inline]
-pub fn atomic_capable(e: Elem, addr: usize) -> bool {
-    (e.is_int() || matches!(e, Elem::F32 | Elem::F64)) && addr % e.packed_size() == 0
-}
-
-macro_rules! rmw {
-    ($at:ty, $t:ty, $op:expr, $e:expr, $target:expr, $operand:expr) => {{
-        // SAFETY: the caller guarantees an aligned element of this size in shared memory.
-        let a = unsafe { &*($target as *const $at) };
-        // SAFETY: the operand holds one element.
-        let x: $t = unsafe { ($operand as *const $t).read_unaligned() };
-        let int = $e.is_int();
-        match $op {
-            ROp::Replace => a.swap(x, Ordering::AcqRel),
-            ROp::NoOp => a.load(Ordering::Acquire),
-            ROp::Sum if int => a.fetch_add(x, Ordering::AcqRel),
-            ROp::Band if int => a.fetch_and(x, Ordering::AcqRel),
-            ROp::Bor if int => a.fetch_or(x, Ordering::AcqRel),
-            ROp::Bxor if int => a.fetch_xor(x, Ordering::AcqRel),
-            _ => {
-                let mut cur = a.load(Ordering::Acquire);
-                loop {
-                    let mut new = cur;
-                    // SAFETY: one element each, `new` is a local of the element's size.
-                    unsafe {
-                        apply(
-                            $op,
-                            $e,
-                            &x as *const $t as *const u8,
-                            &mut new as *mut $t as *mut u8,
-                            1,
-                            std::mem::size_of::<$t>(),
-                        )
-                    };
-                    match a.compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Acquire) {
-                        Ok(_) => break cur,
-                        Err(v) => cur = v,
-                    }
-                }
-            }
-        }
-        .to_ne_bytes()
-    }};
-}
-
-/// Atomically apply `target = operand op target` to one element of kind `e` and return the old bytes
-/// (the first `packed_size` bytes of the array).
-///
-/// # Safety
-/// [`atomic_capable`] must hold for `target`, which must be valid shared memory; `operand` holds one
-/// element; `op` must be [`allowed`] on `e`.
-pub unsafe fn atomic_rmw(op: ROp, e: Elem, target: *mut u8, operand: *const u8) -> [u8; 8] {
-    let mut out = [0u8; 8];
-    match e.packed_size() {
-        1 => out[..1].copy_from_slice(&rmw!(AtomicU8, u8, op, e, target, operand)),
-        2 => out[..2].copy_from_slice(&rmw!(AtomicU16, u16, op, e, target, operand)),
-        4 => out[..4].copy_from_slice(&rmw!(AtomicU32, u32, op, e, target, operand)),
-        _ => out = rmw!(AtomicU64, u64, op, e, target, operand),
-    }
-    out
-}
-
-/// Atomically: if the element at `target` equals `compare`, store `new`; return the old bytes.
-///
-/// # Safety
-/// As for [`atomic_rmw`]; `compare` and `new` hold one element.
-pub unsafe fn atomic_cas(e: Elem, target: *mut u8, compare: *const u8, new: *const u8) -> [u8; 8] {
-    macro_rules! cas {
-        ($at:ty, $t:ty) => {{
-            let a = &*(target as *const $at);
-            let c = (compare as *const $t).read_unaligned();
-            let n = (new as *const $t).read_unaligned();
-            match a.compare_exchange(c, n, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(v) | Err(v) => v.to_ne_bytes(),
-            }
-        }};
-    }
-    let mut out = [0u8; 8];
-    match e.packed_size() {
-        1 => out[..1].copy_from_slice(&cas!(AtomicU8, u8)),
-        2 => out[..2].copy_from_slice(&cas!(AtomicU16, u16)),
-        4 => out[..4].copy_from_slice(&cas!(AtomicU32, u32)),
-        _ => out = cas!(AtomicU64, u64),
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -523,72 +425,5 @@ mod tests {
         assert_eq!(&b[12..20], &4.0f64.to_ne_bytes());
         assert!(allowed(ROp::MinLoc, Elem::PDI) && !allowed(ROp::MinLoc, Elem::F64));
         assert!(!allowed(ROp::Band, Elem::F32) && allowed(ROp::Lor, Elem::F32));
-    }
-
-    #[test]
-    fn atomic_kernels_match_the_plain_ones_works() {
-        for op in [ROp::Sum, ROp::Prod, ROp::Max, ROp::Min, ROp::Band, ROp::Bxor, ROp::Replace] {
-            for e in [Elem::I8, Elem::U16, Elem::I32, Elem::U64, Elem::F32, Elem::F64] {
-                if !allowed(op, e) {
-                    continue;
-                }
-                let s = e.packed_size();
-                let mut target = [0u64; 1];
-                let t = target.as_mut_ptr() as *mut u8;
-                let init: [u8; 8] = [3, 0, 0, 0, 0, 0, 0x40, 0x40];
-                let opnd: [u8; 8] = [5, 1, 0, 0, 0, 0, 0x10, 0x40];
-                let mut plain = init;
-                unsafe {
-                    std::ptr::copy_nonoverlapping(init.as_ptr(), t, s);
-                    apply(op, e, opnd.as_ptr(), plain.as_mut_ptr(), 1, s);
-                    let old = atomic_rmw(op, e, t, opnd.as_ptr());
-                    assert_eq!(&old[..s], &init[..s], "{op:?} {e:?}");
-                    assert_eq!(
-                        std::slice::from_raw_parts(t, s),
-                        &plain[..s],
-                        "{op:?} {e:?}"
-                    );
-                }
-            }
-        }
-        let mut w = 7u64;
-        let p = &mut w as *mut u64 as *mut u8;
-        unsafe {
-            let old = atomic_cas(Elem::U64, p, 8u64.to_ne_bytes().as_ptr(), 9u64.to_ne_bytes().as_ptr());
-            assert_eq!(u64::from_ne_bytes(old), 7);
-            assert_eq!(w, 7, "no swap when the compare value differs");
-            let old = atomic_cas(Elem::U64, p, 7u64.to_ne_bytes().as_ptr(), 9u64.to_ne_bytes().as_ptr());
-            assert_eq!(u64::from_ne_bytes(old), 7);
-        }
-        assert_eq!(w, 9);
-        assert!(atomic_capable(Elem::U64, 16) && !atomic_capable(Elem::U64, 4));
-        assert!(!atomic_capable(Elem::F80, 16) && !atomic_capable(Elem::PDI, 0));
-        assert!(!atomic_capable(Elem::C32, 0) && atomic_capable(Elem::I16, 2));
-    }
-
-    #[test]
-    fn concurrent_atomic_sums_are_exact() {
-        let cell = std::sync::Arc::new(AtomicU64::new(0));
-        let hs: Vec<_> = (0..4)
-            .map(|k| {
-                let c = cell.clone();
-                std::thread::spawn(move || {
-                    for _ in 0..10_000 {
-                        let p = c.as_ptr() as *mut u8;
-                        // Alternate a native fetch-add and a CAS loop (PROD by 1 then SUM) on one word.
-                        unsafe {
-                            atomic_rmw(ROp::Sum, Elem::U64, p, 1u64.to_ne_bytes().as_ptr());
-                            if k % 2 == 0 {
-                                atomic_rmw(ROp::Max, Elem::I64, p, 0i64.to_ne_bytes().as_ptr());
-                            }
-                        }
-                    }
-                })
-            })
-            .collect();
-        for h in hs {
-            h.join().unwrap();
-        }
-        assert_eq!(cell.load(Ordering::SeqCst), 40_000);
     }
 }

@@ -24,14 +24,15 @@
 //! memory, so every member decides the same way.
 use crate::agent::{Agent, Creds};
 use crate::conn::Conn;
-use crate::ctl::{Ctl, HeapCtl, ATTACH_MAX, CTL_SIZE};
-use crate::exec::{AttachList, Mem, Mode, Status, Target};
+use crate::attach::{AttachList, AttachTable, TABLE_BYTES};
+use crate::ctl::{Ctl, HeapCtl, CTL_SIZE};
+use crate::exec::{Mem, Status, Target};
 use crate::layout::{Layout, Run};
 use crate::reduce::{Elem, ROp};
 use crate::wire::{Kind, ReqHeader, FLAG_EXCL};
 use crate::RmaError;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 use vmf_pal::shmem::SharedMem;
 use vmf_transport::shm::region::Region;
@@ -196,14 +197,14 @@ pub struct Window {
     base: *mut u8,
     size: usize,
     disp_unit: u32,
-    mode: Mode,
     _seg: Option<SharedMem>,
     pool_block: Option<*mut u8>,
     _heap: Option<HeapBuf>,
     _heap_ctl: Option<HeapCtl>,
     _peer_maps: Vec<SharedMem>,
     attach: Option<AttachList>,
-    my_ctl: *const Ctl,
+    /// Dynamic windows: the table peers read (a memfd of this member's), when there are peers.
+    attach_table: Option<(SharedMem, AttachTable)>,
     agent: Option<Arc<Agent>>,
     agent_id: u64,
     creds: Option<Creds>,
@@ -481,7 +482,25 @@ impl Window {
             _ => None,
         };
         let agent_id = agent.as_ref().map_or(0, |a| a.new_id());
+        // Dynamic windows: the attach table co-resident peers check their single copies against.
+        let attach_table = if spec.flavor == Flavor::Dynamic && spec.near.iter().filter(|&&x| x).count() > 1 {
+            SharedMem::create("vmf-attach", TABLE_BYTES).ok().map(|m| {
+                // SAFETY: a fresh zeroed mapping of TABLE_BYTES: an empty table.
+                let t = unsafe { AttachTable::at(m.as_ptr()) };
+                (m, t)
+            })
+        } else {
+            None
+        };
         let mem = match spec.flavor {
+            Flavor::Dynamic => match &attach_table {
+                Some((m, _)) => MemDesc::Memfd {
+                    fd: m.raw_fd(),
+                    len: m.len() as u64,
+                    off: 0,
+                },
+                None => MemDesc::Private,
+            },
             Flavor::Create if spec.size > 0 => {
                 let pool_at = ctx
                     .region
@@ -649,7 +668,7 @@ impl Window {
                 (b, cp)
             }
         };
-        // Every member's memory kind and atomicity mode, decided alike by all.
+        // Every member's memory kind, decided alike by all.
         let shared_mem = |m: usize| -> bool {
             match spec.flavor {
                 Flavor::Allocate | Flavor::Shared => group_ok && spec.near[m],
@@ -657,15 +676,7 @@ impl Window {
                 Flavor::Dynamic => false,
             }
         };
-        let group_size = |m: usize| if spec.near[m] { group.len() } else { 1 };
-        let mode_of = |m: usize| {
-            if shared_mem(m) || group_size(m) == 1 || descs[m].size == 0 && spec.flavor != Flavor::Dynamic {
-                Mode::Cpu
-            } else {
-                Mode::Locked
-            }
-        };
-        let attach = (spec.flavor == Flavor::Dynamic).then(|| Arc::new(Mutex::new(Vec::new())));
+        let attach = (spec.flavor == Flavor::Dynamic).then(AttachList::new);
         // Routes.
         let mut peer_maps = Vec::new();
         let mut members = Vec::with_capacity(n);
@@ -692,7 +703,6 @@ impl Window {
                         },
                     },
                     ctl: ctl_here,
-                    mode: mode_of(m),
                 })
             } else if spec.near[m] {
                 // Map the member's memory when it is shared.
@@ -726,13 +736,25 @@ impl Window {
                     (Some(p), _) => Some(Target {
                         mem: Mem::Direct { base: p, size: d.size },
                         ctl: ctl_here,
-                        mode: mode_of(m),
                     }),
-                    (None, Flavor::Dynamic) if cma => Some(Target {
-                        mem: Mem::DynCma { pid: d.pid },
-                        ctl: ctl_here,
-                        mode: mode_of(m),
-                    }),
+                    (None, Flavor::Dynamic) if cma && d.kernel == mine.kernel => match d.mem {
+                        // Single copies checked against the member's published attach table.
+                        MemDesc::Memfd { fd, len, .. } if len as usize >= TABLE_BYTES => {
+                            match SharedMem::open_peer(d.pid, fd, TABLE_BYTES) {
+                                Ok(sm) => {
+                                    // SAFETY: a mapping of TABLE_BYTES (checked by open_peer).
+                                    let table = unsafe { AttachTable::at(sm.as_ptr()) };
+                                    peer_maps.push(sm);
+                                    Some(Target {
+                                        mem: Mem::DynCma { pid: d.pid, table },
+                                        ctl: ctl_here,
+                                    })
+                                }
+                                Err(_) => None,
+                            }
+                        }
+                        _ => None,
+                    },
                     (None, _) if cma && d.kernel == mine.kernel => Some(Target {
                         mem: Mem::Cma {
                             pid: d.pid,
@@ -745,7 +767,6 @@ impl Window {
                             size: d.size,
                         },
                         ctl: ctl_here,
-                        mode: mode_of(m),
                     })
                     .filter(|_| spec.flavor == Flavor::Create),
                     _ => None,
@@ -782,14 +803,13 @@ impl Window {
             base,
             size: spec.size,
             disp_unit: spec.disp_unit,
-            mode: mode_of(spec.me),
             _seg: mapped_seg,
             pool_block,
             _heap: heap,
             _heap_ctl: heap_ctl,
             _peer_maps: peer_maps,
             attach,
-            my_ctl,
+            attach_table,
             agent: agent.clone(),
             agent_id,
             creds: ctx.tcp.map(|t| t.1),
@@ -836,10 +856,6 @@ impl Window {
     /// Member `m`'s memory mapped in this process (shared memory), if it is.
     pub fn mapped(&self, m: usize) -> Option<*mut u8> {
         self.members.get(m).and_then(|x| x.mapped)
-    }
-    /// This member's atomicity mode.
-    pub fn mode(&self) -> Mode {
-        self.mode
     }
     /// How each member is reached: "self", "load/store", "single-copy" or "agent".
     pub fn routes(&self) -> Vec<&'static str> {
@@ -1197,17 +1213,10 @@ impl Window {
         let Some(list) = &self.attach else {
             return Err(RmaError::Flavor("attach needs a dynamic window".into()));
         };
-        let mut l = list.lock().unwrap_or_else(|e| e.into_inner());
-        if l.len() >= ATTACH_MAX {
-            return Err(RmaError::Attach(format!("at most {ATTACH_MAX} ranges may be attached")));
+        let ranges = list.attach(base as u64, len as u64).map_err(RmaError::Attach)?;
+        if let Some((_, t)) = &self.attach_table {
+            t.publish(&ranges);
         }
-        let (b, n) = (base as u64, len as u64);
-        if l.iter().any(|&(s, m)| b < s.saturating_add(m) && s < b.saturating_add(n)) {
-            return Err(RmaError::Attach("the range overlaps memory already attached".into()));
-        }
-        l.push((b, n));
-        // SAFETY: our control block lives as long as the window.
-        unsafe { &*self.my_ctl }.publish_attach(&l);
         Ok(())
     }
 
@@ -1216,21 +1225,16 @@ impl Window {
         let Some(list) = &self.attach else {
             return Err(RmaError::Flavor("detach needs a dynamic window".into()));
         };
-        let mut l = list.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(i) = l.iter().position(|&(s, _)| s == base as u64) else {
-            return Err(RmaError::Attach("no memory is attached at that address".into()));
-        };
-        l.remove(i);
-        // SAFETY: as in attach.
-        unsafe { &*self.my_ctl }.publish_attach(&l);
+        let ranges = list.detach(base as u64).map_err(RmaError::Attach)?;
+        if let Some((_, t)) = &self.attach_table {
+            t.publish(&ranges);
+        }
         Ok(())
     }
 
     /// The attached ranges of this member (dynamic windows).
     pub fn attached(&self) -> Vec<(u64, u64)> {
-        self.attach
-            .as_ref()
-            .map_or(Vec::new(), |l| l.lock().unwrap_or_else(|e| e.into_inner()).clone())
+        self.attach.as_ref().map_or(Vec::new(), |l| l.ranges())
     }
 }
 

@@ -194,7 +194,7 @@ fn random(f: &Fabric, count: usize, seed: u64) -> Result<(), Error> {
         }
         let mut e = f.engine();
         let mut ids = Vec::new();
-        let post_recvs = |e: &mut std::cell::RefMut<'_, vmf_core::engine::Engine>,
+        let post_recvs = |e: &mut vmf_core::EngineRef<'_>,
                           ids: &mut Vec<_>,
                           rb: &mut Vec<(usize, Vec<u8>)>|
          -> Result<(), Error> {

@@ -383,10 +383,11 @@ fn info_used(w: &MWin) -> crate::info::Pairs {
     if w.flavor() == MPI_WIN_FLAVOR_SHARED {
         p.push(("alloc_shared_noncontig".into(), "false".into()));
     }
+    // The program's values of the keys the library knows; other keys are ignored (MPI 4.0 §10: an
+    // implementation returns the hints it uses).
     for (k, v) in &w.hints {
-        match p.iter_mut().find(|(key, _)| key == k) {
-            Some(e) => e.1 = v.clone(),
-            None => p.push((k.clone(), v.clone())),
+        if let Some(e) = p.iter_mut().find(|(key, _)| key == k) {
+            e.1 = v.clone();
         }
     }
     p
@@ -695,6 +696,8 @@ fn shared_query(win: MPI_Win, rank: c_int) -> R<(MPI_Aint, u32, *mut c_void)> {
     };
     let (size, du) = w.w.member(r).unwrap();
     match w.w.mapped(r) {
+        // A member without memory has no address (MPICH: NULL).
+        _ if size == 0 && w.flavor() == MPI_WIN_FLAVOR_SHARED => Ok((0, du, std::ptr::null_mut())),
         Some(p) if w.flavor() != MPI_WIN_FLAVOR_DYNAMIC => Ok((size as MPI_Aint, du, p as *mut c_void)),
         _ if w.flavor() == MPI_WIN_FLAVOR_SHARED => err(MPI_ERR_RMA_SHARED, format!("rank {r}'s memory is not mapped here")),
         _ => err(

@@ -253,7 +253,7 @@ pub(crate) unsafe fn put(
     if obytes == 0 {
         return Ok(Some((g.wi, Done::Now)));
     }
-    if obuf.is_null() {
+    if obuf.is_null() && !datatype::is_derived(odt) {
         return err(MPI_ERR_BUFFER, "origin buffer is NULL");
     }
     let packed = if ocontig {
@@ -292,7 +292,7 @@ pub(crate) unsafe fn get(
     if obytes == 0 {
         return Ok(Some((g.wi, Done::Now)));
     }
-    if obuf.is_null() {
+    if obuf.is_null() && !datatype::is_derived(odt) {
         return err(MPI_ERR_BUFFER, "origin buffer is NULL");
     }
     if ocontig {
@@ -329,6 +329,18 @@ pub(crate) unsafe fn accumulate(
     let st = state()?;
     let o = reduction(op)?;
     let tl = tlay(st, tcount, tdt)?;
+    if tl.bytes == 0 {
+        // Nothing moves (MPICH accepts any combination of zero counts and zero-size types here).
+        let ob = if o == ROp::NoOp { 0 } else { lay(st, ocount, odt)?.0 };
+        let rb = match result {
+            Some((_, rc, rdt)) => lay(st, rc, rdt)?.0,
+            None => 0,
+        };
+        if ob != 0 || rb != 0 {
+            return Err(mismatch(ob.max(rb), 0));
+        }
+        return Ok(target(st, win, rank, tdisp, passive)?.map(|g| (g.wi, Done::Now)));
+    }
     let elem = elem_of(st, tdt)?;
     if !vmf_rma::reduce::allowed(o, elem) {
         return err(MPI_ERR_OP, format!("op {op:#x} is not defined on the target datatype"));
@@ -365,7 +377,7 @@ pub(crate) unsafe fn accumulate(
     let p: *const u8 = if o == ROp::NoOp {
         zeros = vec![0u8; tl.bytes];
         zeros.as_ptr()
-    } else if obuf.is_null() {
+    } else if obuf.is_null() && !datatype::is_derived(odt) {
         return err(MPI_ERR_BUFFER, "origin buffer is NULL");
     } else if ocontig {
         obuf as *const u8

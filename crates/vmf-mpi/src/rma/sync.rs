@@ -20,9 +20,11 @@ const TAG_POST: c_int = 1;
 const TAG_COMPLETE: c_int = 2;
 
 /// Take target `t`'s passive-target lock of window `wi`, waiting while it is held in a conflicting mode.
-pub(crate) fn acquire(st: &mut State, wi: usize, t: usize, excl: bool) -> R {
+pub(crate) fn acquire(mut st: &mut State, wi: usize, t: usize, excl: bool) -> R {
     let mut spins = 0u32;
     loop {
+        // The holder may be another thread of this process (MPI_THREAD_MULTIPLE): let it in.
+        st = crate::mt::relax(st);
         let w = &mut st.wins[wi].as_mut().unwrap().w;
         if w.try_lock(t, excl).map_err(rma_err)? {
             return Ok(());
