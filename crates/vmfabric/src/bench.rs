@@ -22,6 +22,12 @@ pub enum Kind {
     Overcommit,
     /// Live migration under load (inside `vmfabric run --hosts H`).
     Migrate,
+    /// One-sided writes (put + flush latency, windowed bandwidth).
+    Put,
+    /// One-sided reads (get + flush latency, windowed bandwidth).
+    Get,
+    /// One-sided 8-byte atomics: fetch-and-add, compare-and-swap, swap.
+    Atomic,
 }
 
 #[derive(Args)]
@@ -46,12 +52,16 @@ pub struct BenchArgs {
     /// Write results as JSON to this file (rank 0).
     #[arg(long)]
     json: Option<std::path::PathBuf>,
+    /// put/get/atomic: the target computes without calling the library while it is measured (a truly
+    /// passive target) instead of waiting in a barrier.
+    #[arg(long)]
+    target_busy: bool,
 }
 
 const DEFAULT_SIZES: &[usize] = &[8, 64, 512, 4096, 16384, 65536, 262144, 1048576, 4194304];
 const TAG: i32 = 100;
 
-fn iters_for(size: usize, iters: usize) -> usize {
+pub(crate) fn iters_for(size: usize, iters: usize) -> usize {
     (iters.saturating_mul(8192) / size.max(8192)).clamp(20.min(iters), iters.max(1))
 }
 
@@ -72,20 +82,6 @@ pub fn run(a: BenchArgs) -> i32 {
     }
     if a.kind == Kind::Migrate {
         return crate::migrate_bench::run(a.migrations, a.json);
-    }
-    let f = match Fabric::init() {
-        Ok(f) => f,
-        Err(e) => {
-            eprintln!("vmfabric bench: {e}");
-            return 1;
-        }
-    };
-    if f.size() < 2 || f.size() % 2 != 0 {
-        eprintln!(
-            "vmfabric bench: needs an even number of ranks (got {}); run it as `vmfabric run -n 2 vmfabric bench ...`",
-            f.size()
-        );
-        return 2;
     }
     let sizes: Vec<usize> = match &a.sizes {
         None => DEFAULT_SIZES.to_vec(),
@@ -109,6 +105,35 @@ pub fn run(a: BenchArgs) -> i32 {
         eprintln!("vmfabric bench: --iters and --window must be at least 1");
         return 2;
     }
+    if let Some(k) = match a.kind {
+        Kind::Put => Some(crate::rma_bench::Rma::Put),
+        Kind::Get => Some(crate::rma_bench::Rma::Get),
+        Kind::Atomic => Some(crate::rma_bench::Rma::Atomic),
+        _ => None,
+    } {
+        let o = crate::rma_bench::Opts {
+            sizes,
+            iters: a.iters,
+            window: a.window,
+            json: a.json,
+            target_busy: a.target_busy,
+        };
+        return crate::rma_bench::run(k, o);
+    }
+    let f = match Fabric::init() {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("vmfabric bench: {e}");
+            return 1;
+        }
+    };
+    if f.size() < 2 || f.size() % 2 != 0 {
+        eprintln!(
+            "vmfabric bench: needs an even number of ranks (got {}); run it as `vmfabric run -n 2 vmfabric bench ...`",
+            f.size()
+        );
+        return 2;
+    }
     let maxsz = sizes.iter().copied().max().unwrap_or(0);
     let mut sbuf = vec![0u8; maxsz.max(1)];
     let mut rbuf = vec![0u8; maxsz.max(1)];
@@ -129,7 +154,7 @@ pub fn run(a: BenchArgs) -> i32 {
                 Kind::Latency => latency(&f, &sbuf[..size], &mut rbuf[..size], it),
                 Kind::Bw => bandwidth(&f, &sbuf[..size], &mut rbuf[..size], it, a.window, false),
                 Kind::Bibw => bandwidth(&f, &sbuf[..size], &mut rbuf[..size], it, a.window, true),
-                Kind::Demo | Kind::Overcommit | Kind::Migrate => unreachable!(),
+                _ => unreachable!(),
             };
             match r {
                 Ok(row) => rows.push(row),
@@ -147,7 +172,7 @@ pub fn run(a: BenchArgs) -> i32 {
                 Kind::Latency => "latency",
                 Kind::Bw => "bw",
                 Kind::Bibw => "bibw",
-                Kind::Demo | Kind::Overcommit | Kind::Migrate => "demo",
+                _ => "demo",
             };
             let results: Vec<serde_json::Value> = rows
                 .iter()

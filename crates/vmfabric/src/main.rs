@@ -5,8 +5,10 @@ use std::path::PathBuf;
 mod bench;
 mod info;
 mod migrate_bench;
+mod rma_bench;
 mod overcommit;
 mod selftest;
+mod selftest_rma;
 
 #[derive(Parser)]
 #[command(

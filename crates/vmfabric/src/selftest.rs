@@ -33,6 +33,12 @@ pub enum Scenario {
     /// Exchange verified messages all-to-all for `--secs` seconds (while tests migrate ranks or knock on
     /// their ports); prints each rank's TCP address first.
     Stream,
+    /// One-sided atomics under contention: every rank fetch-and-adds, CAS-increments and accumulates
+    /// counters on rank 0 and the last rank `--count` times; the totals must be exact.
+    RmaAtomics,
+    /// A passive target (2 ranks): rank 1 computes without library calls while rank 0 gets, puts and
+    /// fetch-and-adds on its window `--count` times each.
+    RmaPassive,
 }
 
 #[derive(Args)]
@@ -111,6 +117,8 @@ pub fn run(a: SelftestArgs) -> i32 {
         Scenario::BlockCpu => block_cpu(&f),
         Scenario::WakeStress => wake_stress(&f, a.count),
         Scenario::Stream => stream(&f, a.secs),
+        Scenario::RmaAtomics => crate::selftest_rma::atomics(&f, a.count),
+        Scenario::RmaPassive => crate::selftest_rma::passive(&f, a.count),
         Scenario::Hello => {
             let ch: Vec<String> = (0..f.size())
                 .map(|p| format!("{p}:{}", f.channel(p).name()))

@@ -844,3 +844,96 @@ fn blocked_rank_wakes_on_tcp_with_little_cpu() {
     let (wall, cpu): (f64, f64) = (f[3].parse().unwrap(), f[6].parse().unwrap());
     assert!(wall >= 0.9 && cpu <= 0.1 * wall, "{line}");
 }
+
+// ---------------------------------------------------------------- one-sided (issue 21)
+
+#[test]
+fn rma_atomics_are_exact_over_shared_memory_and_agents() {
+    let d = Dir::new("rma-atom");
+    // Shared memory (node segment, single copy for the private window).
+    let out = assert_ok(&job(&d, 4, &["selftest", "rma-atomics", "--count", "300"], &[]));
+    assert!(out.contains("load/store"), "{out}");
+    // Every operation through the targets' agents (TCP on one host).
+    let out = assert_ok(&job(
+        &d,
+        3,
+        &["selftest", "rma-atomics", "--count", "100"],
+        &[("VMF_SHM", "0")],
+    ));
+    assert!(out.contains("agent"), "{out}");
+    assert!(d.files().is_empty(), "left behind: {:?}", d.files());
+}
+
+#[test]
+fn rma_atomics_are_exact_across_emulated_hosts() {
+    if !is_root() {
+        eprintln!("note: not root; one-sided atomics across emulated hosts skipped");
+        return;
+    }
+    let d = Dir::new("rma-hosts");
+    // Ranks 0 and 2 on host 0, 1 and 3 on host 1: shared memory within a host, agents between.
+    let out = assert_ok(&hosts_job(
+        &d,
+        2,
+        4,
+        &["selftest", "rma-atomics", "--count", "100"],
+        &[],
+    ));
+    assert!(out.contains("load/store") && out.contains("agent"), "{out}");
+}
+
+#[test]
+fn rma_passive_target_serves_while_it_computes() {
+    let d = Dir::new("rma-passive");
+    for env in [vec![], vec![("VMF_SHM", "0")]] {
+        let out = assert_ok(&job(
+            &d,
+            2,
+            &["selftest", "rma-passive", "--count", "200"],
+            &env,
+        ));
+        assert!(
+            out.contains("without a library call") && out.contains("while it computes"),
+            "{out}"
+        );
+    }
+}
+
+#[test]
+fn rma_bench_put_get_atomic_write_json() {
+    let d = Dir::new("rma-bench");
+    for (kind, env) in [
+        ("put", vec![]),
+        ("get", vec![("VMF_SHM", "0")]),
+        ("atomic", vec![]),
+    ] {
+        let j = d.0.join(format!("{kind}.json"));
+        let js = j.to_string_lossy().into_owned();
+        assert_ok(&job(
+            &d,
+            2,
+            &["bench", kind, "--sizes", "8,64K", "--iters", "200", "--json", &js],
+            &env,
+        ));
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&j).unwrap()).unwrap();
+        assert_eq!(v["benchmark"], kind);
+        let rows = v["results"].as_array().unwrap();
+        assert_eq!(rows.len(), if kind == "atomic" { 3 } else { 2 });
+        for r in rows {
+            assert!(r["latency_us"].as_f64().unwrap() > 0.0 && r["mb_per_s"].as_f64().unwrap() > 0.0);
+        }
+    }
+    // A target that computes instead of waiting in the library is served too.
+    assert_ok(&job(
+        &d,
+        2,
+        &["bench", "get", "--sizes", "8", "--iters", "200", "--target-busy"],
+        &[],
+    ));
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
