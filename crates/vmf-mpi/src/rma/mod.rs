@@ -104,7 +104,7 @@ impl MWin {
 }
 
 #[inline]
-fn win_index(h: MPI_Win) -> Option<usize> {
+pub(crate) fn win_index(h: MPI_Win) -> Option<usize> {
     let u = h as u32;
     (u & 0xfc00_0000 == WIN_BASE).then_some((u & 0x03ff_ffff) as usize)
 }

@@ -228,6 +228,63 @@ fn settle(st: &mut State, wi: usize, d: Done) -> R {
     Ok(())
 }
 
+/// The fast path of put, get and the single-element atomics: a predefined contiguous type, a target
+/// whose memory is mapped here, inside an epoch that already covers it. Returns the target's memory at
+/// the operation's displacement and its control block, or `None` when the general path must run (which
+/// also reports every error).
+#[inline(always)]
+fn fast_target(win: MPI_Win, rank: c_int, disp: MPI_Aint, bytes: usize) -> Option<(*mut u8, *const vmf_rma::ctl::Ctl)> {
+    // SAFETY: serialised calls (crate contract); `state` checks the library runs.
+    let st = state().ok()?;
+    let u = win as u32;
+    if u & 0xfc00_0000 != 0xa000_0000 {
+        return None;
+    }
+    let w = st.wins.get_mut((u & 0x03ff_ffff) as usize)?.as_mut()?;
+    let t = usize::try_from(rank).ok()?;
+    let ep = &mut w.ep;
+    let covered = if ep.lock_all {
+        ep.lock_all_nocheck || *ep.held.get(t)?
+    } else if *ep.locks.get(t)? != 0 {
+        true
+    } else if ep.fence && ep.start.is_none() {
+        ep.fence_ops = true;
+        true
+    } else {
+        false
+    };
+    if !covered || disp < 0 || w.pre.flavor == MPI_WIN_FLAVOR_DYNAMIC {
+        return None;
+    }
+    let d = w.w.direct(t)?;
+    let off = (disp as u64).checked_mul(d.disp_unit as u64)?;
+    if off.checked_add(bytes as u64)? > d.size {
+        return None;
+    }
+    // SAFETY: inside the member's mapped memory (checked against its size).
+    Some((unsafe { d.base.add(off as usize) }, d.ctl))
+}
+
+/// Copy `n` bytes, inline for the sizes of single elements (no call into libc's memcpy).
+#[inline(always)]
+pub(crate) unsafe fn copy_small(src: *const u8, dst: *mut u8, n: usize) {
+    match n {
+        8 => (dst as *mut u64).write_unaligned((src as *const u64).read_unaligned()),
+        4 => (dst as *mut u32).write_unaligned((src as *const u32).read_unaligned()),
+        16 => (dst as *mut u128).write_unaligned((src as *const u128).read_unaligned()),
+        _ => std::ptr::copy_nonoverlapping(src, dst, n),
+    }
+}
+
+/// Bytes of `count` elements of a predefined contiguous type, for the fast paths.
+#[inline(always)]
+fn fast_bytes(count: c_int, dt: MPI_Datatype) -> Option<usize> {
+    if count < 0 || !datatype::is_simple(dt) {
+        return None;
+    }
+    type_size(dt).ok()?.checked_mul(count as usize)
+}
+
 /// MPI_Put and MPI_Rput.
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn put(
@@ -487,6 +544,14 @@ unsafe fn request(r: R<Option<(usize, Done)>>, request: *mut MPI_Request, win: M
 
 mpi_api! {
     fn MPI_Put / PMPI_Put(origin_addr: *const c_void, origin_count: c_int, origin_datatype: MPI_Datatype, target_rank: c_int, target_disp: MPI_Aint, target_count: c_int, target_datatype: MPI_Datatype, win: MPI_Win) -> c_int {
+        if origin_datatype == target_datatype && origin_count == target_count && !origin_addr.is_null() {
+            if let Some(b) = fast_bytes(origin_count, origin_datatype) {
+                if let Some((p, _)) = fast_target(win, target_rank, target_disp, b) {
+                    copy_small(origin_addr as *const u8, p, b);
+                    return MPI_SUCCESS;
+                }
+            }
+        }
         let r = (|| -> R {
             put(origin_addr, count(origin_count, "origin count")?, origin_datatype, target_rank, target_disp, count(target_count, "target count")?, target_datatype, win, false).map(|_| ())
         })();
@@ -499,6 +564,14 @@ mpi_api! {
         fin_win(win, "MPI_Put_c", r)
     }
     fn MPI_Get / PMPI_Get(origin_addr: *mut c_void, origin_count: c_int, origin_datatype: MPI_Datatype, target_rank: c_int, target_disp: MPI_Aint, target_count: c_int, target_datatype: MPI_Datatype, win: MPI_Win) -> c_int {
+        if origin_datatype == target_datatype && origin_count == target_count && !origin_addr.is_null() {
+            if let Some(b) = fast_bytes(origin_count, origin_datatype) {
+                if let Some((p, _)) = fast_target(win, target_rank, target_disp, b) {
+                    copy_small(p as *const u8, origin_addr as *mut u8, b);
+                    return MPI_SUCCESS;
+                }
+            }
+        }
         let r = (|| -> R {
             get(origin_addr, count(origin_count, "origin count")?, origin_datatype, target_rank, target_disp, count(target_count, "target count")?, target_datatype, win, false).map(|_| ())
         })();
@@ -537,6 +610,21 @@ mpi_api! {
         fin_win(win, "MPI_Get_accumulate_c", r)
     }
     fn MPI_Fetch_and_op / PMPI_Fetch_and_op(origin_addr: *const c_void, result_addr: *mut c_void, datatype: MPI_Datatype, target_rank: c_int, target_disp: MPI_Aint, op: MPI_Op, win: MPI_Win) -> c_int {
+        if let (Some(o), Some(e), false) = (crate::op::rop(op), crate::op::kind(datatype), result_addr.is_null()) {
+            let s = e.packed_size();
+            if datatype::is_simple(datatype) && (!origin_addr.is_null() || o == ROp::NoOp) && vmf_rma::reduce::allowed(o, e) {
+                if let Some((p, ctl)) = fast_target(win, target_rank, target_disp, s) {
+                    let zero = [0u8; 32];
+                    let src = if origin_addr.is_null() { zero.as_ptr() } else { origin_addr as *const u8 };
+                    let c = &*ctl;
+                    c.acc_lock();
+                    std::ptr::copy_nonoverlapping(p, result_addr as *mut u8, s);
+                    vmf_rma::reduce::apply(o, e, src, p, 1, s);
+                    c.acc_unlock();
+                    return MPI_SUCCESS;
+                }
+            }
+        }
         let r = (|| -> R {
             if !datatype::is_simple(datatype) && !matches!(datatype as u32 & 0xffff_fff8, 0x8c00_0000) {
                 return err(MPI_ERR_TYPE, "MPI_Fetch_and_op takes a predefined datatype");
@@ -546,6 +634,23 @@ mpi_api! {
         fin_win(win, "MPI_Fetch_and_op", r)
     }
     fn MPI_Compare_and_swap / PMPI_Compare_and_swap(origin_addr: *const c_void, compare_addr: *const c_void, result_addr: *mut c_void, datatype: MPI_Datatype, target_rank: c_int, target_disp: MPI_Aint, win: MPI_Win) -> c_int {
+        if let (Some(e), false) = (crate::op::kind(datatype), origin_addr.is_null() || compare_addr.is_null() || result_addr.is_null()) {
+            let s = e.packed_size();
+            if datatype::is_simple(datatype) && type_size(datatype).ok() == Some(s) {
+                if let Some((p, ctl)) = fast_target(win, target_rank, target_disp, s) {
+                    let c = &*ctl;
+                    c.acc_lock();
+                    let mut cur = [0u8; 32];
+                    std::ptr::copy_nonoverlapping(p, cur.as_mut_ptr(), s);
+                    if std::slice::from_raw_parts(compare_addr as *const u8, s) == &cur[..s] {
+                        std::ptr::copy_nonoverlapping(origin_addr as *const u8, p, s);
+                    }
+                    c.acc_unlock();
+                    std::ptr::copy_nonoverlapping(cur.as_ptr(), result_addr as *mut u8, s);
+                    return MPI_SUCCESS;
+                }
+            }
+        }
         let r = (|| -> R {
             compare_and_swap(origin_addr, compare_addr, result_addr, datatype, target_rank, target_disp, win).map(|_| ())
         })();
