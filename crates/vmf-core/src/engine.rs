@@ -248,14 +248,26 @@ pub struct Engine {
     pool_copies: u64,
     /// A migration of this rank in progress.
     mig: Option<migrate::Moving>,
-    /// Called between idle polls of every wait when several threads share this engine (the MPI
-    /// library's `MPI_THREAD_MULTIPLE`): it lets other threads in. Waits then never sleep in the
-    /// kernel (a thread of this process that completes what we wait for rings no doorbell).
+    /// Called by every wait when several threads share this engine (the MPI library's
+    /// `MPI_THREAD_MULTIPLE`): between idle polls it lets other threads in, and around a sleep in the
+    /// kernel it lets go and takes over. A thread whose progress delivers packets wakes the threads of
+    /// this process that sleep (they may wait for what it delivered), and sleeps are short.
     yield_hook: Option<YieldHook>,
 }
 
 /// See [`Engine::set_yield_hook`].
-pub type YieldHook = unsafe fn(*mut Engine);
+pub type YieldHook = unsafe fn(*mut Engine, HookPoint);
+
+/// Where a wait calls the yield hook.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HookPoint {
+    /// Between idle polls: let other threads in for a moment.
+    Poll,
+    /// About to sleep in the kernel: let go entirely.
+    Sleep,
+    /// Back from the sleep: take over again.
+    Wake,
+}
 
 /// State of the waiting policy of one rank.
 #[derive(Debug, Clone)]
@@ -463,9 +475,8 @@ impl Engine {
         }
     }
 
-    /// Install `hook`, called by every wait between idle polls with a pointer to this engine (which the
-    /// hook may let other threads use until it returns). Waits no longer sleep in the kernel; they spin
-    /// and yield instead.
+    /// Install `hook`, called by every wait between idle polls and around its sleeps, with a pointer to
+    /// this engine (which the hook may let other threads use until it returns).
     ///
     /// # Safety
     /// Whoever uses the engine while the hook runs must be serialised with the waiting thread by the
@@ -477,9 +488,14 @@ impl Engine {
     /// Let other threads use the engine now (calls the yield hook, if any).
     #[inline]
     pub fn let_others_in(&mut self) {
+        self.hook(HookPoint::Poll);
+    }
+
+    #[inline]
+    fn hook(&mut self, at: HookPoint) {
         if let Some(h) = self.yield_hook {
             // SAFETY: the hook's contract (set_yield_hook).
-            unsafe { h(self as *mut Engine) };
+            unsafe { h(self as *mut Engine, at) };
         }
     }
 
@@ -1418,6 +1434,17 @@ impl Engine {
     }
 
     fn progress_inner(&mut self) -> Result<usize> {
+        let n = self.progress_pass()?;
+        if n > 0 && self.yield_hook.is_some() {
+            // Another thread of this rank may sleep waiting for what was just delivered.
+            if let Some(shm) = &self.shm {
+                shm.wake_self();
+            }
+        }
+        Ok(n)
+    }
+
+    fn progress_pass(&mut self) -> Result<usize> {
         let mut n = 0;
         if migrate::requested() && !self.is_migrating() {
             self.serve_migration_request();
@@ -1719,10 +1746,22 @@ impl Engine {
             }
             polls = polls.wrapping_add(1);
             if self.yield_hook.is_some() {
-                // Several threads share the engine: let them in between polls, and never sleep.
-                self.let_others_in();
+                // Several threads share the engine: let them in between polls; after a while yield the
+                // CPU too, and after the yield budget sleep (briefly: a thread of this process may
+                // complete what we wait for, and it wakes us only when its progress delivers packets).
+                self.hook(HookPoint::Poll);
                 if polls > 64 {
-                    vmf_pal::yield_now();
+                    let now = Instant::now();
+                    let el = now - *start.get_or_insert(now);
+                    if el < self.waiter.budgets().1.max(Duration::from_micros(50)) {
+                        vmf_pal::yield_now();
+                    } else {
+                        slept = true;
+                        self.hook(HookPoint::Sleep);
+                        let r = self.block_once_for(op, &mut backoff, &mut done, Duration::from_millis(1));
+                        self.hook(HookPoint::Wake);
+                        r?;
+                    }
                 }
                 if polls % 256 == 0 && self.last_liveness.elapsed() >= live_every {
                     self.check_liveness(op)?;
@@ -1828,6 +1867,18 @@ impl Engine {
         done: &mut impl FnMut(&Engine) -> bool,
     ) -> Result<()> {
         let live_every = Duration::from_millis(self.cfg.liveness_ms);
+        self.block_once_for(op, backoff, done, live_every)
+    }
+
+    /// [`Engine::block_once`] sleeping at most `most` at a time.
+    fn block_once_for(
+        &mut self,
+        op: Op,
+        backoff: &mut Duration,
+        done: &mut impl FnMut(&Engine) -> bool,
+        most: Duration,
+    ) -> Result<()> {
+        let live_every = Duration::from_millis(self.cfg.liveness_ms);
         // Queued sends wait for a peer to consume, and consumers do not ring doorbells: keep polling. While
         // this rank moves, answers arrive on the old region, whose doorbell it no longer sleeps on.
         if self.n_pending > 0 || !self.streaming.is_empty() || self.mig.is_some() {
@@ -1855,7 +1906,7 @@ impl Engine {
             let t = if self.shm.as_ref().is_some_and(|s| !s.can_futex()) {
                 *backoff
             } else {
-                live_every
+                most
             };
             let tcp = self.tcp.as_mut().unwrap();
             tcp.wait(db, t);
@@ -1879,7 +1930,7 @@ impl Engine {
                     shm.cancel_sleep();
                     return Ok(());
                 }
-                shm.sleep(d, live_every);
+                shm.sleep(d, most);
                 self.waiter.sleeps += 1;
             }
             Some(_) => {

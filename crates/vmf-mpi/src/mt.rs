@@ -4,8 +4,10 @@
 //! gives it back on return ([`enter`]); the lock is recursive, so callbacks that call MPI (reduction
 //! operations, error handlers, attribute callbacks) work. A thread that has to wait (for a message, a
 //! collective, a lock on a window) does not keep the lock: between its polls the engine calls
-//! [`hook`], which hands the lock to the threads queued for it and takes it back after them. Threads
-//! are served in arrival order (a ticket lock), so a busy thread cannot starve the others.
+//! [`hook`], which, when other threads wait for the lock, releases it, yields the CPU and takes it back.
+//! The lock is a futex mutex (spin briefly, then sleep), deliberately not a first-come-first-served
+//! queue: with more threads than cores a queued thread may be off the CPU, and a queue would make every
+//! other thread wait for it.
 //!
 //! Without `MPI_THREAD_MULTIPLE` nothing of this runs: the entry check is one relaxed load of a flag
 //! that never changes after `MPI_Init_thread`, and the single-threaded paths are unchanged.
@@ -17,9 +19,8 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 static ON: AtomicBool = AtomicBool::new(false);
-/// Next ticket to hand out, and the ticket being served (the owner's).
-static NEXT: AtomicU32 = AtomicU32::new(0);
-static SERVING: AtomicU32 = AtomicU32::new(0);
+/// The lock word: 0 free, 1 held, 2 held and somebody may sleep on it (a futex mutex).
+static LOCK: AtomicU32 = AtomicU32::new(0);
 /// The owner's thread token (0: nobody) and how many times it entered.
 static OWNER: AtomicU64 = AtomicU64::new(0);
 static DEPTH: AtomicU32 = AtomicU32::new(0);
@@ -27,6 +28,8 @@ static TOKENS: AtomicU64 = AtomicU64::new(1);
 
 thread_local! {
     static TOKEN: Cell<u64> = const { Cell::new(0) };
+    /// The depth a sleeping thread held the lock at (restored when it wakes).
+    static SLEEP_DEPTH: Cell<u32> = const { Cell::new(0) };
 }
 
 #[inline]
@@ -62,28 +65,46 @@ fn acquire() {
         DEPTH.fetch_add(1, Ordering::Relaxed);
         return;
     }
-    let t = NEXT.fetch_add(1, Ordering::Relaxed);
-    wait_turn(t);
+    lock_word();
     OWNER.store(me, Ordering::Relaxed);
     DEPTH.store(1, Ordering::Relaxed);
 }
 
-fn wait_turn(t: u32) {
-    let mut spins = 0u32;
-    while SERVING.load(Ordering::Acquire) != t {
-        spins += 1;
-        if spins < 64 {
-            std::hint::spin_loop();
-        } else {
-            std::thread::yield_now();
+/// Take the lock word: spin briefly, then sleep in the kernel. Not first-come first-served on purpose:
+/// with more threads than cores a queued thread may be descheduled, and a strict queue would make every
+/// other thread wait for it; here whoever runs takes the lock.
+fn lock_word() {
+    if LOCK
+        .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
+        .is_ok()
+    {
+        return;
+    }
+    for _ in 0..100 {
+        std::hint::spin_loop();
+        if LOCK.load(Ordering::Relaxed) == 0
+            && LOCK
+                .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+        {
+            return;
         }
+    }
+    while LOCK.swap(2, Ordering::Acquire) != 0 {
+        vmf_pal::futex::wait(&LOCK, 2, None);
+    }
+}
+
+fn unlock_word() {
+    if LOCK.swap(0, Ordering::Release) == 2 {
+        vmf_pal::futex::wake(&LOCK, 1);
     }
 }
 
 fn release() {
     if DEPTH.fetch_sub(1, Ordering::Relaxed) == 1 {
         OWNER.store(0, Ordering::Relaxed);
-        SERVING.fetch_add(1, Ordering::Release);
+        unlock_word();
     }
 }
 
@@ -110,25 +131,19 @@ pub(crate) fn enter() -> Guard {
     }
 }
 
-/// Let the threads queued for the lock run, then take it back (at the same depth). Cheap when nobody
+/// Let the threads waiting for the lock run, then take it back (at the same depth). Cheap when nobody
 /// waits.
 #[inline]
 pub(crate) fn let_others_in() {
-    if !on() {
-        return;
-    }
-    let waiting = NEXT
-        .load(Ordering::Relaxed)
-        .wrapping_sub(SERVING.load(Ordering::Relaxed))
-        > 1;
-    if !waiting || OWNER.load(Ordering::Relaxed) != me() {
+    if !on() || LOCK.load(Ordering::Relaxed) != 2 || OWNER.load(Ordering::Relaxed) != me() {
         return;
     }
     let depth = DEPTH.swap(0, Ordering::Relaxed);
     OWNER.store(0, Ordering::Relaxed);
-    let t = NEXT.fetch_add(1, Ordering::Relaxed);
-    SERVING.fetch_add(1, Ordering::Release);
-    wait_turn(t);
+    unlock_word();
+    // Give the woken thread the CPU before competing for the lock again.
+    std::thread::yield_now();
+    lock_word();
     OWNER.store(me(), Ordering::Relaxed);
     DEPTH.store(depth, Ordering::Relaxed);
 }
@@ -138,9 +153,22 @@ pub(crate) fn let_others_in() {
 /// # Safety
 /// Called by the engine with a pointer to itself; the pointer is handed to an opaque point so that the
 /// waiting code reloads the engine after other threads used it.
-pub(crate) unsafe fn hook(e: *mut vmf_core::engine::Engine) {
+pub(crate) unsafe fn hook(e: *mut vmf_core::engine::Engine, at: vmf_core::engine::HookPoint) {
+    use vmf_core::engine::HookPoint;
     std::hint::black_box(e);
-    let_others_in();
+    match at {
+        HookPoint::Poll => let_others_in(),
+        HookPoint::Sleep => {
+            SLEEP_DEPTH.with(|d| d.set(DEPTH.swap(0, Ordering::Relaxed)));
+            OWNER.store(0, Ordering::Relaxed);
+            unlock_word();
+        }
+        HookPoint::Wake => {
+            lock_word();
+            OWNER.store(me(), Ordering::Relaxed);
+            DEPTH.store(SLEEP_DEPTH.with(|d| d.get()), Ordering::Relaxed);
+        }
+    }
 }
 
 /// In a wait loop of the library itself: let other threads in, and return the state anew (the

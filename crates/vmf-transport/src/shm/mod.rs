@@ -498,6 +498,13 @@ impl ShmTransport {
         }
     }
 
+    /// Wake the threads of this rank that sleep on its doorbell (several threads share one rank under
+    /// the MPI library's `MPI_THREAD_MULTIPLE`; one that delivers packets wakes the others).
+    #[inline]
+    pub fn wake_self(&self) {
+        self.ring_doorbell(self.me, self.me_local);
+    }
+
     #[inline]
     fn ring_doorbell(&self, peer: usize, local: u32) {
         match self.wake {
