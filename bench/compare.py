@@ -66,6 +66,25 @@ TARGETS = [
      "bw", 65536, "ge_best", 1.5),
     ("bw4m_vs_best", "bw at 4 MiB >= 1.0x best of {others}",
      "bw", 4194304, "ge_best", 1.0),
+    # One-sided (issue 21): lock_all + operation + MPI_Win_flush on an MPI_Win_allocate window.
+    ("rma_put8", "RMA: put 8 B + flush <= 1.0x best of {others}", "rma-put", 8, "le_best", 1.0, "vmfabric-mpi"),
+    ("rma_get8", "RMA: get 8 B + flush <= 1.0x best of {others}", "rma-get", 8, "le_best", 1.0, "vmfabric-mpi"),
+    ("rma_fop8", "RMA: fetch-and-op 8 B + flush <= 1.0x best of {others}", "rma-fop", 8, "le_best", 1.0,
+     "vmfabric-mpi"),
+    ("rma_cas8_vs_mpich", "RMA: compare-and-swap 8 B + flush <= 0.1x MPICH", "rma-cas", 8, "le_ref", 0.1,
+     "vmfabric-mpi", "mpich"),
+    ("rma_putbw64k", "RMA: put bandwidth at 64 KiB >= 1.0x best of {others}", "rma-putbw", 65536, "ge_best", 1.0,
+     "vmfabric-mpi"),
+    ("rma_putbw4m", "RMA: put bandwidth at 4 MiB >= 1.0x best of {others}", "rma-putbw", 4194304, "ge_best", 1.0,
+     "vmfabric-mpi"),
+    ("rma_tcp_get8", "RMA over TCP (one host): get 8 B <= 0.8x {others}", "rma-tcpget", 8, "le_best", 0.8,
+     "vmfabric-mpi"),
+    ("rma_tcp_put8", "RMA over TCP (one host): put 8 B <= 0.8x {others}", "rma-tcpput", 8, "le_best", 0.8,
+     "vmfabric-mpi"),
+    ("rma_passive_shm", "RMA passive target (shared memory): get 8 B while the target computes <= 2x idle target",
+     "rma-busyget", 8, "le_self", 2.0, "vmfabric-mpi", "rma-get"),
+    ("rma_passive_tcp", "RMA passive target (TCP): get 8 B while the target computes <= 2x idle target",
+     "rma-tcpbusyget", 8, "le_self", 2.0, "vmfabric-mpi", "rma-tcpget"),
 ]
 
 
@@ -272,13 +291,14 @@ def _round_value(impl, bench, rnd, size, key):
     return None
 
 
-def per_round_ratio(bench, size, ours, kind, only=None, ref_impl=None):
-    """Median over rounds of ours / best other (or / floor, or / `ref_impl`) within the same round; None
-    without round files. `only`: the rounds to count (None: all)."""
+def per_round_ratio(bench, size, ours, kind, only=None, ref_impl=None, ref_bench=None):
+    """Median over rounds of ours / best other (or / floor, or / `ref_impl`, or / ours in `ref_bench`) within
+    the same round; None without round files. `only`: the rounds to count (None: all)."""
     coll = bench.startswith("coll-")
-    if not (coll or bench in ("latency", "bw", "bibw", "tcplat", "tcpbw")) or not os.path.isdir(ROUNDS_DIR):
+    rma = bench.startswith("rma-")
+    if not (coll or rma or bench in ("latency", "bw", "bibw", "tcplat", "tcpbw")) or not os.path.isdir(ROUNDS_DIR):
         return None
-    key = "latency_us" if coll or bench in ("latency", "tcplat") else "mb_per_s"
+    key = "latency_us" if coll or bench in ("latency", "tcplat") or (rma and not bench.endswith("bw")) else "mb_per_s"
     ratios = []
     for rnd in range(1, 100):
         mine = _round_value(ours, bench, rnd, size, key)
@@ -286,7 +306,9 @@ def per_round_ratio(bench, size, ours, kind, only=None, ref_impl=None):
             if rnd > 1 and not os.path.exists(os.path.join(ROUNDS_DIR, "%s-%s.r%d.json" % (ours, bench, rnd))):
                 break
             continue
-        if ref_impl is not None:
+        if ref_bench is not None:
+            ref = _round_value(ours, ref_bench, rnd, size, key)
+        elif ref_impl is not None:
             ref = _round_value(ref_impl, bench, rnd, size, key)
         elif kind == "le_floor":
             ref = _round_value("cacheline", "cacheline", rnd, size, key)
@@ -306,6 +328,8 @@ def per_round_ratio(bench, size, ours, kind, only=None, ref_impl=None):
 def check_targets(summary, floor):
     out = []
     for tid, desc, bench, size, kind, factor, *who in TARGETS:
+        if bench.startswith("rma-") and bench not in summary:
+            continue  # one-sided benchmarks not run (BENCH_RMA=0)
         b = summary.get(bench)
         others = " / ".join(display(i) for i in (b["others"] if b else [])) or "others"
         t = {"id": tid, "description": desc.format(others=others), "benchmark": bench,
@@ -314,12 +338,37 @@ def check_targets(summary, floor):
         out.append(t)
         r = row_for(summary, bench, size)
         ours = who[0] if who else (b["ours"] if b else None)
+        ref_impl = who[1] if kind == "le_ref" and len(who) > 1 else None
+        ref_bench = who[1] if kind == "le_self" and len(who) > 1 else None
+        if ref_impl:
+            t["description"] = desc.format(others=display(ref_impl))
         if r is None or ours is None or r["values"].get(ours) is None:
             t["detail"] = "no %s result for %s at %s" % (OURS, bench, human_size(size))
             continue
         v = r["values"][ours]
         t["ours"] = v
         unit = "us" if b["lower_is_better"] else "MB/s"
+        if kind in ("le_ref", "le_self"):
+            if ref_impl:
+                ref, ref_name = r["values"].get(ref_impl), display(ref_impl)
+            else:
+                rr = row_for(summary, ref_bench, size)
+                ref, ref_name = (rr["values"].get(ours) if rr else None), "%s in %s" % (display(ours), ref_bench)
+            if ref is None:
+                t["detail"] = "no %s result at %s" % (ref_name, human_size(size))
+                continue
+            t["reference"] = ref
+            t["ratio"] = v / ref
+            pr = per_round_ratio(bench, size, ours, kind, ref_impl=ref_impl, ref_bench=ref_bench)
+            if pr is not None:
+                t["per_round_ratios"] = pr["ratios"]
+                t["ratio"] = pr["median"]
+            t["status"] = "PASS" if t["ratio"] <= factor else "MISS"
+            t["detail"] = "%s%s %s us vs %s %s us (need <= %.2fx)" % (
+                "median of %d within-round ratios %.2f (rounds: %s); best-of-rounds " % (
+                    len(pr["ratios"]), pr["median"], ", ".join("%.2f" % x for x in pr["ratios"])) if pr else "",
+                display(ours), fmt(v), ref_name, fmt(ref), factor)
+            continue
         if kind == "le_floor":
             if not floor:
                 t["detail"] = "no cache-line floor (cacheline.json)"

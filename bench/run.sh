@@ -21,6 +21,7 @@
 #   BENCH_VMFABRIC=path       vmfabric binary (default target/release/vmfabric)
 #   BENCH_STRICT=1            exit 1 if any run failed (default: warn, exit 0)
 #   BENCH_HOSTS=0             skip TCP-between-hosts and migration benchmarks (need root)
+#   BENCH_RMA=0               skip the one-sided benchmarks (BENCH_RMA_ROUNDS=R rounds, default 3)
 #   BENCH_OVERCOMMIT=0        skip the overcommit sweep (bench/overcommit.sh, which
 #                             has its own knobs: BENCH_OVERCOMMIT_QUICK=1, ...)
 set -euo pipefail
@@ -167,7 +168,7 @@ for impl in vmfabric mpich openmpi; do
         rm -f "$RESULTS/$impl-$mode.json" "$RESULTS/$impl-$mode.json.tmp"
     done
 done
-rm -f "$RESULTS"/*-coll-*.json
+rm -f "$RESULTS"/*-coll-*.json "$RESULTS"/*-rma-*.json
 rm -f "$RESULTS"/*-tcplat.json "$RESULTS"/*-tcpbw.json "$RESULTS/cacheline.json" "$RESULTS/summary.md" "$RESULTS/summary.json" \
       "$RESULTS"/*.png "$STATUS"
 rm -rf "$ROUNDS_DIR"
@@ -378,6 +379,77 @@ if [ "${BENCH_OVERCOMMIT:-1}" != 0 ]; then
     fi
 else
     log "BENCH_OVERCOMMIT=0: overcommit sweep skipped"
+fi
+
+# ---------------------------------------------------------------- one-sided (RMA)
+# bench/c/mpi_rma.c (lock_all, one operation, MPI_Win_flush, on an MPI_Win_allocate window): the MPICH
+# build runs over vmfabric and over MPICH, the Open MPI build over Open MPI, in BENCH_RMA_ROUNDS
+# interleaved rounds (each round starts with another implementation). Also over TCP on one host
+# (vmfabric with VMF_SHM=0 against Open MPI's tcp BTL) and with a target that computes without calling
+# MPI (a truly passive target; --target-busy caps the computation, after which the target calls MPI).
+# BENCH_RMA=0 skips it.
+if [ "${BENCH_RMA:-1}" != 0 ]; then
+    [ "$HAVE_MPICH" = 1 ] && { mpicc.mpich "${CFLAGS[@]}" -o "$BUILD/mpi_rma.mpich" bench/c/mpi_rma.c || warn "mpi_rma.mpich build failed"; }
+    [ "$HAVE_OPENMPI" = 1 ] && { mpicc.openmpi "${CFLAGS[@]}" -o "$BUILD/mpi_rma.openmpi" bench/c/mpi_rma.c || warn "mpi_rma.openmpi build failed"; }
+    RSZ="${BENCH_RMA_SIZES:-8,64,4096,65536}"; BSZ="65536,1048576,4194304"
+    OMPI_TCP=(--allow-run-as-root --oversubscribe --mca pml ob1 --mca btl tcp,self)
+    RMA_BENCHES=()
+    rma_run() { # IMPL BENCH ROUND MODE ITERS [extra args...]
+        local impl="$1" b="$2" rnd="$3" m="$4" it="$5"; shift 5
+        local j="$ROUNDS_DIR/$impl-$b.r$rnd.json"
+        case "$impl" in
+        vmfabric-mpi) [ -x "$BUILD/mpi_rma.mpich" ] && [ -z "$(skip_reason vmfabric)" ] && run_one "$impl" "$b" "$rnd" \
+            env LD_LIBRARY_PATH="$ROOT/target/release/lib" "$VMF" run -n 2 "${X_VMF[@]}" "$BUILD/mpi_rma.mpich" "$m" \
+            --iters "$it" --json "$j" --label vmfabric "$@" ;;
+        vmfabric-tcp) [ -x "$BUILD/mpi_rma.mpich" ] && [ -z "$(skip_reason vmfabric)" ] && run_one vmfabric-mpi "$b" "$rnd" \
+            env VMF_SHM=0 LD_LIBRARY_PATH="$ROOT/target/release/lib" "$VMF" run -n 2 "${X_VMF[@]}" "$BUILD/mpi_rma.mpich" "$m" \
+            --iters "$it" --json "$ROUNDS_DIR/vmfabric-mpi-$b.r$rnd.json" --label vmfabric-tcp "$@" ;;
+        mpich) [ -x "$BUILD/mpi_rma.mpich" ] && [ -z "$(skip_reason mpich)" ] && run_one mpich "$b" "$rnd" \
+            mpiexec.mpich -n 2 "${X_MPICH[@]}" "$BUILD/mpi_rma.mpich" "$m" --iters "$it" --json "$j" --label mpich "$@" ;;
+        openmpi) [ -x "$BUILD/mpi_rma.openmpi" ] && [ -z "$(skip_reason openmpi)" ] && run_one openmpi "$b" "$rnd" \
+            mpirun.openmpi "${OMPI_ARGS[@]}" -n 2 "${X_OMPI[@]}" "$BUILD/mpi_rma.openmpi" "$m" --iters "$it" --json "$j" --label openmpi "$@" ;;
+        openmpi-tcp) [ -x "$BUILD/mpi_rma.openmpi" ] && [ -z "$(skip_reason openmpi)" ] && run_one openmpi "$b" "$rnd" \
+            mpirun.openmpi "${OMPI_TCP[@]}" -n 2 "${X_OMPI[@]}" "$BUILD/mpi_rma.openmpi" "$m" --iters "$it" \
+            --json "$ROUNDS_DIR/openmpi-$b.r$rnd.json" --label openmpi-tcp "$@" ;;
+        esac
+        return 0
+    }
+    for round in $(seq 1 "${BENCH_RMA_ROUNDS:-3}"); do
+        order=(vmfabric-mpi mpich openmpi)
+        for s in $(seq 1 $(( (round - 1) % 3 ))); do order=("${order[@]:1}" "${order[0]}"); done
+        for m in put get fop cas putbw; do
+            sz="$RSZ"; [ "$m" = putbw ] && sz="$BSZ"; [ "$m" = fop ] || [ "$m" = cas ] && sz=8
+            for impl in "${order[@]}"; do
+                it=20000
+                # MPICH's fetch-and-op and compare-and-swap wait for the target's progress: milliseconds each.
+                [ "$impl" = mpich ] && { [ "$m" = fop ] || [ "$m" = cas ]; } && it=200
+                rma_run "$impl" "rma-$m" "$round" "$m" "$it" --sizes "$sz"
+            done
+        done
+        # Over TCP on one host: vmfabric's agents against Open MPI's tcp BTL.
+        for m in get put; do
+            rma_run vmfabric-tcp "rma-tcp$m" "$round" "$m" 5000 --sizes 8,4096
+            rma_run openmpi-tcp "rma-tcp$m" "$round" "$m" 5000 --sizes 8,4096
+        done
+        # A target that computes without calling MPI, over shared memory and over TCP.
+        for impl in "${order[@]}"; do
+            it=20000; [ "$impl" = mpich ] && it=2000
+            rma_run "$impl" rma-busyget "$round" get "$it" --sizes 8 --target-busy 20
+        done
+        rma_run vmfabric-tcp rma-tcpbusyget "$round" get 5000 --sizes 8 --target-busy 20
+        rma_run openmpi-tcp rma-tcpbusyget "$round" get 5000 --sizes 8 --target-busy 20
+    done
+    for b in rma-put rma-get rma-fop rma-cas rma-putbw rma-tcpget rma-tcpput rma-busyget rma-tcpbusyget; do
+        for impl in vmfabric-mpi mpich openmpi; do
+            ls "$ROUNDS_DIR/$impl-$b".r*.json >/dev/null 2>&1 && merge "$impl" "$b" "$RESULTS/$impl-$b.json"
+        done
+    done
+    # Open MPI 4.1 crashes in MPI_Compare_and_swap on shared memory (osc/sm); its missing column is that.
+    if ! ls "$ROUNDS_DIR/openmpi-rma-cas".r*.json >/dev/null 2>&1; then
+        record openmpi rma-cas "FAILED: crashed in every round (Open MPI 4.1's osc/sm compare-and-swap)"
+    fi
+else
+    log "BENCH_RMA=0: one-sided benchmarks skipped"
 fi
 
 # ---------------------------------------------------------------- hosts: TCP and live migration
