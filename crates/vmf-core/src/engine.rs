@@ -253,7 +253,21 @@ pub struct Engine {
     /// kernel it lets go and takes over. A thread whose progress delivers packets wakes the threads of
     /// this process that sleep (they may wait for what it delivered), and sleeps are short.
     yield_hook: Option<YieldHook>,
+    /// Work a waiting rank does while idle (the one-sided agent's requests, served inline).
+    idle_hook: Option<IdleHook>,
 }
+
+/// Where a wait calls the idle hook (see [`Engine::set_idle_hook`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdleAt {
+    /// The wait has been idle for a while (called every few dozen idle polls from then on).
+    Poll,
+    /// The wait that called `Poll` ends.
+    End,
+}
+
+/// See [`Engine::set_idle_hook`].
+pub type IdleHook = fn(IdleAt);
 
 /// See [`Engine::set_yield_hook`].
 pub type YieldHook = unsafe fn(*mut Engine, HookPoint);
@@ -471,6 +485,7 @@ impl Engine {
             pool_copies: 0,
             mig: None,
             yield_hook: None,
+            idle_hook: None,
             cfg,
         }
     }
@@ -483,6 +498,13 @@ impl Engine {
     /// hook's lock; see `vmf_core::EngineCell`.
     pub unsafe fn set_yield_hook(&mut self, hook: Option<YieldHook>) {
         self.yield_hook = hook;
+    }
+
+    /// Install `hook`, which waits call once they have been idle for a few microseconds (every few dozen
+    /// idle polls from then on) and once more when such a wait ends: the one-sided agent serves its
+    /// connections from the waiting thread then.
+    pub fn set_idle_hook(&mut self, hook: Option<IdleHook>) {
+        self.idle_hook = hook;
     }
 
     /// Let other threads use the engine now (calls the yield hook, if any).
@@ -1700,8 +1722,25 @@ impl Engine {
     fn wait_inner(
         &mut self,
         op: Op,
+        awaiting: impl FnMut(&Engine) -> Awaiting,
+        watches_memory: bool,
+    ) -> Result<()> {
+        let mut idled = false;
+        let r = self.wait_loop(op, awaiting, watches_memory, &mut idled);
+        if idled {
+            if let Some(h) = self.idle_hook {
+                h(IdleAt::End);
+            }
+        }
+        r
+    }
+
+    fn wait_loop(
+        &mut self,
+        op: Op,
         mut awaiting: impl FnMut(&Engine) -> Awaiting,
         watches_memory: bool,
+        idled: &mut bool,
     ) -> Result<()> {
         let a = std::cell::Cell::new(awaiting(self));
         if a.get() == Awaiting::Done {
@@ -1753,10 +1792,12 @@ impl Engine {
                 if polls > 64 {
                     let now = Instant::now();
                     let el = now - *start.get_or_insert(now);
+                    self.idle(el, idled);
                     if el < self.waiter.budgets().1.max(Duration::from_micros(50)) {
                         vmf_pal::yield_now();
                     } else {
                         slept = true;
+                        self.idle_end(idled);
                         self.hook(HookPoint::Sleep);
                         let r = self.block_once_for(op, &mut backoff, &mut done, Duration::from_millis(1));
                         self.hook(HookPoint::Wake);
@@ -1811,6 +1852,7 @@ impl Engine {
                     }
                     let now = Instant::now();
                     let el = now - *start.get_or_insert(now);
+                    self.idle(el, idled);
                     let (_, yield_for) = self.waiter.budgets();
                     if elsewhere && el < self.waiter.peer_spin {
                         vmf_pal::cpu_relax();
@@ -1818,6 +1860,7 @@ impl Engine {
                         vmf_pal::yield_now();
                     } else {
                         slept = true;
+                        self.idle_end(idled);
                         self.block_once(op, &mut backoff, &mut done)?;
                     }
                     if self.last_liveness.elapsed() >= live_every {
@@ -1842,6 +1885,7 @@ impl Engine {
                     }
                     let now = Instant::now();
                     let el = now - *start.get_or_insert(now);
+                    self.idle(el, idled);
                     let (spin, yield_for) = self.waiter.budgets();
                     if el < spin {
                         vmf_pal::cpu_relax();
@@ -1849,12 +1893,34 @@ impl Engine {
                         vmf_pal::yield_now();
                     } else {
                         slept = true;
+                        self.idle_end(idled);
                         self.block_once(op, &mut backoff, &mut done)?;
                     }
                     if self.last_liveness.elapsed() >= live_every {
                         self.check_liveness(op)?;
                     }
                 }
+            }
+        }
+    }
+
+    /// A wait idle for `el`: past a few microseconds, let the idle hook work.
+    #[inline]
+    fn idle(&mut self, el: Duration, idled: &mut bool) {
+        if let Some(h) = self.idle_hook {
+            if el >= Duration::from_micros(5) {
+                *idled = true;
+                h(IdleAt::Poll);
+            }
+        }
+    }
+
+    /// Before sleeping in the kernel: hand the idle work back (a sleeping thread cannot do it).
+    #[inline]
+    fn idle_end(&mut self, idled: &mut bool) {
+        if std::mem::take(idled) {
+            if let Some(h) = self.idle_hook {
+                h(IdleAt::End);
             }
         }
     }

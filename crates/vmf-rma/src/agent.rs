@@ -68,9 +68,41 @@ struct Shared {
 /// A running agent.
 pub struct Agent {
     shared: Arc<Shared>,
+    server: Arc<Mutex<Server>>,
     addr: SocketAddr,
     wake: RawFd,
     thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// 1 while the rank's own thread serves the agent's connections inline (it waits in the library), so
+/// the agent thread stays off the sockets (a futex word it sleeps on meanwhile).
+static INLINE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// What a waiting engine tells the agent (see [`engine_idle`]).
+pub use vmf_core::engine::IdleAt;
+
+/// The engine's idle hook: while the rank waits in the library for longer than a short spin, its own
+/// thread serves requests that arrive over TCP, so an idle target answers with no thread wake-up; when
+/// the wait ends, the agent thread takes over again. Installed by [`Agent::hook_into`].
+pub fn engine_idle(at: IdleAt) {
+    let Some(a) = AGENT.lock().ok().and_then(|g| g.clone()) else {
+        return;
+    };
+    match at {
+        IdleAt::Poll => {
+            if INLINE.load(Ordering::Relaxed) == 0 {
+                INLINE.store(1, Ordering::SeqCst);
+            }
+            if let Ok(mut s) = a.server.try_lock() {
+                s.poll_once(0);
+            }
+        }
+        IdleAt::End => {
+            if INLINE.swap(0, Ordering::SeqCst) == 1 {
+                vmf_pal::futex::wake(&INLINE, 1);
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for Agent {
@@ -114,15 +146,14 @@ impl Agent {
             served: AtomicU64::new(0),
             refused: AtomicU64::new(0),
         });
-        let sh = shared.clone();
+        let server = Arc::new(Mutex::new(Server::new(l, wake, creds, shared.clone())));
+        let (srv, sh) = (server.clone(), shared.clone());
         let thread = std::thread::Builder::new()
             .name("vmf-rma-agent".into())
-            .spawn(move || {
-                let mut s = Server::new(l, wake, creds, sh, spin);
-                s.run();
-            })?;
+            .spawn(move || run(srv, sh, spin))?;
         Ok(Agent {
             shared,
+            server,
             addr,
             wake,
             thread: Some(thread),
@@ -132,6 +163,11 @@ impl Agent {
     /// Where origins connect.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Let `engine` serve this agent's connections while it waits idle (see [`engine_idle`]).
+    pub fn hook_into(engine: &mut vmf_core::engine::Engine) {
+        engine.set_idle_hook(Some(engine_idle));
     }
 
     /// A new window id (registered later with [`Agent::register`]).
@@ -171,6 +207,8 @@ impl Agent {
 impl Drop for Agent {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
+        INLINE.store(0, Ordering::SeqCst);
+        vmf_pal::futex::wake(&INLINE, 1);
         let one = 1u64.to_ne_bytes();
         // SAFETY: writing 8 bytes to our eventfd.
         unsafe { libc::write(self.wake, one.as_ptr().cast(), 8) };
@@ -199,7 +237,7 @@ struct Conn {
     want_out: bool,
 }
 
-struct Server {
+pub(crate) struct Server {
     l: TcpListener,
     wake: RawFd,
     epoll: RawFd,
@@ -207,7 +245,6 @@ struct Server {
     sh: Arc<Shared>,
     conns: HashMap<u64, Conn>,
     next_key: u64,
-    spin: Duration,
     runs: Vec<Run>,
     tmp: Vec<u8>,
 }
@@ -222,7 +259,7 @@ fn epoll_ctl(ep: RawFd, op: i32, fd: RawFd, events: u32, key: u64) {
 }
 
 impl Server {
-    fn new(l: TcpListener, wake: RawFd, creds: Creds, sh: Arc<Shared>, spin: Duration) -> Server {
+    fn new(l: TcpListener, wake: RawFd, creds: Creds, sh: Arc<Shared>) -> Server {
         // SAFETY: plain syscall.
         let epoll = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
         epoll_ctl(epoll, libc::EPOLL_CTL_ADD, l.as_raw_fd(), libc::EPOLLIN as u32, KEY_LISTENER);
@@ -235,48 +272,36 @@ impl Server {
             sh,
             conns: HashMap::new(),
             next_key: 0,
-            spin,
             runs: Vec::new(),
             tmp: Vec::new(),
         }
     }
 
-    fn run(&mut self) {
-        let mut evs = vec![libc::epoll_event { events: 0, u64: 0 }; 64];
-        let mut last_work = Instant::now();
-        while !self.sh.stop.load(Ordering::Acquire) {
-            let spinning = last_work.elapsed() < self.spin;
-            let pending = self.conns.values().any(|c| !matches!(c.state, HsState::Open));
-            let timeout = if spinning {
-                0
-            } else if pending {
-                200
-            } else {
-                -1
-            };
-            // SAFETY: evs has room for its length in events.
-            let n = unsafe { libc::epoll_wait(self.epoll, evs.as_mut_ptr(), evs.len() as i32, timeout) };
-            let n = if n < 0 { 0 } else { n as usize };
-            let mut worked = false;
-            for ev in &evs[..n] {
-                let key = ev.u64;
-                match key {
-                    KEY_LISTENER => self.accept(),
-                    KEY_WAKE => {
-                        let mut b = [0u8; 8];
-                        // SAFETY: reading 8 bytes from our eventfd.
-                        unsafe { libc::read(self.wake, b.as_mut_ptr().cast(), 8) };
-                    }
-                    k => worked |= self.serve(k),
+    /// Wait up to `timeout_ms` (0: just look) for events and handle them; true if requests were served.
+    fn poll_once(&mut self, timeout_ms: i32) -> bool {
+        let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 64];
+        // SAFETY: evs has room for its length in events.
+        let n = unsafe { libc::epoll_wait(self.epoll, evs.as_mut_ptr(), evs.len() as i32, timeout_ms) };
+        let n = if n < 0 { 0 } else { n as usize };
+        let mut worked = false;
+        for ev in &evs[..n] {
+            let key = ev.u64;
+            match key {
+                KEY_LISTENER => self.accept(),
+                KEY_WAKE => {
+                    let mut b = [0u8; 8];
+                    // SAFETY: reading 8 bytes from our eventfd.
+                    unsafe { libc::read(self.wake, b.as_mut_ptr().cast(), 8) };
                 }
+                k => worked |= self.serve(k),
             }
-            if worked {
-                last_work = Instant::now();
-            } else if spinning {
-                std::hint::spin_loop();
-            }
-            self.expire();
         }
+        self.expire();
+        worked
+    }
+
+    fn has_pending_handshakes(&self) -> bool {
+        self.conns.values().any(|c| !matches!(c.state, HsState::Open))
     }
 
     fn accept(&mut self) {
@@ -462,6 +487,45 @@ impl Server {
         }
         c.inb.drain(..pos);
         Ok(())
+    }
+}
+
+/// The agent thread: sleep in `epoll_wait` (not holding the server, which the rank's own thread may use
+/// meanwhile), serve what arrived, keep looking for `spin` after serving; stay off the sockets while the
+/// rank's thread serves them inline.
+fn run(server: Arc<Mutex<Server>>, sh: Arc<Shared>, spin: Duration) {
+    let epoll = server.lock().unwrap_or_else(|e| e.into_inner()).epoll;
+    let mut last_work: Option<Instant> = None;
+    while !sh.stop.load(Ordering::Acquire) {
+        if INLINE.load(Ordering::SeqCst) == 1 {
+            vmf_pal::futex::wait(&INLINE, 1, Some(Duration::from_millis(10)));
+            last_work = None;
+            continue;
+        }
+        let spinning = last_work.is_some_and(|t| t.elapsed() < spin);
+        let pending = server
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .has_pending_handshakes();
+        let timeout = if spinning {
+            0
+        } else if pending {
+            200
+        } else {
+            // Bounded: the thread looks at INLINE again at least this often.
+            10
+        };
+        let mut ev = [libc::epoll_event { events: 0, u64: 0 }; 1];
+        // SAFETY: one event of room. Only a readiness probe: the server re-polls under its lock.
+        let n = unsafe { libc::epoll_wait(epoll, ev.as_mut_ptr(), 1, timeout) };
+        if n > 0 || pending {
+            let worked = server.lock().unwrap_or_else(|e| e.into_inner()).poll_once(0);
+            if worked {
+                last_work = Some(Instant::now());
+            }
+        } else if spinning {
+            std::hint::spin_loop();
+        }
     }
 }
 

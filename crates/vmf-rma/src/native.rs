@@ -83,6 +83,9 @@ impl<'f> Win<'f> {
         };
         let mut pool = |len: usize| fab.engine().pool_alloc(len, 4096);
         let win = Window::create(&ctx, &spec, &mut ex, &mut pool)?;
+        if crate::agent::Agent::running().is_some() {
+            crate::agent::Agent::hook_into(&mut fab.engine());
+        }
         fab.barrier()?;
         Ok(Win {
             fab,

@@ -270,6 +270,10 @@ unsafe fn create(
             return Err(rma_err(e));
         }
     };
+    // While this rank waits in the library, its own thread serves the agent's requests.
+    if vmf_rma::agent::Agent::running().is_some() {
+        vmf_rma::agent::Agent::hook_into(&mut st.fab.engine());
+    }
     // Nobody uses the window before every member has set it up.
     crate::coll::barrier(st, wch)?;
     let fl = match flavor {
