@@ -12,7 +12,9 @@
 //! Algorithms (by size and rank count). Up to 8 ranks and 4 KiB, one-hop ("direct") algorithms: barrier
 //! = everyone signals everyone, broadcast = flat from the root, reduce = everyone sends to the root,
 //! allreduce = everyone sends to everyone and each rank reduces all contributions in rank order (so every
-//! rank gets bit-identical results, for any op). No rank then waits for another to forward, which is
+//! rank gets bit-identical results, for any op), grouped as the tree algorithms below group them
+//! (`op::Tree`: recursive doubling's for allreduce, the binomial tree's for reduce, which are MPICH's
+//! too), so the bits do not depend on the algorithm. No rank then waits for another to forward, which is
 //! what matters when ranks outnumber cores. Otherwise: dissemination barrier; binomial broadcast;
 //! binomial reduce (rank order kept for non-commutative ops); recursive-doubling allreduce (with the
 //! order-preserving fold for non-powers of two) below 64 KiB or for non-commutative ops, ring
@@ -433,6 +435,33 @@ fn bcast_s(s: &mut Sched, c: &Ctx, root: usize, buf: *mut u8, len: usize) {
     s.wait();
 }
 
+/// Reduce the `n` blocks `x(v)` of `cnt` elements into `out`, grouped as `tree` says ([`op::Plan`]), with
+/// schedule temporaries for the partial results.
+fn fold_s(
+    s: &mut Sched,
+    tree: op::Tree,
+    n: usize,
+    x: &dyn Fn(usize) -> *mut u8,
+    out: *mut u8,
+    red: Red,
+    cnt: usize,
+) {
+    let bytes = cnt * red.elem;
+    let plan = op::Plan::new(tree, n);
+    let tmp: Vec<*mut u8> = (0..plan.scratch).map(|_| s.tmp(bytes)).collect();
+    let at = |o: op::Operand| match o {
+        op::Operand::X(v) => x(v),
+        op::Operand::Out => out,
+        op::Operand::Tmp(k) => tmp[k],
+    };
+    for &(step, a, b) in &plan.steps {
+        match step {
+            op::FoldStep::Copy => s.copy(at(a), at(b), bytes),
+            op::FoldStep::Apply => s.reduce(red, at(a), at(b), cnt),
+        }
+    }
+}
+
 /// Binomial reduce of `cnt` elements from `sbuf` to `rbuf` at `root`.
 fn reduce_s(
     s: &mut Sched,
@@ -446,7 +475,7 @@ fn reduce_s(
     let n = c.n;
     let bytes = cnt * red.elem;
     if n > 2 && n <= DIRECT_MAX_RANKS && bytes <= DIRECT_MAX_BYTES && cnt > 0 {
-        // one hop: everyone sends to the root, which reduces in rank order
+        // one hop: everyone sends to the root, which reduces in the binomial tree's grouping (below)
         if c.me != root {
             s.send(c.w(root), sbuf, bytes);
             s.wait();
@@ -460,10 +489,17 @@ fn reduce_s(
         }
         s.wait();
         s.copy(sbuf, blk(root), bytes);
-        s.copy(blk(n - 1), rbuf, bytes);
-        for k in (0..n - 1).rev() {
-            s.reduce(red, blk(k), rbuf, cnt);
-        }
+        // Ranks counted from the root for commutative ops, from 0 otherwise, as in the tree below.
+        let first = if red.commute { root } else { 0 };
+        fold_s(
+            s,
+            op::Tree::Binomial,
+            n,
+            &|v| blk((first + v) % n),
+            rbuf,
+            red,
+            cnt,
+        );
         return;
     }
     // Non-commutative: a tree rooted at rank 0 in rank order, then 0 → root.
@@ -514,7 +550,8 @@ fn allreduce_s(s: &mut Sched, c: &Ctx, src: *const u8, buf: *mut u8, red: Red, c
     }
     if n > 2 && n <= DIRECT_MAX_RANKS && bytes <= DIRECT_MAX_BYTES && cnt > 0 {
         // one hop: everyone sends its contribution to everyone, then each rank reduces all of them in
-        // rank order (identical results on every rank, any op)
+        // rank order, grouped as recursive doubling does (identical results on every rank, any op, and
+        // the same as the recursive doubling below gives)
         let all = s.tmp(bytes * n);
         let blk = |k: usize| all.wrapping_add(k * bytes);
         for k in 1..n {
@@ -526,10 +563,7 @@ fn allreduce_s(s: &mut Sched, c: &Ctx, src: *const u8, buf: *mut u8, red: Red, c
         }
         s.wait();
         s.copy(src, blk(me), bytes);
-        s.copy(blk(n - 1), buf, bytes);
-        for k in (0..n - 1).rev() {
-            s.reduce(red, blk(k), buf, cnt);
-        }
+        fold_s(s, op::Tree::Doubling, n, &|v| blk(v), buf, red, cnt);
         return;
     }
     s.copy(src, buf, bytes);

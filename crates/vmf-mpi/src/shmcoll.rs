@@ -18,7 +18,8 @@
 //!
 //! So a broadcast is one copy in by the root and one copy out per reader, with no message, no matching
 //! and no system call; an allreduce is one copy in per rank and a reduction of all contributions in rank
-//! order by every rank (bit-identical results everywhere, any op, commutative or not); a barrier is one
+//! order by every rank, grouped as MPICH groups it (`op::Tree`; bit-identical results everywhere, and the
+//! same as MPICH's and our point-to-point schedules', any op, commutative or not); a barrier is one
 //! store and `n - 1` loads. A rank that waits for others uses the engine's waiting policy (spin, yield,
 //! sleep on its doorbell) while still progressing point-to-point traffic, and dead peers are detected
 //! as in any other wait.
@@ -126,7 +127,17 @@ pub(crate) struct Area {
     mates: Vec<usize>,
     /// This rank and every member run on one known CPU each.
     pinned: bool,
+    /// How this rank reduces the members' contributions: [`op::Tree::Doubling`] (allreduce) and
+    /// [`op::Tree::Binomial`] (reduce), for the member count.
+    plans: [op::Plan; 2],
+    /// Partial results of reductions ([`fold`]).
+    scratch: Vec<Line>,
 }
+
+/// A cache line of [`fold`]'s scratch (aligned for every type a reduction handles).
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([u8; 64]);
 
 /// True when the communicator has a shared-memory area and every member reported oversubscription.
 pub(crate) fn all_oversubscribed(s: &Shm) -> bool {
@@ -405,6 +416,39 @@ impl Area {
     }
 }
 
+/// Reduce the members' contributions `x(v)` (`cnt` elements of `red`) into `out` by `plan` (one of the
+/// area's [`Area::plans`]: rank order, grouped as MPICH and our tree schedules group it), with the
+/// partial results in `scratch` (the area's, grown as needed).
+///
+/// # Safety
+/// Every `x(v)` and `out` hold `cnt` elements, and `out` is none of them.
+unsafe fn fold(
+    scratch: &mut Vec<Line>,
+    plan: &op::Plan,
+    red: &op::Red,
+    cnt: usize,
+    x: impl Fn(usize) -> *const u8,
+    out: *mut u8,
+) {
+    let bytes = red.elem * cnt;
+    let lines = bytes.div_ceil(64);
+    if scratch.len() < plan.scratch * lines {
+        scratch.resize(plan.scratch * lines, Line([0; 64]));
+    }
+    let base = scratch.as_mut_ptr() as *mut u8;
+    let at = |o: op::Operand| match o {
+        op::Operand::X(v) => x(v) as *mut u8,
+        op::Operand::Out => out,
+        op::Operand::Tmp(k) => base.add(k * lines * 64),
+    };
+    for &(step, a, b) in &plan.steps {
+        match step {
+            op::FoldStep::Copy => std::ptr::copy_nonoverlapping(at(a), at(b), bytes),
+            op::FoldStep::Apply => op::apply(red, at(a), at(b), cnt),
+        }
+    }
+}
+
 fn wait(e: &mut Engine, f: impl Fn() -> bool) -> R {
     if f() {
         return Ok(());
@@ -575,6 +619,11 @@ fn setup_inner(st: &mut State, ci: usize) -> R<Option<Box<Area>>> {
         peer_big: vec![None; n],
         big_turn: 0,
         big_last: [0; 2],
+        plans: [
+            op::Plan::new(op::Tree::Doubling, n),
+            op::Plan::new(op::Tree::Binomial, n),
+        ],
+        scratch: Vec::new(),
     })))
 }
 
@@ -868,20 +917,26 @@ pub(crate) unsafe fn reduce(
             if !a.publish_all(e, k1, ok, k2)? {
                 return Ok(false);
             }
-            // Segment `me` of the result, reduced in rank order as in the small path: acc = x[n-1];
-            // acc = x[r] op acc for r = n-2 .. 0. The result then replaces this rank's staged segment.
+            // Segment `me` of the result, reduced as in the small path (recursive doubling's grouping).
+            // The result then replaces this rank's staged segment.
             let out = rbuf as *mut u8;
-            let contrib = |a: &mut Area, e: &mut Engine, r: usize| -> R<*const u8> {
-                Ok(if r == me && !in_place {
-                    (input as *const u8).add(off)
-                } else {
-                    a.big_of(e, r, h, bytes)?.add(off) as *const u8
+            let contrib = (0..n)
+                .map(|r| -> R<*const u8> {
+                    Ok(if r == me && !in_place {
+                        (input as *const u8).add(off)
+                    } else {
+                        a.big_of(e, r, h, bytes)?.add(off) as *const u8
+                    })
                 })
-            };
-            std::ptr::copy_nonoverlapping(contrib(a, e, n - 1)?, out.add(off), len);
-            for r in (0..n - 1).rev() {
-                op::apply(&red, contrib(a, e, r)?, out.add(off), hi - lo);
-            }
+                .collect::<R<Vec<_>>>()?;
+            fold(
+                &mut a.scratch,
+                &a.plans[0],
+                &red,
+                hi - lo,
+                |r| contrib[r],
+                out.add(off),
+            );
             std::ptr::copy_nonoverlapping(out.add(off), a.big_of(e, me, h, bytes)?.add(off), len);
             a.may_write(e, k2)?;
             a.set(e, Some(k2), None);
@@ -910,12 +965,18 @@ pub(crate) unsafe fn reduce(
         }
         a.set(e, Some(k), None);
         a.wait_all_arrived(e, k)?;
-        // Rank order: acc = x[n-1]; acc = x[r] op acc for r = n-2 .. 0.
-        let out = rbuf as *mut u8;
-        std::ptr::copy_nonoverlapping(buf(a.areas[n - 1], k), out, bytes);
-        for r in (0..n - 1).rev() {
-            op::apply(&red, buf(a.areas[r], k), out, cnt);
-        }
+        // Rank order, grouped as MPICH and our tree schedules group it (op::Tree): recursive doubling for
+        // an allreduce; for a reduce the binomial tree, on ranks counted from the root when the op
+        // commutes. Not a right fold x0 op (x1 op x2): floating-point sums would then differ from
+        // MPICH's in the last bit, enough to fail numerically fragile codes validated under MPICH.
+        let (plan, first) = match root {
+            None => (&a.plans[0], 0),
+            Some(r) if red.commute => (&a.plans[1], r),
+            Some(_) => (&a.plans[1], 0),
+        };
+        let areas = &a.areas;
+        let x = |v: usize| buf(areas[(first + v) % n], k) as *const u8;
+        fold(&mut a.scratch, plan, &red, cnt, x, rbuf as *mut u8);
         a.set(e, None, Some(k));
         Ok(())
     })

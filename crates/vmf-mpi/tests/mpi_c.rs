@@ -25,6 +25,7 @@ const PROGRAMS: &[&str] = &[
     "comm_group",
     "coll_all",
     "coll_ops",
+    "reduce_order",
     "coll_nb",
     "dtype",
     "topo",
@@ -314,6 +315,15 @@ fn coll_ops_predefined_and_user_ops_work() {
     semantic("coll_ops");
     semantic_wide("coll_ops");
     semantic_p2p_colls("coll_ops");
+}
+
+/// Sums of doubles are grouped as MPICH groups them, bit for bit, on every path (shared memory small and
+/// big, one-hop and tree schedules), including 3 ranks of 4 (ScaLAPACK's xdsep failed with a right fold).
+#[test]
+fn reduce_order_sums_grouped_as_mpich_on_every_path() {
+    semantic("reduce_order");
+    semantic_wide("reduce_order");
+    semantic_p2p_colls("reduce_order");
 }
 
 #[test]
