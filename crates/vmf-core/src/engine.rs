@@ -262,6 +262,9 @@ pub struct Engine {
 pub enum IdleAt {
     /// The wait has been idle for a while (called every few dozen idle polls from then on).
     Poll,
+    /// The wait that called `Poll` is about to sleep in the kernel (its thread cannot do the idle work
+    /// meanwhile; it calls `Poll` again once awake).
+    Sleep,
     /// The wait that called `Poll` ends.
     End,
 }
@@ -1918,9 +1921,9 @@ impl Engine {
     /// Before sleeping in the kernel: hand the idle work back (a sleeping thread cannot do it).
     #[inline]
     fn idle_end(&mut self, idled: &mut bool) {
-        if std::mem::take(idled) {
+        if *idled {
             if let Some(h) = self.idle_hook {
-                h(IdleAt::End);
+                h(IdleAt::Sleep);
             }
         }
     }

@@ -74,9 +74,16 @@ pub struct Agent {
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
-/// 1 while the rank's own thread serves the agent's connections inline (it waits in the library), so
-/// the agent thread stays off the sockets (a futex word it sleeps on meanwhile).
-static INLINE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+/// Where the rank's own thread is, as the engine's idle hook reports it (a futex word the agent thread
+/// sleeps on while it is [`MAIN_INLINE`]).
+static INLINE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(MAIN_OUTSIDE);
+/// Outside the library (computing): the agent thread serves, and its answers tell origins to sleep
+/// rather than spin for them ([`crate::wire::RESP_BY_AGENT_THREAD`]).
+const MAIN_OUTSIDE: u32 = 0;
+/// Waiting in the library and serving the agent's connections itself: the agent thread stays off them.
+const MAIN_INLINE: u32 = 1;
+/// Asleep in the library: the agent thread serves, and the CPUs are free (origins may spin).
+const MAIN_ASLEEP: u32 = 2;
 
 /// What a waiting engine tells the agent (see [`engine_idle`]).
 pub use vmf_core::engine::IdleAt;
@@ -90,15 +97,16 @@ pub fn engine_idle(at: IdleAt) {
     };
     match at {
         IdleAt::Poll => {
-            if INLINE.load(Ordering::Relaxed) == 0 {
-                INLINE.store(1, Ordering::SeqCst);
+            if INLINE.load(Ordering::Relaxed) != MAIN_INLINE {
+                INLINE.store(MAIN_INLINE, Ordering::SeqCst);
             }
             if let Ok(mut s) = a.server.try_lock() {
-                s.poll_once(0);
+                s.poll_once(0, true);
             }
         }
-        IdleAt::End => {
-            if INLINE.swap(0, Ordering::SeqCst) == 1 {
+        IdleAt::Sleep | IdleAt::End => {
+            let next = if at == IdleAt::Sleep { MAIN_ASLEEP } else { MAIN_OUTSIDE };
+            if INLINE.swap(next, Ordering::SeqCst) == MAIN_INLINE {
                 vmf_pal::futex::wake(&INLINE, 1);
             }
         }
@@ -207,7 +215,7 @@ impl Agent {
 impl Drop for Agent {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
-        INLINE.store(0, Ordering::SeqCst);
+        INLINE.store(MAIN_OUTSIDE, Ordering::SeqCst);
         vmf_pal::futex::wake(&INLINE, 1);
         let one = 1u64.to_ne_bytes();
         // SAFETY: writing 8 bytes to our eventfd.
@@ -278,7 +286,8 @@ impl Server {
     }
 
     /// Wait up to `timeout_ms` (0: just look) for events and handle them; true if requests were served.
-    fn poll_once(&mut self, timeout_ms: i32) -> bool {
+    /// `inline`: false when the rank computes outside the library (answers then say so).
+    fn poll_once(&mut self, timeout_ms: i32, inline: bool) -> bool {
         let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 64];
         // SAFETY: evs has room for its length in events.
         let n = unsafe { libc::epoll_wait(self.epoll, evs.as_mut_ptr(), evs.len() as i32, timeout_ms) };
@@ -293,7 +302,7 @@ impl Server {
                     // SAFETY: reading 8 bytes from our eventfd.
                     unsafe { libc::read(self.wake, b.as_mut_ptr().cast(), 8) };
                 }
-                k => worked |= self.serve(k),
+                k => worked |= self.serve(k, inline),
             }
         }
         self.expire();
@@ -374,7 +383,7 @@ impl Server {
     }
 
     /// Read what arrived on connection `key`, act on it, write the answers. True if requests were served.
-    fn serve(&mut self, key: u64) -> bool {
+    fn serve(&mut self, key: u64, inline: bool) -> bool {
         let mut c = match self.conns.remove(&key) {
             Some(c) => c,
             None => return false,
@@ -397,7 +406,7 @@ impl Server {
             }
         }
         let mut worked = false;
-        let ok = match self.process(&mut c, &mut worked) {
+        let ok = match self.process(&mut c, &mut worked, inline) {
             Ok(()) => flush(&mut c),
             Err(()) => false,
         };
@@ -420,7 +429,7 @@ impl Server {
     }
 
     /// Handle complete messages in `c.inb`; `Err` closes the connection.
-    fn process(&mut self, c: &mut Conn, worked: &mut bool) -> Result<(), ()> {
+    fn process(&mut self, c: &mut Conn, worked: &mut bool, inline: bool) -> Result<(), ()> {
         let mut pos = 0usize;
         loop {
             let avail = &c.inb[pos..];
@@ -478,7 +487,8 @@ impl Server {
                     decode_runs(&avail[REQ_HDR..REQ_HDR + runs_len], h.nruns as usize, &mut self.runs)
                         .ok_or(())?;
                     let data = &avail[REQ_HDR + runs_len..total];
-                    execute(&self.sh, &h, &self.runs, data, &mut c.out, &mut self.tmp)?;
+                    let flags = if inline { 0 } else { crate::wire::RESP_BY_AGENT_THREAD };
+                    execute(&self.sh, &h, &self.runs, data, &mut c.out, &mut self.tmp, flags)?;
                     self.sh.served.fetch_add(1, Ordering::Relaxed);
                     *worked = true;
                     pos += total;
@@ -497,8 +507,8 @@ fn run(server: Arc<Mutex<Server>>, sh: Arc<Shared>, spin: Duration) {
     let epoll = server.lock().unwrap_or_else(|e| e.into_inner()).epoll;
     let mut last_work: Option<Instant> = None;
     while !sh.stop.load(Ordering::Acquire) {
-        if INLINE.load(Ordering::SeqCst) == 1 {
-            vmf_pal::futex::wait(&INLINE, 1, Some(Duration::from_millis(10)));
+        if INLINE.load(Ordering::SeqCst) == MAIN_INLINE {
+            vmf_pal::futex::wait(&INLINE, MAIN_INLINE, Some(Duration::from_millis(10)));
             last_work = None;
             continue;
         }
@@ -519,7 +529,9 @@ fn run(server: Arc<Mutex<Server>>, sh: Arc<Shared>, spin: Duration) {
         // SAFETY: one event of room. Only a readiness probe: the server re-polls under its lock.
         let n = unsafe { libc::epoll_wait(epoll, ev.as_mut_ptr(), 1, timeout) };
         if n > 0 || pending {
-            let worked = server.lock().unwrap_or_else(|e| e.into_inner()).poll_once(0);
+            // Answers flag a busy target only when the rank computes outside the library.
+            let busy = INLINE.load(Ordering::Relaxed) == MAIN_OUTSIDE;
+            let worked = server.lock().unwrap_or_else(|e| e.into_inner()).poll_once(0, !busy);
             if worked {
                 last_work = Some(Instant::now());
             }
@@ -554,11 +566,13 @@ fn execute(
     data: &[u8],
     out: &mut Vec<u8>,
     tmp: &mut Vec<u8>,
+    flags: u32,
 ) -> Result<(), ()> {
     let kind = Kind::from_u8(h.kind).ok_or(())?;
     let resp = |out: &mut Vec<u8>, st: Status, len: u64| {
         RespHeader {
             status: st as u32,
+            flags,
             len,
         }
         .encode(out)

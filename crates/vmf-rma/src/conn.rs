@@ -42,6 +42,8 @@ pub(crate) struct Conn {
     /// The connection is unusable (a protocol or I/O error).
     pub broken: Option<String>,
     spin: Duration,
+    /// The last answer came from the agent's own thread (the target computes): sleep, do not spin.
+    target_busy: bool,
 }
 
 impl Conn {
@@ -60,6 +62,7 @@ impl Conn {
             statuses: VecDeque::new(),
             broken: None,
             spin,
+            target_busy: false,
         }
     }
 
@@ -184,6 +187,7 @@ impl Conn {
                 if self.hdr_got == RESP_HDR {
                     self.hdr_got = 0;
                     let r = RespHeader::decode(&self.hdr);
+                    self.target_busy = r.flags & crate::wire::RESP_BY_AGENT_THREAD != 0;
                     let st = Status::from_u32(r.status);
                     let e = self.expect.front().ok_or("a response nobody asked for")?;
                     if r.len > e.cap as u64 || (r.len > 0 && st != Status::Ok) {
@@ -228,7 +232,9 @@ impl Conn {
     }
 
     /// Wait until responses up to `seq` are in (or the connection breaks). Polls for `spin`, then
-    /// sleeps in `poll(2)`.
+    /// sleeps in `poll(2)`; sleeps at once while the target's answers come from its agent thread (the
+    /// target computes outside the library): spinning would take the CPU that thread needs (measured on 2
+    /// cores: a get took 35-72 us with the origin spinning, 17 us with it sleeping).
     pub(crate) fn wait(&mut self, seq: u64) -> Result<(), String> {
         let start = Instant::now();
         loop {
@@ -239,7 +245,7 @@ impl Conn {
             if self.done >= seq && self.written() {
                 return Ok(());
             }
-            if start.elapsed() < self.spin {
+            if !self.target_busy && start.elapsed() < self.spin {
                 std::hint::spin_loop();
                 continue;
             }

@@ -122,11 +122,18 @@ impl ReqHeader {
     }
 }
 
+/// Response flag: the agent's own thread served the request because the target rank was busy outside
+/// the library (its waiting thread serves otherwise): the origin then does better to sleep than to spin
+/// for the next answers, leaving the CPU to the agent.
+pub const RESP_BY_AGENT_THREAD: u32 = 1;
+
 /// A response header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RespHeader {
     /// [`crate::exec::Status`] code.
     pub status: u32,
+    /// Flags ([`RESP_BY_AGENT_THREAD`]).
+    pub flags: u32,
     /// Payload bytes that follow.
     pub len: u64,
 }
@@ -135,7 +142,7 @@ impl RespHeader {
     /// Encode into `out`.
     pub fn encode(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.status.to_le_bytes());
-        out.extend_from_slice(&0u32.to_le_bytes());
+        out.extend_from_slice(&self.flags.to_le_bytes());
         out.extend_from_slice(&self.len.to_le_bytes());
     }
 
@@ -143,6 +150,7 @@ impl RespHeader {
     pub fn decode(b: &[u8]) -> RespHeader {
         RespHeader {
             status: u32::from_le_bytes(b[..4].try_into().unwrap()),
+            flags: u32::from_le_bytes(b[4..8].try_into().unwrap()),
             len: u64::from_le_bytes(b[8..16].try_into().unwrap()),
         }
     }
@@ -175,7 +183,11 @@ mod tests {
         v[0] = 1;
         v[4..8].copy_from_slice(&(MAX_RUNS as u32 + 1).to_le_bytes());
         assert_eq!(ReqHeader::decode(&v), None, "too many runs");
-        let r = RespHeader { status: 1, len: 77 };
+        let r = RespHeader {
+            status: 1,
+            flags: RESP_BY_AGENT_THREAD,
+            len: 77,
+        };
         let mut w = Vec::new();
         r.encode(&mut w);
         assert_eq!(w.len(), RESP_HDR);
