@@ -392,7 +392,8 @@ if [ "${BENCH_RMA:-1}" != 0 ]; then
     [ "$HAVE_MPICH" = 1 ] && { mpicc.mpich "${CFLAGS[@]}" -o "$BUILD/mpi_rma.mpich" bench/c/mpi_rma.c || warn "mpi_rma.mpich build failed"; }
     [ "$HAVE_OPENMPI" = 1 ] && { mpicc.openmpi "${CFLAGS[@]}" -o "$BUILD/mpi_rma.openmpi" bench/c/mpi_rma.c || warn "mpi_rma.openmpi build failed"; }
     RSZ="${BENCH_RMA_SIZES:-8,64,4096,65536}"; BSZ="65536,1048576,4194304"
-    OMPI_TCP=(--allow-run-as-root --oversubscribe --mca pml ob1 --mca btl tcp,self)
+    # osc pt2pt: the one-sided component that runs over the BTL (osc sm and ucx would take shared memory).
+    OMPI_TCP=(--allow-run-as-root --oversubscribe --mca pml ob1 --mca btl tcp,self --mca osc pt2pt)
     RMA_BENCHES=()
     rma_run() { # IMPL BENCH ROUND MODE ITERS [extra args...]
         local impl="$1" b="$2" rnd="$3" m="$4" it="$5"; shift 5
