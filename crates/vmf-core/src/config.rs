@@ -43,6 +43,7 @@ pub const PARAMS: &[Param] = &[
     Param { name: "MACHINE_RANKS", default: "auto", doc: "ranks of the job that share this machine's CPUs, whatever transport joins them (set by vmfabric run, which starts every rank here, emulated hosts included); auto: the ranks sharing this rank's region" },
     Param { name: "INIT_TIMEOUT", default: "30", doc: "seconds to wait for the region to be initialised by another rank" },
     Param { name: "LIVENESS_MS", default: "100", doc: "while waiting, check co-resident peers for death every this many milliseconds" },
+    Param { name: "RMA_MEMFD", default: "1", doc: "1: one-sided windows' node segments are memfds co-resident ranks map through pidfd_getfd (one kernel); 0: blocks of the region's pool, as between VMs that share only the region" },
     Param { name: "RMA_AGENT_SPIN_US", default: "50", doc: "one-sided agent (the thread serving operations that arrive over TCP): time (microseconds) it keeps polling after serving before it sleeps; origins poll their answers at least this long too" },
     Param { name: "VERBOSE", default: "0", doc: "1: print setup decisions (region, channels, protocols) to stderr" },
 ];
@@ -164,6 +165,8 @@ pub struct Config {
     pub init_timeout_s: u64,
     /// LIVENESS_MS.
     pub liveness_ms: u64,
+    /// RMA_MEMFD.
+    pub rma_memfd: bool,
     /// RMA_AGENT_SPIN_US.
     pub rma_agent_spin_us: u64,
     /// VERBOSE.
@@ -301,6 +304,7 @@ impl Config {
             },
             init_timeout_s: size("INIT_TIMEOUT", 1, 86400)?,
             liveness_ms: size("LIVENESS_MS", 1, 60_000)?,
+            rma_memfd: flag("RMA_MEMFD")?,
             rma_agent_spin_us: size("RMA_AGENT_SPIN_US", 0, 10_000_000)?,
             verbose: flag("VERBOSE")?,
             values,

@@ -202,6 +202,16 @@ fn rma_every_window_flavor_synchronisation_and_atomic_works() {
     semantic_wide("rma");
     let s = setup();
     let bin = s.build.join(*builds().last().unwrap()).join("rma");
+    // Node segments in the region's pool (what VMs that share only an ivshmem region use).
+    for n in [2, 4] {
+        let o = job_env(n, &bin, &[("VMF_RMA_MEMFD", "0")]);
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            o.status.success() && out.contains("PASS"),
+            "rma with pool segments ({n} ranks):\n{out}\n{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
     // Every operation through the targets' agents (TCP on this host).
     for n in 2..=4 {
         let o = job_env(n, &bin, &[("VMF_SHM", "0")]);

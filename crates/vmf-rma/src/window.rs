@@ -80,6 +80,8 @@ pub struct RmaCtx {
     pub client_spin: Duration,
     /// Peers may read and write this process's memory by single copy.
     pub cma_ok: bool,
+    /// Node segments may be memfds (else pool blocks).
+    pub memfd: bool,
 }
 
 impl RmaCtx {
@@ -109,6 +111,7 @@ impl RmaCtx {
             agent_spin: Duration::from_micros(cfg.rma_agent_spin_us),
             client_spin: Duration::from_micros(cfg.rma_agent_spin_us.max(50)),
             cma_ok: vmf_pal::cma::allow_any_ptracer().is_ok(),
+            memfd: cfg.rma_memfd,
         }
     }
 }
@@ -572,7 +575,7 @@ impl Window {
         let mut seg_out = Seg::None;
         if gi == 0 && group.len() > 1 {
             let same_kernel = group.iter().all(|&m| descs[m].kernel == mine.kernel);
-            if same_kernel {
+            if same_kernel && ctx.memfd {
                 if let Ok(m) = SharedMem::create("vmf-win", lay.total as usize) {
                     seg_out = Seg::Memfd {
                         pid: mine.pid,
