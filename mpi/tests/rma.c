@@ -9,6 +9,8 @@ static int rank, size;
 enum { F_CREATE, F_CREATE_ALLOC, F_ALLOCATE, F_SHARED, F_DYNAMIC, NFLAVORS };
 static const char *fname[] = {"create", "create(Alloc_mem)", "allocate", "allocate_shared", "dynamic"};
 
+static int dyn_half; /* elements in the first of the two ranges a dynamic window attaches */
+
 /* A window of `n` longs per rank; `*disp0` is the displacement of element 0 at every rank (dynamic
  * windows: the address, exchanged). */
 static MPI_Win make(int flavor, int n, long **mem, MPI_Aint **disp0)
@@ -41,7 +43,11 @@ static MPI_Win make(int flavor, int n, long **mem, MPI_Aint **disp0)
     case F_DYNAMIC: {
         CHECK(MPI_Win_create_dynamic(MPI_INFO_NULL, MPI_COMM_WORLD, &w) == MPI_SUCCESS);
         *mem = calloc(n, sizeof(long));
-        CHECK(MPI_Win_attach(w, *mem, bytes) == MPI_SUCCESS);
+        /* Attached as two adjacent halves: operations that cross from one into the other are allowed
+         * (as in MPICH), and the tests below do. */
+        dyn_half = n / 2;
+        CHECK(MPI_Win_attach(w, *mem, dyn_half * sizeof(long)) == MPI_SUCCESS);
+        CHECK(MPI_Win_attach(w, *mem + dyn_half, (n - dyn_half) * sizeof(long)) == MPI_SUCCESS);
         MPI_Aint a;
         MPI_Get_address(*mem, &a);
         MPI_Allgather(&a, 1, MPI_AINT, d, 1, MPI_AINT, MPI_COMM_WORLD);
@@ -60,8 +66,10 @@ static MPI_Aint at(int flavor, MPI_Aint *d0, int r, int k)
 
 static void unmake(int flavor, MPI_Win *w, long *mem)
 {
-    if (flavor == F_DYNAMIC)
+    if (flavor == F_DYNAMIC) {
         CHECK(MPI_Win_detach(*w, mem) == MPI_SUCCESS);
+        CHECK(MPI_Win_detach(*w, mem + dyn_half) == MPI_SUCCESS);
+    }
     CHECK(MPI_Win_free(w) == MPI_SUCCESS);
     CHECK(*w == MPI_WIN_NULL);
     if (flavor == F_CREATE || flavor == F_DYNAMIC)
@@ -199,6 +207,16 @@ static void test_flavor(int f)
     MPI_Group_free(&lg);
     MPI_Group_free(&rg);
     MPI_Group_free(&wg);
+
+    /* One contiguous put over slots 28..35, which a dynamic window attached as two ranges (split at 32). */
+    CHECK(MPI_Win_fence(0, w) == MPI_SUCCESS);
+    long eight[8];
+    for (int k = 0; k < 8; k++)
+        eight[k] = rank * 100 + k;
+    CHECK(MPI_Put(eight, 8, MPI_LONG, right, at(f, d0, right, 28), 8, MPI_LONG, w) == MPI_SUCCESS);
+    CHECK(MPI_Win_fence(0, w) == MPI_SUCCESS);
+    for (int k = 0; k < 8; k++)
+        CHECK(mem[28 + k] == left * 100 + k);
 
     /* Derived datatypes: a strided vector at the target, contiguous at the origin, and back. */
     CHECK(MPI_Win_fence(0, w) == MPI_SUCCESS);

@@ -3,8 +3,8 @@
 //! The owner keeps the list in its heap, sorted by address ([`AttachList`]), and checks its own
 //! operations and its agent's against it. For co-resident peers, which reach attached memory by single
 //! copy, the owner also publishes the list in a table of its own memfd ([`AttachTable`]), read under a
-//! sequence lock: a peer's operation goes ahead only if the table says the target range lies inside one
-//! attached range. The table holds addresses only the kernel dereferences (in `process_vm_readv` /
+//! sequence lock: a peer's operation goes ahead only if the table says the target range lies inside attached
+//! memory (one range, or ranges that follow each other without a gap). The table holds addresses only the kernel dereferences (in `process_vm_readv` /
 //! `writev` on the owner), and a corrupt table makes a check fail or pass wrongly, never makes a peer
 //! access its own memory out of bounds.
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -61,7 +61,7 @@ impl AttachList {
         }
     }
 
-    /// Does `[addr, addr + len)` lie inside one attached range?
+    /// Does `[addr, addr + len)` lie inside attached memory (one range, or adjacent ones)?
     pub fn contains(&self, addr: u64, len: u64) -> bool {
         inside(&self.lock(), addr, len)
     }
@@ -74,10 +74,29 @@ impl AttachList {
 
 fn inside(l: &[(u64, u64)], addr: u64, len: u64) -> bool {
     let i = l.partition_point(|&(b, _)| b <= addr);
-    i > 0 && {
-        let (b, n) = l[i - 1];
-        addr.checked_add(len).is_some_and(|e| e <= b.saturating_add(n))
+    i > 0 && covered(addr, len, i - 1, l.len(), |k| l[k])
+}
+
+/// Is `[addr, addr + len)` covered by range `first` (which starts at or below `addr`) and the ranges that
+/// follow it without a gap? An operation may cross from one attached range into an adjacent one, as in
+/// MPICH (two neighbouring arrays attached separately are one piece of memory to the program).
+fn covered(addr: u64, len: u64, first: usize, n: usize, range: impl Fn(usize) -> (u64, u64)) -> bool {
+    let Some(want) = addr.checked_add(len) else { return false };
+    let (b, l) = range(first);
+    if addr < b {
+        return false;
     }
+    let mut end = b.saturating_add(l);
+    let mut k = first + 1;
+    while end < want && k < n {
+        let (nb, nl) = range(k);
+        if nb != end {
+            break;
+        }
+        end = nb.saturating_add(nl);
+        k += 1;
+    }
+    want <= end
 }
 
 /// A published attach table at `p` ([`TABLE_BYTES`] bytes of shared memory): `seq`, `n`, then `n` sorted
@@ -121,7 +140,7 @@ impl AttachTable {
         seq.store((s | 1) + 1, Ordering::Release);
     }
 
-    /// Does `[addr, addr + len)` lie inside one published range? `None` while the owner keeps
+    /// Does `[addr, addr + len)` lie inside published ranges (one, or adjacent ones)? `None` while the owner keeps
     /// rewriting the table.
     pub fn contains(&self, addr: u64, len: u64) -> Option<bool> {
         for _ in 0..10_000 {
@@ -142,11 +161,13 @@ impl AttachTable {
                     hi = mid;
                 }
             }
-            let hit = lo > 0 && {
-                let b = self.word(2 + 2 * (lo - 1)).load(Ordering::Relaxed);
-                let l = self.word(3 + 2 * (lo - 1)).load(Ordering::Relaxed);
-                addr >= b && addr.checked_add(len).is_some_and(|e| e <= b.saturating_add(l))
-            };
+            let hit = lo > 0
+                && covered(addr, len, lo - 1, n, |k| {
+                    (
+                        self.word(2 + 2 * k).load(Ordering::Relaxed),
+                        self.word(3 + 2 * k).load(Ordering::Relaxed),
+                    )
+                });
             std::sync::atomic::fence(Ordering::Acquire);
             if self.word(0).load(Ordering::Relaxed) == s {
                 return Some(hit);
@@ -169,7 +190,9 @@ mod tests {
         assert!(l.attach(4990, 20).is_err(), "overlap with the next range");
         l.attach(1010, 5).unwrap();
         assert_eq!(l.ranges(), vec![(1000, 10), (1010, 5), (5000, 100)]);
-        assert!(l.contains(1000, 10) && !l.contains(1005, 10) && l.contains(5099, 1));
+        assert!(l.contains(1000, 10) && l.contains(1005, 10) && l.contains(5099, 1));
+        assert!(l.contains(1000, 15) && !l.contains(1000, 16), "adjacent ranges cover together");
+        assert!(!l.contains(1012, 4000), "a gap ends the cover");
         assert!(!l.contains(999, 1) && !l.contains(u64::MAX, 2));
         l.detach(1010).unwrap();
         assert!(l.detach(1010).is_err());
@@ -188,6 +211,10 @@ mod tests {
             assert_eq!(t.contains(k * 100 + 10, 41), Some(false));
             assert_eq!(t.contains(k * 100 + 60, 1), Some(false));
         }
+        t.publish(&[(1000, 10), (1010, 5), (5000, 100)]);
+        assert_eq!(t.contains(1005, 10), Some(true), "adjacent ranges cover together");
+        assert_eq!(t.contains(1000, 16), Some(false));
+        assert_eq!(t.contains(999, 2), Some(false));
         t.publish(&[]);
         assert_eq!(t.contains(0, 1), Some(false));
     }

@@ -70,6 +70,12 @@ pub enum RmaError {
         /// The window's size there.
         size: u64,
     },
+    /// The operation reaches memory the member has not attached to its dynamic window.
+    #[error("Unable to access member {target}'s dynamic window there since that memory is not attached to it")]
+    NotAttached {
+        /// Member index.
+        target: usize,
+    },
     /// A malformed operation.
     #[error("Unable to operate on member {target}'s window since {what}")]
     Bad {

@@ -962,6 +962,7 @@ impl Window {
     fn status(&self, t: usize, st: Status) -> Result<(), RmaError> {
         match st {
             Status::Ok => Ok(()),
+            Status::Range if self.flavor == Flavor::Dynamic => Err(RmaError::NotAttached { target: t }),
             Status::Range => Err(RmaError::Range {
                 target: t,
                 lo: 0,

@@ -127,7 +127,7 @@ pub(crate) fn win(st: &mut State, h: MPI_Win) -> R<(usize, &mut MWin)> {
 /// An MPI error for a one-sided failure.
 pub(crate) fn rma_err(e: RmaError) -> MpiErr {
     let code = match &e {
-        RmaError::Range { .. } => MPI_ERR_RMA_RANGE,
+        RmaError::Range { .. } | RmaError::NotAttached { .. } => MPI_ERR_RMA_RANGE,
         RmaError::Remote {
             status: vmf_rma::Status::Range,
             ..
