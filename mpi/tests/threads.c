@@ -1,9 +1,11 @@
 /* MPI_THREAD_MULTIPLE: threads of every rank call MPI at once — point-to-point with per-thread tags
  * (blocking, nonblocking, probe), collectives on communicators of their own issued in different orders on
- * different ranks, communicator construction (dup, idup, split), and one-sided atomics on one counter.
+ * different ranks, communicator construction (dup, idup, split), one-sided atomics on one counter, and a
+ * partitioned send whose partitions threads mark while the main thread already waits for it.
  * Prints PASS on rank 0. */
 #include "check.h"
 #include <pthread.h>
+#include <unistd.h>
 
 #define NT 4
 static int rank, size;
@@ -72,6 +74,52 @@ static void *worker(void *arg)
     return NULL;
 }
 
+/* Partitioned send (MPI 4.0): each thread fills and marks its partition. */
+#define PARTS NT
+#define PCOUNT 1000
+static int pbuf[PARTS * PCOUNT];
+static MPI_Request preq;
+
+static void *mark(void *arg)
+{
+    int p = (int)(long)arg;
+    for (int k = 0; k < PCOUNT; k++)
+        pbuf[p * PCOUNT + k] = p * 100000 + k;
+    usleep(2000 * (PARTS - p)); /* the main thread is in MPI_Wait by now */
+    CHECK(MPI_Pready(p, preq) == MPI_SUCCESS);
+    return NULL;
+}
+
+static void test_partitioned(void)
+{
+    if (size < 2 || rank > 1)
+        return;
+    if (rank == 0) {
+        CHECK(MPI_Psend_init(pbuf, PARTS, PCOUNT, MPI_INT, 1, 7, MPI_COMM_WORLD, MPI_INFO_NULL, &preq) ==
+              MPI_SUCCESS);
+        for (int round = 0; round < 3; round++) {
+            CHECK(MPI_Start(&preq) == MPI_SUCCESS);
+            pthread_t th[PARTS];
+            for (int p = 0; p < PARTS; p++)
+                pthread_create(&th[p], NULL, mark, (void *)(long)p);
+            CHECK(MPI_Wait(&preq, MPI_STATUS_IGNORE) == MPI_SUCCESS);
+            for (int p = 0; p < PARTS; p++)
+                pthread_join(th[p], NULL);
+        }
+    } else {
+        CHECK(MPI_Precv_init(pbuf, PARTS, PCOUNT, MPI_INT, 0, 7, MPI_COMM_WORLD, MPI_INFO_NULL, &preq) ==
+              MPI_SUCCESS);
+        for (int round = 0; round < 3; round++) {
+            memset(pbuf, 0xff, sizeof pbuf);
+            CHECK(MPI_Start(&preq) == MPI_SUCCESS);
+            CHECK(MPI_Wait(&preq, MPI_STATUS_IGNORE) == MPI_SUCCESS);
+            for (int k = 0; k < PARTS * PCOUNT; k++)
+                CHECK(pbuf[k] == (k / PCOUNT) * 100000 + k % PCOUNT);
+        }
+    }
+    CHECK(MPI_Request_free(&preq) == MPI_SUCCESS);
+}
+
 int main(int argc, char **argv)
 {
     int provided;
@@ -108,6 +156,7 @@ int main(int argc, char **argv)
         MPI_Win_unlock(0, win);
     }
     MPI_Win_free(&win);
+    test_partitioned();
     for (int t = 0; t < NT; t++)
         MPI_Comm_free(&comms[t]);
     MPI_Barrier(MPI_COMM_WORLD);

@@ -196,8 +196,12 @@ fn wait_reqs(st: &mut State, idx: &[usize], all: bool) -> R {
         if any_sched {
             drive(st, &scheds);
         }
-        let (rt, mut e) = (&st.reqs, st.fab.engine());
+        // Under MPI_THREAD_MULTIPLE the wait hands the library lock to other threads between polls, and
+        // they may grow (move) the request table: the condition reloads it through an opaque pointer.
+        let (rp, mut e) = (&st.reqs as *const Vec<MReq>, st.fab.engine());
         let cond = |e: &Engine| {
+            // SAFETY: the table lives in the global state; the lock is ours again whenever this runs.
+            let rt: &Vec<MReq> = unsafe { &*std::hint::black_box(rp) };
             if all {
                 idx.iter().all(|&i| req_done_at(e, rt, i))
             } else {
@@ -212,9 +216,11 @@ fn wait_reqs(st: &mut State, idx: &[usize], all: bool) -> R {
         }
         e.wait_until(Op::Wait, |e| {
             cond(e)
-                || scheds
-                    .iter()
-                    .any(|&i| rt[i].sched.as_ref().is_some_and(|s| !s.done && s.ready(e)))
+                || scheds.iter().any(|&i| {
+                    // SAFETY: as in `cond`.
+                    let rt: &Vec<MReq> = unsafe { &*std::hint::black_box(rp) };
+                    rt[i].sched.as_ref().is_some_and(|s| !s.done && s.ready(e))
+                })
         })
         .map_err(from_core)?;
     }
@@ -1038,7 +1044,8 @@ unsafe fn wait(h: *mut MPI_Request, status: *mut MPI_Status, ecomm: &mut MPI_Com
     }
     let i = req_index(st, *h)?;
     *ecomm = comm_handle(st.reqs[i].comm);
-    if let Some(p) = &st.reqs[i].part {
+    if st.reqs[i].part.is_some() && !crate::mt::on() {
+        let p = st.reqs[i].part.as_ref().unwrap();
         if st.reqs[i].active
             && !st.reqs[i].is_recv
             && st.reqs[i].fin.is_none()
@@ -1047,10 +1054,13 @@ unsafe fn wait(h: *mut MPI_Request, status: *mut MPI_Status, ecomm: &mut MPI_Com
             return err(MPI_ERR_REQUEST, format!("MPI_Wait on a partitioned send with {} of {} partitions marked ready (it can never complete)", p.nready, p.parts));
         }
     }
+    // Under MPI_THREAD_MULTIPLE other threads mark the partitions (the usual pattern): wait_reqs below
+    // waits for them, handing the library lock over between polls.
     if st.reqs[i].sched.is_some()
         || st.nbc_active > 0
         || st.reqs[i].link.is_some()
         || st.reqs[i].greq.is_some()
+        || st.reqs[i].part.is_some()
     {
         wait_reqs(st, &[i], true)?;
     } else if let (true, Some(id)) = (st.reqs[i].active, st.reqs[i].eng) {

@@ -17,7 +17,12 @@
 //! lock, so a window is never unregistered (and its memory freed) under a running request.
 //!
 //! **Waiting**: after serving, the thread keeps polling for `VMF_RMA_AGENT_SPIN_US` before it sleeps in
-//! `epoll_wait`, so back-to-back operations of one origin do not each pay a wake-up.
+//! `epoll_wait`, so back-to-back operations of one origin do not each pay a wake-up. While the rank's own
+//! thread waits in the library (past a 5 µs spin), the engine's idle hook ([`engine_idle`]) serves the
+//! connections from that thread and the agent thread stays asleep on a futex: on two cores an idle target
+//! then answers without a thread switch. When the rank computes outside the library, answers carry
+//! [`crate::wire::RESP_BY_AGENT_THREAD`], and origins sleep for the next answers instead of spinning
+//! against the agent thread for the target's CPU.
 use crate::exec::{Status, Target};
 use crate::layout::{decode_runs, Layout, Run, RUN_WIRE};
 use crate::reduce::{Elem, ROp};
