@@ -1,8 +1,11 @@
 /* One-sided communication: every window flavor with every synchronisation, accumulates and atomics
  * (exact results under contention), derived datatypes on origin and target, request-based operations,
- * shared-memory windows, attributes, and the errors MPI defines for misuse. Prints PASS on rank 0. */
+ * shared-memory windows, MPI_Win_create on memory that spans partial and whole pages (shared in place), attributes,
+ * and the errors MPI defines for misuse. Prints PASS on rank 0. */
 #include "check.h"
+#include <pthread.h>
 #include <stdint.h>
+#include <unistd.h>
 
 static int rank, size;
 
@@ -360,6 +363,101 @@ static void test_shared(void)
     MPI_Comm_free(&node);
 }
 
+/* MPI_Win_create on the program's own memory, 40 bytes past a page boundary and 3 pages + 600 bytes long:
+ * partial pages at both edges, whole pages inside. vmfabric shares the pages in place (co-resident peers
+ * then use loads and stores): all of them while no other thread runs, only the whole ones otherwise (the
+ * edges by single copy); `with_thread` runs a thread meanwhile. Operations lie in each part and cross
+ * between them; the bytes around the window, on the same pages, must survive. */
+static volatile int helper_stop;
+static void *helper(void *a)
+{
+    (void)a;
+    while (!helper_stop)
+        usleep(500);
+    return NULL;
+}
+
+static unsigned char pat(int r, int i, int k) { return (unsigned char)(r * 31 + i * 7 + k + 1); }
+
+static void test_create_in_place(int with_thread)
+{
+    pthread_t th;
+    if (with_thread) {
+        helper_stop = 0;
+        pthread_create(&th, NULL, helper, NULL);
+    }
+    enum { NB = 3 * 4096 + 600 };
+    unsigned char *raw = malloc(NB + 2 * 4096);
+    unsigned char *buf = (unsigned char *)(((uintptr_t)raw + 4095) / 4096 * 4096 + 40);
+    memset(buf - 40, 0x5a, 40);
+    memset(buf + NB, 0xa5, 24);
+    for (int k = 0; k < NB; k++)
+        buf[k] = (unsigned char)(k * 7 + rank);
+    memset(buf + 8, 0, 8);    /* counters: head page, interior */
+    memset(buf + 5000, 0, 8); /* (buf + 8 and buf + 5000 are 8-byte aligned) */
+    MPI_Win w;
+    CHECK(MPI_Win_create(buf, NB, 1, MPI_INFO_NULL, MPI_COMM_WORLD, &w) == MPI_SUCCESS);
+    int right = (rank + 1) % size, left = (rank + size - 1) % size;
+    /* head partial page: [0, 4056); whole pages: [4056, 12248); tail: [12248, NB) */
+    enum { NR = 7 };
+    int offs[NR] = {20, 4000, 4200, 6000, 12200, 12320, NB - 64}; /* disjoint (one epoch) */
+    int lens[NR] = {16, 200, 64, 64, 100, 64, 64};
+    unsigned char src[NR][256];
+    for (int i = 0; i < NR; i++)
+        for (int k = 0; k < lens[i]; k++)
+            src[i][k] = pat(rank, i, k);
+    MPI_Win_fence(0, w);
+    for (int i = 0; i < NR; i++)
+        CHECK(MPI_Put(src[i], lens[i], MPI_BYTE, right, offs[i], lens[i], MPI_BYTE, w) == MPI_SUCCESS);
+    MPI_Win_fence(0, w);
+    for (int i = 0; i < NR; i++)
+        for (int k = 0; k < lens[i]; k++)
+            CHECK(buf[offs[i] + k] == pat(left, i, k));
+    /* Bytes no operation touched keep their values. */
+    int keep[] = {0, 19, 36, 3999, 4264, 5999, 6064, 12199, 12300, 12319, 12384, NB - 65};
+    for (unsigned i = 0; i < sizeof keep / sizeof keep[0]; i++)
+        CHECK(buf[keep[i]] == (unsigned char)(keep[i] * 7 + rank));
+    /* Gets of every part from the right neighbour (which received from us). */
+    unsigned char back[NR][256];
+    for (int i = 0; i < NR; i++)
+        CHECK(MPI_Get(back[i], lens[i], MPI_BYTE, right, offs[i], lens[i], MPI_BYTE, w) == MPI_SUCCESS);
+    MPI_Win_fence(0, w);
+    for (int i = 0; i < NR; i++)
+        CHECK(memcmp(back[i], src[i], lens[i]) == 0);
+    /* Atomics from every rank on rank 0's counters, one in the head page, one inside. */
+    MPI_Win_lock_all(0, w);
+    long one = 1, old;
+    for (int rep = 0; rep < 50; rep++) {
+        CHECK(MPI_Fetch_and_op(&one, &old, MPI_LONG, 0, 8, MPI_SUM, w) == MPI_SUCCESS);
+        CHECK(MPI_Accumulate(&one, 1, MPI_LONG, 0, 5000, 1, MPI_LONG, MPI_SUM, w) == MPI_SUCCESS);
+    }
+    MPI_Win_unlock_all(w);
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (rank == 0) {
+        long a, b;
+        memcpy(&a, buf + 8, 8);
+        memcpy(&b, buf + 5000, 8);
+        CHECK(a == 50L * size && b == 50L * size);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    CHECK(MPI_Win_free(&w) == MPI_SUCCESS);
+    /* After the window: the memory keeps its contents, and the neighbours on its pages theirs. */
+    for (int k = 0; k < 40; k++)
+        CHECK(buf[k - 40] == 0x5a);
+    for (int k = 0; k < 24; k++)
+        CHECK(buf[NB + k] == 0xa5);
+    for (int i = 0; i < NR; i++)
+        CHECK(buf[offs[i]] == pat(left, i, 0));
+    buf[100] = 1;
+    free(raw);
+    if (with_thread) {
+        helper_stop = 1;
+        pthread_join(th, NULL);
+    }
+    if (rank == 0)
+        printf("create in place (%s) ok\n", with_thread ? "with a thread" : "alone");
+}
+
 int main(int argc, char **argv)
 {
     MPI_Init(&argc, &argv);
@@ -382,6 +480,8 @@ int main(int argc, char **argv)
         test_flavor(f);
     }
     test_shared();
+    test_create_in_place(0);
+    test_create_in_place(1);
     /* Names and info. */
     MPI_Win w;
     long *m;

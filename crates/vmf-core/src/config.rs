@@ -44,6 +44,7 @@ pub const PARAMS: &[Param] = &[
     Param { name: "INIT_TIMEOUT", default: "30", doc: "seconds to wait for the region to be initialised by another rank" },
     Param { name: "LIVENESS_MS", default: "100", doc: "while waiting, check co-resident peers for death every this many milliseconds" },
     Param { name: "RMA_MEMFD", default: "1", doc: "1: one-sided windows' node segments are memfds co-resident ranks map through pidfd_getfd (one kernel); 0: blocks of the region's pool, as between VMs that share only the region" },
+    Param { name: "RMA_SHARE_CREATE_MAX", default: "256M", doc: "MPI_Win_create and MPI_Win_attach on memory of the program's own, up to this many bytes: its whole pages move into a memfd at the same addresses (contents kept; private again at MPI_Win_free), so co-resident ranks reach them with loads and stores instead of a system call per access; 0: never" },
     Param { name: "RMA_AGENT_SPIN_US", default: "50", doc: "one-sided agent (the thread serving operations that arrive over TCP): time (microseconds) it keeps polling after serving before it sleeps; origins poll their answers at least this long too" },
     Param { name: "VERBOSE", default: "0", doc: "1: print setup decisions (region, channels, protocols) to stderr" },
 ];
@@ -167,6 +168,8 @@ pub struct Config {
     pub liveness_ms: u64,
     /// RMA_MEMFD.
     pub rma_memfd: bool,
+    /// RMA_SHARE_CREATE_MAX.
+    pub rma_share_create_max: u64,
     /// RMA_AGENT_SPIN_US.
     pub rma_agent_spin_us: u64,
     /// VERBOSE.
@@ -305,6 +308,7 @@ impl Config {
             init_timeout_s: size("INIT_TIMEOUT", 1, 86400)?,
             liveness_ms: size("LIVENESS_MS", 1, 60_000)?,
             rma_memfd: flag("RMA_MEMFD")?,
+            rma_share_create_max: size("RMA_SHARE_CREATE_MAX", 0, 1 << 40)?,
             rma_agent_spin_us: size("RMA_AGENT_SPIN_US", 0, 10_000_000)?,
             verbose: flag("VERBOSE")?,
             values,

@@ -202,6 +202,15 @@ fn rma_every_window_flavor_synchronisation_and_atomic_works() {
     semantic_wide("rma");
     let s = setup();
     let bin = s.build.join(*builds().last().unwrap()).join("rma");
+    // MPI_Win_create memory is shared in place (the routes the library reports with VMF_VERBOSE=1), and
+    // not with VMF_RMA_SHARE_CREATE_MAX=0 (single copies: the program passes either way).
+    for (max, want) in [("256M", true), ("0", false)] {
+        let o = job_env(2, &bin, &[("VMF_VERBOSE", "1"), ("VMF_RMA_SHARE_CREATE_MAX", max)]);
+        let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        assert!(o.status.success() && out.contains("PASS"), "rma, share max {max}:\n{out}\n{err}");
+        let in_place = err.lines().any(|l| l.contains("(Create), routes") && l.contains("\"in place\""));
+        assert_eq!(in_place, want, "routes with VMF_RMA_SHARE_CREATE_MAX={max}:\n{err}");
+    }
     // Node segments in the region's pool (what VMs that share only an ivshmem region use).
     for n in [2, 4] {
         let o = job_env(n, &bin, &[("VMF_RMA_MEMFD", "0")]);

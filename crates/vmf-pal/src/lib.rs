@@ -13,6 +13,7 @@
 
 pub mod cma;
 pub mod futex;
+pub mod inplace;
 pub mod membarrier;
 pub mod process;
 pub mod shmem;

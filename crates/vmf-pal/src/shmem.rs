@@ -141,6 +141,17 @@ impl Drop for SharedMem {
     }
 }
 
+/// The inode number of the file behind descriptor `fd`.
+pub fn inode(fd: RawFd) -> io::Result<u64> {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: st is written by the kernel on success.
+    if unsafe { libc::fstat(fd, st.as_mut_ptr()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fstat succeeded.
+    Ok(unsafe { st.assume_init() }.st_ino)
+}
+
 /// A duplicate of descriptor `fd` of process `pid` (`pidfd_open` + `pidfd_getfd`).
 pub fn pidfd_getfd(pid: i32, fd: RawFd) -> io::Result<OwnedFd> {
     // SAFETY: integer-only system call.

@@ -79,6 +79,9 @@ pub struct Agent {
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
+/// The agent thread held off the heap (see [`Agent::quiesce`]).
+pub struct Quiet<'a>(#[allow(dead_code)] std::sync::MutexGuard<'a, Server>);
+
 /// Where the rank's own thread is, as the engine's idle hook reports it (a futex word the agent thread
 /// sleeps on while it is [`MAIN_INLINE`]).
 static INLINE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(MAIN_OUTSIDE);
@@ -181,6 +184,12 @@ impl Agent {
     /// Let `engine` serve this agent's connections while it waits idle (see [`engine_idle`]).
     pub fn hook_into(engine: &mut vmf_core::engine::Engine) {
         engine.set_idle_hook(Some(engine_idle));
+    }
+
+    /// Keep the agent thread off the heap until the guard is dropped (it touches the heap only while it
+    /// holds its server, which the guard holds).
+    pub fn quiesce(&self) -> Quiet<'_> {
+        Quiet(self.server.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// A new window id (registered later with [`Agent::register`]).

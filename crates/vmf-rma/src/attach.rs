@@ -13,9 +13,6 @@ use std::sync::{Arc, Mutex};
 /// Most ranges a dynamic window member may have attached at once.
 pub const ATTACH_MAX: usize = 1 << 16;
 
-/// Bytes of a published table.
-pub const TABLE_BYTES: usize = 16 + ATTACH_MAX * 16;
-
 /// The owner's list of attached ranges (address, length), sorted by address, disjoint.
 #[derive(Clone, Default, Debug)]
 pub struct AttachList(Arc<Mutex<Vec<(u64, u64)>>>);
@@ -99,8 +96,33 @@ fn covered(addr: u64, len: u64, first: usize, n: usize, range: impl Fn(usize) ->
     want <= end
 }
 
-/// A published attach table at `p` ([`TABLE_BYTES`] bytes of shared memory): `seq`, `n`, then `n` sorted
-/// (address, length) pairs.
+/// One published range: where it is, and where its pages are shared in place (when they are).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Entry {
+    /// Start address of the attached range.
+    pub addr: u64,
+    /// Its length.
+    pub len: u64,
+    /// Nonzero when (part of) the range is shared in place: an id unique in the owner's process.
+    pub id: u64,
+    /// The memfd holding the shared pages (a descriptor of the owner's).
+    pub fd: u64,
+    /// Where the shared pages start, relative to `addr` (negative when they start before it).
+    pub rel: i64,
+    /// Bytes shared.
+    pub map_len: u64,
+    /// The memfd's inode (a peer checks the descriptor it took is that file).
+    pub ino: u64,
+}
+
+/// Words per published entry.
+const ENTRY_WORDS: usize = 8;
+
+/// Bytes of a published table.
+pub const TABLE_BYTES: usize = 16 + ATTACH_MAX * ENTRY_WORDS * 8;
+
+/// A published attach table at `p` ([`TABLE_BYTES`] bytes of shared memory): `seq`, `n`, then `n`
+/// [`Entry`]s sorted by address.
 #[derive(Clone, Copy, Debug)]
 pub struct AttachTable {
     p: *mut u8,
@@ -121,28 +143,46 @@ impl AttachTable {
     }
 
     fn word(&self, i: usize) -> &AtomicU64 {
-        // SAFETY: i < 2 + 2 * ATTACH_MAX words inside the table (callers index within it).
+        // SAFETY: i < 2 + ENTRY_WORDS * ATTACH_MAX words inside the table (callers index within it).
         unsafe { &*(self.p.add(8 * i) as *const AtomicU64) }
     }
 
-    /// Publish `ranges` (owner only; sorted, at most ATTACH_MAX).
-    pub fn publish(&self, ranges: &[(u64, u64)]) {
+    fn field(&self, k: usize, f: usize) -> u64 {
+        self.word(2 + ENTRY_WORDS * k + f).load(Ordering::Relaxed)
+    }
+
+    fn entry(&self, k: usize) -> Entry {
+        Entry {
+            addr: self.field(k, 0),
+            len: self.field(k, 1),
+            id: self.field(k, 2),
+            fd: self.field(k, 3),
+            rel: self.field(k, 4) as i64,
+            map_len: self.field(k, 5),
+            ino: self.field(k, 6),
+        }
+    }
+
+    /// Publish `entries` (owner only; sorted, at most ATTACH_MAX).
+    pub fn publish(&self, entries: &[Entry]) {
         let seq = self.word(0);
         let s = seq.load(Ordering::Relaxed);
         seq.store(s | 1, Ordering::Relaxed);
         std::sync::atomic::fence(Ordering::Release);
-        let n = ranges.len().min(ATTACH_MAX);
-        for (k, &(b, l)) in ranges[..n].iter().enumerate() {
-            self.word(2 + 2 * k).store(b, Ordering::Relaxed);
-            self.word(3 + 2 * k).store(l, Ordering::Relaxed);
+        let n = entries.len().min(ATTACH_MAX);
+        for (k, e) in entries[..n].iter().enumerate() {
+            let w = [e.addr, e.len, e.id, e.fd, e.rel as u64, e.map_len, e.ino, 0];
+            for (f, v) in w.into_iter().enumerate() {
+                self.word(2 + ENTRY_WORDS * k + f).store(v, Ordering::Relaxed);
+            }
         }
         self.word(1).store(n as u64, Ordering::Relaxed);
         seq.store((s | 1) + 1, Ordering::Release);
     }
 
-    /// Does `[addr, addr + len)` lie inside published ranges (one, or adjacent ones)? `None` while the owner keeps
-    /// rewriting the table.
-    pub fn contains(&self, addr: u64, len: u64) -> Option<bool> {
+    /// Run `f` on a consistent view (entry count, index of the last entry starting at or below `addr`):
+    /// `None` while the owner keeps rewriting the table.
+    fn read<T>(&self, addr: u64, f: impl Fn(usize, Option<usize>) -> T) -> Option<T> {
         for _ in 0..10_000 {
             let s = self.word(0).load(Ordering::Acquire);
             if s & 1 != 0 {
@@ -155,25 +195,41 @@ impl AttachTable {
             let (mut lo, mut hi) = (0usize, n);
             while lo < hi {
                 let mid = (lo + hi) / 2;
-                if self.word(2 + 2 * mid).load(Ordering::Relaxed) <= addr {
+                if self.field(mid, 0) <= addr {
                     lo = mid + 1;
                 } else {
                     hi = mid;
                 }
             }
-            let hit = lo > 0
-                && covered(addr, len, lo - 1, n, |k| {
-                    (
-                        self.word(2 + 2 * k).load(Ordering::Relaxed),
-                        self.word(3 + 2 * k).load(Ordering::Relaxed),
-                    )
-                });
+            let r = f(n, lo.checked_sub(1));
             std::sync::atomic::fence(Ordering::Acquire);
             if self.word(0).load(Ordering::Relaxed) == s {
-                return Some(hit);
+                return Some(r);
             }
         }
         None
+    }
+
+    /// Does `[addr, addr + len)` lie inside published ranges (one, or adjacent ones)? `None` while the
+    /// owner keeps rewriting the table.
+    pub fn contains(&self, addr: u64, len: u64) -> Option<bool> {
+        self.read(addr, |n, k| {
+            k.is_some_and(|k| {
+                covered(addr, len, k, n, |i| (self.field(i, 0), self.field(i, 1)))
+            })
+        })
+    }
+
+    /// The entry whose attached range and pages shared in place both hold `[addr, addr + len)`, if any.
+    pub fn shared(&self, addr: u64, len: u64) -> Option<Entry> {
+        self.read(addr, |_, k| {
+            let e = self.entry(k?);
+            let end = addr.checked_add(len)?;
+            let ms = (e.addr as i128 + e.rel as i128).max(e.addr as i128);
+            let me = (e.addr as i128 + e.rel as i128 + e.map_len as i128).min(e.addr as i128 + e.len as i128);
+            (e.id != 0 && addr as i128 >= ms && end as i128 <= me).then_some(e)
+        })
+        .flatten()
     }
 }
 
@@ -204,18 +260,34 @@ mod tests {
         // SAFETY: a buffer of TABLE_BYTES.
         let t = unsafe { AttachTable::at(buf.as_mut_ptr() as *mut u8) };
         assert_eq!(t.contains(10, 1), Some(false));
-        let ranges: Vec<(u64, u64)> = (0..1000).map(|k| (k * 100, 50)).collect();
+        let ranges: Vec<Entry> = (0..1000).map(|k| plain(k * 100, 50)).collect();
         t.publish(&ranges);
         for k in [0u64, 1, 500, 999] {
             assert_eq!(t.contains(k * 100, 50), Some(true));
             assert_eq!(t.contains(k * 100 + 10, 41), Some(false));
             assert_eq!(t.contains(k * 100 + 60, 1), Some(false));
         }
-        t.publish(&[(1000, 10), (1010, 5), (5000, 100)]);
+        t.publish(&[plain(1000, 10), plain(1010, 5), plain(5000, 100)]);
         assert_eq!(t.contains(1005, 10), Some(true), "adjacent ranges cover together");
         assert_eq!(t.contains(1000, 16), Some(false));
         assert_eq!(t.contains(999, 2), Some(false));
         t.publish(&[]);
         assert_eq!(t.contains(0, 1), Some(false));
+        // A range whose pages are shared in place, starting 40 bytes before it (a whole page rounded
+        // out), and one shared only in its whole pages.
+        let a = Entry { addr: 4136, len: 5000, id: 7, fd: 3, rel: -40, map_len: 8192, ino: 9 };
+        let b = Entry { addr: 20_000, len: 10_000, id: 8, fd: 4, rel: 480, map_len: 8192, ino: 9 };
+        t.publish(&[a, plain(9136, 10), b]);
+        assert_eq!(t.shared(4136, 5000), Some(a));
+        assert_eq!(t.shared(4136, 5001), None, "past the range (into the next one)");
+        assert_eq!(t.shared(9136, 1), None, "not shared");
+        assert_eq!(t.shared(20_480, 8192), Some(b));
+        assert_eq!(t.shared(20_479, 2), None, "the partial page before");
+        assert_eq!(t.shared(28_672, 1), None, "the partial page after");
+        assert_eq!(t.contains(20_000, 10_000), Some(true));
+    }
+
+    fn plain(addr: u64, len: u64) -> Entry {
+        Entry { addr, len, ..Default::default() }
     }
 }

@@ -66,6 +66,23 @@ pub enum Mem {
         /// Its size.
         size: u64,
     },
+    /// In process `pid` at address `base` (`size` bytes), whose whole pages `[lo, hi)` (offsets in the
+    /// window) the member shared in place and this process maps at `here + lo`: operations inside them
+    /// are loads and stores, the others (the partial pages at the edges) single copies.
+    Split {
+        /// Where window offset 0 would be here (only `[lo, hi)` is mapped: `here + lo` onwards).
+        here: *mut u8,
+        /// First byte mapped here.
+        lo: u64,
+        /// One past the last byte mapped here.
+        hi: u64,
+        /// Process holding the memory.
+        pid: i32,
+        /// Address of the window there.
+        base: u64,
+        /// Its size.
+        size: u64,
+    },
     /// A dynamic window of this process: displacements are addresses, checked against the owner's list.
     DynDirect(AttachList),
     /// A dynamic window of process `pid`: displacements are addresses there, checked against the
@@ -134,6 +151,23 @@ impl Target {
                     return Err(Status::Range);
                 }
                 Ok(Some(At::There(*pid, base.wrapping_add(disp))))
+            }
+            Mem::Split {
+                here,
+                lo,
+                hi,
+                pid,
+                base,
+                size,
+            } => {
+                if a < 0 || b > *size as i128 {
+                    return Err(Status::Range);
+                }
+                if a >= *lo as i128 && b <= *hi as i128 {
+                    Ok(Some(At::Here(here.wrapping_add(disp as usize))))
+                } else {
+                    Ok(Some(At::There(*pid, base.wrapping_add(disp))))
+                }
             }
             Mem::DynDirect(list) => {
                 if a < 0 || b > u64::MAX as i128 {

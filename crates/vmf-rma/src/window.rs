@@ -24,7 +24,8 @@
 //! memory, so every member decides the same way.
 use crate::agent::{Agent, Creds};
 use crate::conn::Conn;
-use crate::attach::{AttachList, AttachTable, TABLE_BYTES};
+use crate::attach::{AttachList, AttachTable, Entry, TABLE_BYTES};
+use std::collections::HashMap;
 use crate::ctl::{Ctl, HeapCtl, CTL_SIZE};
 use crate::exec::{Mem, Status, Target};
 use crate::layout::{Layout, Run};
@@ -34,6 +35,7 @@ use crate::RmaError;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
+use vmf_pal::inplace::InPlace;
 use vmf_pal::shmem::SharedMem;
 use vmf_transport::shm::region::Region;
 
@@ -82,6 +84,8 @@ pub struct RmaCtx {
     pub cma_ok: bool,
     /// Node segments may be memfds (else pool blocks).
     pub memfd: bool,
+    /// `Create` windows up to this many bytes share their whole pages in place (0: never).
+    pub share_create_max: u64,
 }
 
 impl RmaCtx {
@@ -112,6 +116,7 @@ impl RmaCtx {
             client_spin: Duration::from_micros(cfg.rma_agent_spin_us.max(50)),
             cma_ok: vmf_pal::cma::allow_any_ptracer().is_ok(),
             memfd: cfg.rma_memfd,
+            share_create_max: cfg.rma_share_create_max,
         }
     }
 }
@@ -145,9 +150,12 @@ pub type PoolAlloc<'a> = dyn FnMut(usize) -> Option<*mut u8> + 'a;
 /// A member whose memory is mapped here: what the fast paths need.
 #[derive(Clone, Copy, Debug)]
 pub struct Direct {
-    /// Start of the member's memory here.
+    /// Where the member's window offset 0 is here (mapped from `lo` on).
     pub base: *mut u8,
-    /// Its size.
+    /// First byte mapped here: 0, or the first whole page of memory the member shared in place
+    /// (`MPI_Win_create` on its own memory, whose partial edge pages are reached by single copy).
+    pub lo: u64,
+    /// One past the last byte mapped here (the member's size, or the end of its whole pages).
     pub size: u64,
     /// Its control block (accumulate lock).
     pub ctl: *const Ctl,
@@ -231,6 +239,15 @@ pub struct Window {
     client_spin: Duration,
     /// Encoded runs of the last layout sent (reused).
     runs_buf: Vec<u8>,
+    /// This member's memory shared in place (`Create`), private again when the window is dropped (last,
+    /// after the peers' mappings and the agent registration are gone).
+    in_place: Option<InPlace>,
+    /// `Create` and attached memory up to this many bytes is shared in place.
+    share_max: u64,
+    /// Dynamic windows: ranges attached here and shared in place, by address.
+    dyn_in_place: HashMap<u64, (InPlace, Entry)>,
+    /// Dynamic windows: views of peers' ranges shared in place, by (member, id).
+    dyn_maps: HashMap<(usize, u64), SharedMem>,
 }
 
 impl std::fmt::Debug for Window {
@@ -419,8 +436,7 @@ impl Seg {
         w.0
     }
 
-    fn decode(b: &[u8]) -> Result<Seg, String> {
-        let mut r = Rd(b, 0);
+    fn read(r: &mut Rd) -> Result<Seg, String> {
         Ok(match r.u8()? {
             0 => Seg::None,
             1 => Seg::Memfd {
@@ -473,6 +489,36 @@ fn seg_layout(group: &[usize], descs: &[Desc], flavor: Flavor, noncontig: bool) 
         data,
         total: off.max(1),
     }
+}
+
+/// Share the window's memory `[base, base + size)` in place (see [`vmf_pal::inplace`]) and say where the
+/// shared range starts relative to `base`. When no thread of the process but this one (and the agent,
+/// held still meanwhile) can write memory, the pages holding the window move whole, edges included, even
+/// if other data share them (a window smaller than a page, as benchmarks make); otherwise only the pages
+/// that lie entirely inside the window do, and the edges stay private (reached by single copy).
+fn share_in_place(base: *mut u8, size: usize, agent: Option<&Agent>) -> Option<(InPlace, i64)> {
+    let b = base as usize;
+    let e = b.checked_add(size)?;
+    let _quiet = agent.map(|a| a.quiesce());
+    let whole = (b.div_ceil(4096) * 4096, e / 4096 * 4096);
+    let mut tries = vec![whole];
+    if alone(agent.is_some()) {
+        // Rounded out first; the whole pages only if that fails (an edge page shared already, by the
+        // window memory of a neighbouring range).
+        tries.insert(0, (b / 4096 * 4096, e.div_ceil(4096) * 4096));
+    }
+    for (lo, hi) in tries {
+        if hi <= lo {
+            continue;
+        }
+        // SAFETY: nobody writes the pages meanwhile: the window's memory is not written while it is
+        // being exposed, and other data on the edge pages only when another thread runs (then they
+        // stay).
+        if let Ok(r) = unsafe { InPlace::share(lo as *mut u8, hi - lo) } {
+            return Some((r, lo as i64 - b as i64));
+        }
+    }
+    None
 }
 
 fn setup(e: impl Into<String>) -> RmaError {
@@ -600,12 +646,56 @@ impl Window {
                 }
             }
         }
-        let segs = exchange(seg_out.encode()).map_err(setup)?;
-        let seg = if group.len() > 1 {
-            Seg::decode(&segs[group[0]]).map_err(setup)?
+        // Also in phase 2: `Create` memory shared in place, when a peer on this kernel could map it.
+        let in_place = if spec.flavor == Flavor::Create
+            && mine.mem == MemDesc::Private
+            && ctx.memfd
+            && spec.size > 0
+            && spec.size as u64 <= ctx.share_create_max
+            && group.iter().any(|&m| m != spec.me && descs[m].kernel == mine.kernel)
+        {
+            share_in_place(spec.base, spec.size, agent.as_deref())
         } else {
-            Seg::None
+            None
         };
+        let mut msg = Wr(seg_out.encode());
+        match &in_place {
+            Some((ip, rel)) => {
+                msg.u8(1).u32(ip.raw_fd() as u32).u64(*rel as u64).u64(ip.len() as u64);
+            }
+            None => {
+                msg.u8(0);
+            }
+        }
+        let in_place = in_place.map(|x| x.0);
+        let segs = exchange(msg.0).map_err(setup)?;
+        if segs.len() != n {
+            return Err(setup("the exchange returned the wrong number of members"));
+        }
+        // Per member: (memfd, where its mapping starts relative to the window's base, length).
+        let mut shared_in_place: Vec<Option<(i32, i64, u64)>> = vec![None; n];
+        let mut seg = Seg::None;
+        for &m in &group {
+            let mut r = Rd(&segs[m], 0);
+            let sg = Seg::read(&mut r).map_err(setup)?;
+            if m == group[0] && group.len() > 1 {
+                seg = sg;
+            }
+            if r.u8().map_err(setup)? == 1 {
+                let fd = r.u32().map_err(setup)? as i32;
+                let rel = r.u64().map_err(setup)? as i64;
+                let len = r.u64().map_err(setup)?;
+                // Whole pages overlapping the member's window (starting at most a page before it).
+                let ok = len % 4096 == 0
+                    && len > 0
+                    && len <= (1 << 46)
+                    && rel > -4096
+                    && rel < descs[m].size as i64;
+                if ok && m != spec.me {
+                    shared_in_place[m] = Some((fd, rel, len));
+                }
+            }
+        }
         // Phase 3: map it.
         let mut mapped_seg: Option<SharedMem> = None;
         let seg_ptr: Option<*mut u8> = match seg {
@@ -775,6 +865,30 @@ impl Window {
                         }
                         _ => None,
                     },
+                    (None, Flavor::Create) if cma && d.kernel == mine.kernel && shared_in_place[m].is_some() => {
+                        let (fd, rel, len) = shared_in_place[m].unwrap();
+                        let (pid, base, size) = (d.pid, d.base, d.size);
+                        // The window's bytes [lo, hi) lie in the mapping (rel: its start, relative to
+                        // the window; checked above to overlap the window).
+                        let lo = rel.max(0) as u64;
+                        let hi = (rel + len as i64).clamp(0, size as i64) as u64;
+                        let mem = match SharedMem::open_peer(pid, fd, len as usize) {
+                            Ok(sm) if lo < hi => {
+                                let here = sm.as_ptr().wrapping_offset(-rel as isize);
+                                peer_maps.push(sm);
+                                Mem::Split {
+                                    here,
+                                    lo,
+                                    hi,
+                                    pid,
+                                    base,
+                                    size,
+                                }
+                            }
+                            _ => Mem::Cma { pid, base, size },
+                        };
+                        Some(Target { mem, ctl: ctl_here })
+                    }
                     (None, _) if cma && d.kernel == mine.kernel => Some(Target {
                         mem: Mem::Cma {
                             pid: d.pid,
@@ -823,7 +937,18 @@ impl Window {
                     ctl: Some(c),
                 }) => Some(Direct {
                     base: *base,
+                    lo: 0,
                     size: *size,
+                    ctl: *c,
+                    disp_unit: m.disp_unit,
+                }),
+                Some(Target {
+                    mem: Mem::Split { here, lo, hi, .. },
+                    ctl: Some(c),
+                }) => Some(Direct {
+                    base: *here,
+                    lo: *lo,
+                    size: *hi,
                     ctl: *c,
                     disp_unit: m.disp_unit,
                 }),
@@ -854,6 +979,14 @@ impl Window {
             client_spin: ctx.client_spin,
             runs_buf: Vec::new(),
             paths,
+            in_place,
+            share_max: if ctx.memfd && group.iter().any(|&m| m != spec.me && descs[m].kernel == mine.kernel) {
+                ctx.share_create_max
+            } else {
+                0
+            },
+            dyn_in_place: HashMap::new(),
+            dyn_maps: HashMap::new(),
         };
         if let Some(a) = &agent {
             a.register(agent_id, win.paths[spec.me].clone().expect("own path"));
@@ -916,6 +1049,10 @@ impl Window {
                 mem: Mem::Direct { .. },
                 ..
             }) => "load/store",
+            Some(Target {
+                mem: Mem::Split { .. },
+                ..
+            }) => "in place",
             Some(_) => "single-copy",
             None => "agent",
         }
@@ -1045,7 +1182,10 @@ impl Window {
         self.check_range(t, disp, layout)?;
         if self.paths[t].is_some() {
             self.settle(t)?;
-            let st = self.paths[t].as_ref().unwrap().put(disp, layout, data);
+            let st = match self.dyn_view(t, disp, layout) {
+                Some(v) => v.put(disp, layout, data),
+                None => self.paths[t].as_ref().unwrap().put(disp, layout, data),
+            };
             return self.status(t, st).map(|()| Done::Now);
         }
         let d = std::slice::from_raw_parts(data, layout.bytes());
@@ -1066,7 +1206,10 @@ impl Window {
         self.check_range(t, disp, layout)?;
         if self.paths[t].is_some() {
             self.settle(t)?;
-            let st = self.paths[t].as_ref().unwrap().get(disp, layout, out);
+            let st = match self.dyn_view(t, disp, layout) {
+                Some(v) => v.get(disp, layout, out),
+                None => self.paths[t].as_ref().unwrap().get(disp, layout, out),
+            };
             return self.status(t, st).map(|()| Done::Now);
         }
         let h = ReqHeader {
@@ -1102,7 +1245,10 @@ impl Window {
         }
         if self.paths[t].as_ref().is_some_and(|p| p.can_rmw()) {
             self.settle(t)?;
-            let st = self.paths[t].as_ref().unwrap().acc(disp, layout, elem, op, data, result);
+            let st = match self.dyn_view(t, disp, layout) {
+                Some(v) => v.acc(disp, layout, elem, op, data, result),
+                None => self.paths[t].as_ref().unwrap().acc(disp, layout, elem, op, data, result),
+            };
             return self.status(t, st).map(|()| Done::Now);
         }
         let bytes = layout.bytes();
@@ -1138,7 +1284,10 @@ impl Window {
         self.check_range(t, disp, &layout)?;
         if self.paths[t].as_ref().is_some_and(|p| p.can_rmw()) {
             self.settle(t)?;
-            let st = self.paths[t].as_ref().unwrap().cas(disp, elem, compare, new, result);
+            let st = match self.dyn_view(t, disp, &layout) {
+                Some(v) => v.cas(disp, elem, compare, new, result),
+                None => self.paths[t].as_ref().unwrap().cas(disp, elem, compare, new, result),
+            };
             return self.status(t, st).map(|()| Done::Now);
         }
         let c = std::slice::from_raw_parts(compare, s);
@@ -1282,11 +1431,81 @@ impl Window {
         let Some(list) = &self.attach else {
             return Err(RmaError::Flavor("attach needs a dynamic window".into()));
         };
-        let ranges = list.attach(base as u64, len as u64).map_err(RmaError::Attach)?;
-        if let Some((_, t)) = &self.attach_table {
-            t.publish(&ranges);
+        list.attach(base as u64, len as u64).map_err(RmaError::Attach)?;
+        if self.attach_table.is_some() && self.share_max >= len as u64 && len > 0 {
+            if let Some((ip, rel)) = share_in_place(base, len, self.agent.as_deref()) {
+                let e = Entry {
+                    addr: base as u64,
+                    len: len as u64,
+                    id: NEXT_SHARE_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+                    fd: ip.raw_fd() as u64,
+                    rel,
+                    map_len: ip.len() as u64,
+                    ino: vmf_pal::shmem::inode(ip.raw_fd()).unwrap_or(0),
+                };
+                self.dyn_in_place.insert(base as u64, (ip, e));
+            }
         }
+        self.publish_attached();
         Ok(())
+    }
+
+    /// Publish the attached ranges to co-resident peers (those shared in place with their mappings).
+    fn publish_attached(&self) {
+        let (Some((_, t)), Some(list)) = (&self.attach_table, &self.attach) else {
+            return;
+        };
+        let entries: Vec<Entry> = list
+            .ranges()
+            .into_iter()
+            .map(|(addr, len)| match self.dyn_in_place.get(&addr) {
+                Some((_, e)) if e.len == len => *e,
+                _ => Entry {
+                    addr,
+                    len,
+                    ..Default::default()
+                },
+            })
+            .collect();
+        t.publish(&entries);
+    }
+
+    /// A view of dynamic-window member `t` for the operation at `disp` when the memory it reaches is
+    /// shared in place (mapped here on first use): loads and stores instead of single copies.
+    fn dyn_view(&mut self, t: usize, disp: u64, layout: &Layout) -> Option<Target> {
+        let Some(Target {
+            mem: Mem::DynCma { pid, table },
+            ctl,
+        }) = &self.paths[t]
+        else {
+            return None;
+        };
+        let (pid, ctl) = (*pid, *ctl);
+        let (lo, hi) = layout.span()?;
+        let a = u64::try_from(disp as i128 + lo).ok()?;
+        let b = u64::try_from(disp as i128 + hi).ok()?;
+        let e = table.shared(a, b.checked_sub(a)?)?;
+        let key = (t, e.id);
+        if !self.dyn_maps.contains_key(&key) {
+            // Views of ranges detached since stay mapped until here (or the window's end).
+            if self.dyn_maps.len() >= 256 {
+                self.dyn_maps.clear();
+            }
+            let sm = SharedMem::open_peer(pid, e.fd as i32, e.map_len as usize).ok()?;
+            if vmf_pal::shmem::inode(sm.raw_fd()).ok()? != e.ino {
+                return None;
+            }
+            self.dyn_maps.insert(key, sm);
+        }
+        let start = (e.addr as i64).wrapping_add(e.rel) as u64;
+        let here = self.dyn_maps[&key].as_ptr().wrapping_sub(start as usize);
+        Some(Target {
+            mem: Mem::Direct {
+                base: here,
+                size: start + e.map_len,
+            },
+            ctl,
+        })
     }
 
     /// Detach the range attached at `base`.
@@ -1294,9 +1513,11 @@ impl Window {
         let Some(list) = &self.attach else {
             return Err(RmaError::Flavor("detach needs a dynamic window".into()));
         };
-        let ranges = list.detach(base as u64).map_err(RmaError::Attach)?;
-        if let Some((_, t)) = &self.attach_table {
-            t.publish(&ranges);
+        list.detach(base as u64).map_err(RmaError::Attach)?;
+        let ip = self.dyn_in_place.remove(&(base as u64));
+        self.publish_attached();
+        if let Some((ip, _)) = ip {
+            self.unshare(ip);
         }
         Ok(())
     }
@@ -1312,7 +1533,37 @@ impl Drop for Window {
         if let Some(a) = &self.agent {
             a.unregister(self.agent_id);
         }
+        // Memory shared in place becomes private again while nothing else can write to it (see
+        // `vmf_pal::inplace`); the peers unmap their views of it in their own MPI_Win_free.
+        self.dyn_maps.clear();
+        let shared: Vec<InPlace> = self
+            .in_place
+            .take()
+            .into_iter()
+            .chain(self.dyn_in_place.drain().map(|(_, (ip, _))| ip))
+            .collect();
+        for ip in shared {
+            self.unshare(ip);
+        }
     }
+}
+
+impl Window {
+    /// Make memory shared in place private again (while nothing else can write to it).
+    fn unshare(&self, mut ip: InPlace) {
+        let _quiet = self.agent.as_ref().map(|a| a.quiesce());
+        ip.set_restore(alone(self.agent.is_some()));
+        drop(ip);
+    }
+}
+
+/// Ids of ranges of dynamic windows shared in place (unique in the process).
+static NEXT_SHARE_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// True when no thread of this process but the caller (and the agent, if `agent`) exists.
+fn alone(agent: bool) -> bool {
+    let threads = std::fs::read_dir("/proc/self/task").map_or(usize::MAX, |d| d.count());
+    threads <= 1 + usize::from(agent)
 }
 
 /// A full memory barrier: stores before it are visible to every processor before loads after it

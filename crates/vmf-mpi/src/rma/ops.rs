@@ -258,10 +258,10 @@ fn fast_target(win: MPI_Win, rank: c_int, disp: MPI_Aint, bytes: usize) -> Optio
     }
     let d = w.w.direct(t)?;
     let off = (disp as u64).checked_mul(d.disp_unit as u64)?;
-    if off.checked_add(bytes as u64)? > d.size {
+    if off < d.lo || off.checked_add(bytes as u64)? > d.size {
         return None;
     }
-    // SAFETY: inside the member's mapped memory (checked against its size).
+    // SAFETY: inside the member's mapped memory (checked against its bounds).
     Some((unsafe { d.base.add(off as usize) }, d.ctl))
 }
 
