@@ -696,6 +696,17 @@ impl Job<'_> {
                 for (rank, t) in disconnected.iter().enumerate() {
                     let Some(t) = t else { continue };
                     let p = &self.ranks[rank];
+                    if p.status.is_some_and(|st| st.success()) {
+                        // As Hydra does: the job stops, and its status stays 0 (OSU 7.4's osu_latency_mt
+                        // returns from main without MPI_Finalize once its results are printed).
+                        eprintln!(
+                            "vmfabric: rank {rank} (pid {}) exited with status 0 without calling MPI_Finalize; \
+                             stopping the job (status 0, as mpiexec.mpich)",
+                            p.pid
+                        );
+                        self.stop(FAIL_GRACE);
+                        return 0;
+                    }
                     if p.status.is_some() || t.elapsed() >= DISCONNECT_GRACE {
                         eprintln!(
                             "vmfabric: rank {rank} (pid {}) closed its PMI connection without calling finalize; \
