@@ -5,7 +5,8 @@
 //! operations, error handlers, attribute callbacks) work. A thread that has to wait (for a message, a
 //! collective, a lock on a window) does not keep the lock: between its polls the engine calls
 //! [`hook`], which, when other threads wait for the lock, releases it, yields the CPU and takes it back.
-//! The lock is a futex mutex (spin briefly, then sleep), deliberately not a first-come-first-served
+//! The lock is a futex mutex (spin briefly, yield the CPU a few times, then sleep; a holder that waits
+//! hands the lock over whenever any thread tries to take it), deliberately not a first-come-first-served
 //! queue: with more threads than cores a queued thread may be off the CPU, and a queue would make every
 //! other thread wait for it.
 //!
@@ -80,20 +81,39 @@ fn lock_word() {
     {
         return;
     }
-    for _ in 0..100 {
-        std::hint::spin_loop();
-        if LOCK.load(Ordering::Relaxed) == 0
+    WAITERS.fetch_add(1, Ordering::Relaxed);
+    let try_take = || {
+        LOCK.load(Ordering::Relaxed) == 0
             && LOCK
                 .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
                 .is_ok()
-        {
-            return;
+    };
+    // Spin, then yield the CPU (the holder may be waiting for the CPU this thread runs on: more threads
+    // than cores), then sleep in the kernel.
+    let mut got = false;
+    for k in 0..(100 + YIELDS) {
+        if k < 100 {
+            std::hint::spin_loop();
+        } else {
+            std::thread::yield_now();
+        }
+        if try_take() {
+            got = true;
+            break;
         }
     }
-    while LOCK.swap(2, Ordering::Acquire) != 0 {
-        vmf_pal::futex::wait(&LOCK, 2, None);
+    if !got {
+        while LOCK.swap(2, Ordering::Acquire) != 0 {
+            vmf_pal::futex::wait(&LOCK, 2, None);
+        }
     }
+    WAITERS.fetch_sub(1, Ordering::Relaxed);
 }
+
+/// Threads trying to take the lock (spinning, yielding or asleep).
+static WAITERS: AtomicU32 = AtomicU32::new(0);
+/// How many times a thread yields for the lock before it sleeps.
+const YIELDS: u32 = 64;
 
 fn unlock_word() {
     if LOCK.swap(0, Ordering::Release) == 2 {
@@ -135,7 +155,7 @@ pub(crate) fn enter() -> Guard {
 /// waits.
 #[inline]
 pub(crate) fn let_others_in() {
-    if !on() || LOCK.load(Ordering::Relaxed) != 2 || OWNER.load(Ordering::Relaxed) != me() {
+    if !on() || WAITERS.load(Ordering::Relaxed) == 0 || OWNER.load(Ordering::Relaxed) != me() {
         return;
     }
     let depth = DEPTH.swap(0, Ordering::Relaxed);
