@@ -164,7 +164,12 @@ def load_results(rdir):
                     meta["floor_rounds"] = [v for v in per_round[key] if is_number(v)]
             continue
 
-        if isinstance(bench, str) and bench and stem.endswith("-" + bench):
+        rma = re.match(r"^(.+?)-(rma-[a-z0-9]+)$", stem)
+        if rma:
+            # One-sided files: the name says the benchmark (rma-tcpput holds mode "put" over TCP, and its
+            # JSON says rma-put).
+            impl, bench = rma.group(1), rma.group(2)
+        elif isinstance(bench, str) and bench and stem.endswith("-" + bench):
             impl = stem[:-len(bench) - 1]
         elif "-" in stem:
             impl, fbench = stem.rsplit("-", 1)

@@ -40,6 +40,21 @@ parts = [
     "`bench/results/overcommit_cpu.png`.\n",
     summary.replace("# vmfabric benchmark summary", "## Point to point, TCP and migration").replace("\n## ", "\n### "),
 ]
+# A one-sided run made on its own (bench/run.sh with only the RMA section, results in bench/results/rma/)
+# when the main run has none.
+rma = read(os.path.join("rma", "summary.md"))
+if rma and "## rma-" not in summary:
+    keep = [sec for sec in rma.split("\n## ") if sec.startswith(("rma-", "Targets", "Runs"))]
+    targets = []
+    for i, sec in enumerate(keep):
+        if sec.startswith("Targets"):
+            lines = sec.split("\n")
+            keep[i] = "\n".join([lines[0]] + [l for l in lines[1:] if "RMA" in l or not l.startswith("- **")])
+    parts.append("## One-sided (RMA)\n\nThe one-sided section of `bench/run.sh` run on its own (`BENCH_RESULTS_DIR=bench/results/rma "
+                 "BENCH_MODES=' ' BENCH_COLLS=' ' BENCH_HOSTS=0 BENCH_OVERCOMMIT=0 BENCH_SKIP_CACHELINE=1 bash bench/run.sh`): "
+                 "`bench/c/mpi_rma.c` on an MPI_Win_allocate window under lock_all, one operation then MPI_Win_flush; "
+                 "busy rows: the target computes without calling MPI.\n\n" + rma.split("\n", 1)[1].split("\n## ", 1)[0].strip() + "\n\n### "
+                 + "\n### ".join(keep))
 if over:
     parts.append(over.replace("\n# ", "\n## ", 1).replace("\n## ", "\n### ") if not over.startswith("#") else "## " + over.lstrip("#").lstrip().replace("\n## ", "\n### "))
 with open(out, "w") as f:

@@ -440,11 +440,13 @@ if [ "${BENCH_RMA:-1}" != 0 ]; then
         rma_run vmfabric-tcp rma-tcpbusyget "$round" get 5000 --sizes 8 --target-busy 20
         rma_run openmpi-tcp rma-tcpbusyget "$round" get 5000 --sizes 8 --target-busy 20
     done
+    ALL_ROUNDS="$ROUNDS"; ROUNDS="${BENCH_RMA_ROUNDS:-3}" # what merge expects
     for b in rma-put rma-get rma-fop rma-cas rma-putbw rma-tcpget rma-tcpput rma-busyget rma-tcpbusyget; do
         for impl in vmfabric-mpi mpich openmpi; do
             ls "$ROUNDS_DIR/$impl-$b".r*.json >/dev/null 2>&1 && merge "$impl" "$b" "$RESULTS/$impl-$b.json"
         done
     done
+    ROUNDS="$ALL_ROUNDS"
     # Open MPI 4.1 crashes in MPI_Compare_and_swap on shared memory (osc/sm); its missing column is that.
     if ! ls "$ROUNDS_DIR/openmpi-rma-cas".r*.json >/dev/null 2>&1; then
         record openmpi rma-cas "FAILED: crashed in every round (Open MPI 4.1's osc/sm compare-and-swap)"
