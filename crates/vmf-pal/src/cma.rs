@@ -64,7 +64,8 @@ pub fn read_from(pid: i32, remote: u64, local: &mut [u8]) -> io::Result<()> {
 /// Copy `local` to address `remote` in process `pid` (`process_vm_writev`), looping over partial
 /// transfers. As for [`read_from`], the remote address is only interpreted by the kernel.
 pub fn write_to(pid: i32, remote: u64, local: &[u8]) -> io::Result<()> {
-    scatter(pid, local.as_ptr() as *mut u8, &[(remote, local.len())], true)
+    // SAFETY: the kernel only reads `local`, which holds exactly the piece's length.
+    unsafe { scatter(pid, local.as_ptr() as *mut u8, &[(remote, local.len())], true) }
 }
 
 /// Largest number of iovecs one call takes (the kernel's `UIO_MAXIOV`).
@@ -75,7 +76,10 @@ const MAX_IOV: usize = 1024;
 /// are read into the buffer. The buffer holds the sum of the pieces' lengths.
 ///
 /// The remote side is only interpreted by the kernel (a bad address yields `EFAULT`).
-pub fn scatter(pid: i32, local: *mut u8, remote: &[(u64, usize)], write: bool) -> io::Result<()> {
+///
+/// # Safety
+/// `local` must be valid for reads (`write`) or writes (otherwise) of the pieces' total length.
+pub unsafe fn scatter(pid: i32, local: *mut u8, remote: &[(u64, usize)], write: bool) -> io::Result<()> {
     let total: usize = remote.iter().map(|r| r.1).sum();
     let mut done = 0usize;
     // Position in `remote`: piece index and bytes of it already moved.
@@ -173,11 +177,12 @@ mod tests {
                 assert_eq!(&dst[8..12], &src[..4]);
                 // Pieces of 0, 10, 0 and 10 bytes: the buffer is read out in order.
                 let pieces = [(base + 20, 0), (base + 20, 10), (base + 40, 0), (base + 50, 10)];
-                scatter(me, src.as_ptr() as *mut u8, &pieces, true).unwrap();
+                // SAFETY: the pieces add up to 20 bytes, inside `src` and `back`.
+                unsafe { scatter(me, src.as_ptr() as *mut u8, &pieces, true) }.unwrap();
                 assert_eq!(&dst[20..30], &src[..10]);
                 assert_eq!(&dst[50..60], &src[10..20]);
                 let mut back = vec![0u8; 20];
-                scatter(me, back.as_mut_ptr(), &pieces, false).unwrap();
+                unsafe { scatter(me, back.as_mut_ptr(), &pieces, false) }.unwrap();
                 assert_eq!(&back[..], &src[..20]);
             }
             Err(e) => assert!(

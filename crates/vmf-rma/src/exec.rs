@@ -215,7 +215,8 @@ impl Target {
             }
             Ok(Some(At::There(pid, a))) => {
                 let pcs = Self::pieces(a, layout);
-                match vmf_pal::cma::scatter(pid, data as *mut u8, &pcs, true) {
+                // SAFETY: `data` holds `layout.bytes()`, the pieces' total (caller's contract).
+                match unsafe { vmf_pal::cma::scatter(pid, data as *mut u8, &pcs, true) } {
                     Ok(()) => Status::Ok,
                     Err(_) => Status::Io,
                 }
@@ -241,7 +242,8 @@ impl Target {
             }
             Ok(Some(At::There(pid, a))) => {
                 let pcs = Self::pieces(a, layout);
-                match vmf_pal::cma::scatter(pid, out, &pcs, false) {
+                // SAFETY: `out` is writable for `layout.bytes()`, the pieces' total (caller's contract).
+                match unsafe { vmf_pal::cma::scatter(pid, out, &pcs, false) } {
                     Ok(()) => Status::Ok,
                     Err(_) => Status::Io,
                 }

@@ -128,6 +128,9 @@ fn truth(t: bool) -> F80 {
 }
 
 /// `b[i] = a[i] op b[i]` over `n` `long double`s (16-byte elements).
+///
+/// # Safety
+/// `a` must be readable and `b` readable and writable for `16 * n` bytes.
 pub unsafe fn real(op: LOp, a: *const u8, b: *mut u8, n: usize) {
     for k in 0..n {
         let (pa, pb) = (a.add(16 * k), b.add(16 * k));
@@ -146,6 +149,9 @@ pub unsafe fn real(op: LOp, a: *const u8, b: *mut u8, n: usize) {
 }
 
 /// SUM/PROD over `n` `long double _Complex` (32-byte elements: real part, imaginary part).
+///
+/// # Safety
+/// `a` must be readable and `b` readable and writable for `32 * n` bytes.
 pub unsafe fn complex(op: LOp, a: *const u8, b: *mut u8, n: usize) {
     for k in 0..n {
         let (pa, pb) = (a.add(32 * k), b.add(32 * k));
@@ -165,6 +171,9 @@ pub unsafe fn complex(op: LOp, a: *const u8, b: *mut u8, n: usize) {
 
 /// MINLOC/MAXLOC over `n` `struct { long double v; int i; }` pairs `stride` bytes apart (32 in memory,
 /// 20 packed), the index at byte 16; ties keep the lower index.
+///
+/// # Safety
+/// `a` must be readable and `b` readable and writable for `stride * n` bytes.
 pub unsafe fn loc(op: LOp, a: *const u8, b: *mut u8, n: usize, stride: usize) {
     for k in 0..n {
         let (pa, pb) = (a.add(stride * k), b.add(stride * k));

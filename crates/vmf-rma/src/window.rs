@@ -1225,6 +1225,7 @@ impl Window {
     ///
     /// # Safety
     /// `data` readable and `result` writable for `layout.bytes()` bytes until the operation completes.
+    #[allow(clippy::too_many_arguments)] // MPI_Get_accumulate's arguments
     pub unsafe fn accumulate(
         &mut self,
         t: usize,

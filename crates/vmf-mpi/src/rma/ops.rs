@@ -651,9 +651,7 @@ mpi_api! {
                 }
             }
         }
-        let r = (|| -> R {
-            compare_and_swap(origin_addr, compare_addr, result_addr, datatype, target_rank, target_disp, win).map(|_| ())
-        })();
+        let r: R = compare_and_swap(origin_addr, compare_addr, result_addr, datatype, target_rank, target_disp, win).map(|_| ());
         fin_win(win, "MPI_Compare_and_swap", r)
     }
     fn MPI_Rput / PMPI_Rput(origin_addr: *const c_void, origin_count: c_int, origin_datatype: MPI_Datatype, target_rank: c_int, target_disp: MPI_Aint, target_count: c_int, target_datatype: MPI_Datatype, win: MPI_Win, request: *mut MPI_Request) -> c_int {
