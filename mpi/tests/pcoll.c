@@ -1,9 +1,84 @@
 /* Persistent collectives (MPI 4.0 *_init): every one, started many times with new data each time
  * (Start/Wait, Startall/Waitall, Test loops), in place where allowed, inactive Wait, Request_free. */
 #include "check.h"
+#include <string.h>
 
 static int R, N;
 #define NI 4 /* iterations */
+
+/* Overwrite freed heap memory, as a program does between an _init call and its starts. */
+static void churn(void)
+{
+    for (int k = 0; k < 64; k++) {
+        size_t len = 16 + 8 * (size_t)k;
+        long *p = malloc(len);
+        memset(p, 0x5a, len);
+        free(p);
+    }
+}
+
+/* The large-count (_c) forms of the persistent v-collectives: their count arrays are MPI_Count, and a
+ * start reads them long after the _init call returned (they once pointed at freed memory). */
+static void test_large_count_v(MPI_Comm c)
+{
+    int r, n;
+    MPI_Comm_rank(c, &r);
+    MPI_Comm_size(c, &n);
+    MPI_Count *cnt = malloc(n * sizeof *cnt);
+    MPI_Aint *dsp = malloc(n * sizeof *dsp);
+    for (int i = 0; i < n; i++) {
+        cnt[i] = 1 + i % 2;
+        dsp[i] = 2 * i;
+    }
+    int *all = malloc(2 * n * sizeof(int)), mine[2], in[2 * 64];
+    MPI_Request q[4];
+    CHECK(MPI_Allgatherv_init_c(mine, cnt[r], MPI_INT, all, cnt, dsp, MPI_INT, c, MPI_INFO_NULL, &q[0]) == MPI_SUCCESS);
+    CHECK(MPI_Gatherv_init_c(mine, cnt[r], MPI_INT, all, cnt, dsp, MPI_INT, 0, c, MPI_INFO_NULL, &q[1]) == MPI_SUCCESS);
+    int scat[2];
+    CHECK(MPI_Scatterv_init_c(all, cnt, dsp, MPI_INT, scat, cnt[r], MPI_INT, 0, c, MPI_INFO_NULL, &q[2]) == MPI_SUCCESS);
+    /* In place: every rank contributes 2n ints and keeps the sum of its block of 2. */
+    MPI_Count rcnt[64];
+    for (int i = 0; i < n; i++)
+        rcnt[i] = 2;
+    CHECK(MPI_Reduce_scatter_init_c(MPI_IN_PLACE, in, rcnt, MPI_INT, MPI_SUM, c, MPI_INFO_NULL, &q[3]) == MPI_SUCCESS);
+    for (int it = 0; it < NI; it++) {
+        churn();
+        mine[0] = 100 * r + it;
+        mine[1] = 100 * r + it + 50;
+        for (int i = 0; i < 2 * n; i++)
+            all[i] = -1, in[i] = r + i + it;
+        MPI_Start(&q[0]);
+        MPI_Wait(&q[0], MPI_STATUS_IGNORE);
+        for (int i = 0; i < n; i++)
+            for (int k = 0; k < cnt[i]; k++)
+                CHECK(all[dsp[i] + k] == 100 * i + it + 50 * k);
+        for (int i = 0; i < 2 * n; i++)
+            all[i] = -1;
+        MPI_Start(&q[1]);
+        MPI_Wait(&q[1], MPI_STATUS_IGNORE);
+        if (r == 0)
+            for (int i = 0; i < n; i++)
+                for (int k = 0; k < cnt[i]; k++)
+                    CHECK(all[dsp[i] + k] == 100 * i + it + 50 * k);
+        if (r == 0)
+            for (int i = 0; i < 2 * n; i++)
+                all[i] = 1000 * it + i;
+        scat[0] = scat[1] = -1;
+        MPI_Start(&q[2]);
+        MPI_Wait(&q[2], MPI_STATUS_IGNORE);
+        for (int k = 0; k < cnt[r]; k++)
+            CHECK(scat[k] == 1000 * it + dsp[r] + k);
+        MPI_Start(&q[3]);
+        MPI_Wait(&q[3], MPI_STATUS_IGNORE);
+        for (int k = 0; k < 2; k++) /* sum over ranks s of (s + 2r + k + it) */
+            CHECK(in[k] == n * (n - 1) / 2 + n * (2 * r + k + it));
+    }
+    for (int i = 0; i < 4; i++)
+        MPI_Request_free(&q[i]);
+    free(cnt);
+    free(dsp);
+    free(all);
+}
 
 int main(int argc, char **argv)
 {
@@ -186,6 +261,8 @@ int main(int argc, char **argv)
         CHECK(y == N * (N - 1) / 2 + N * it);
     }
     MPI_Request_free(&b);
+    test_large_count_v(comm);
+    test_large_count_v(MPI_COMM_SELF);
     MPI_Comm_free(&comm);
     MPI_Barrier(MPI_COMM_WORLD);
     if (R == 0)

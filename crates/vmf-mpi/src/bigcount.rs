@@ -47,6 +47,14 @@ unsafe fn arr(p: *const i64, n: usize, used: bool) -> R<Option<Vec<c_int>>> {
         .map(Some)
 }
 
+/// A persistent v-collective made with count arrays converted here: they live with its request (its
+/// builder reads them at every MPI_Start; the `Vec`s' heap buffers do not move).
+unsafe fn keep_counts(rc: c_int, request: *mut MPI_Request, arrays: Vec<Option<Vec<c_int>>>) {
+    if rc == MPI_SUCCESS && !request.is_null() {
+        crate::coll::persistent::keep(*request, Box::new(arrays));
+    }
+}
+
 fn ptr(v: &Option<Vec<c_int>>) -> *const c_int {
     v.as_ref().map_or(std::ptr::null(), |v| v.as_ptr())
 }
@@ -443,7 +451,9 @@ mpi_api! {
             let at = v.rooted(root);
             let (rc, rd) = (arr(recvcounts, v.peers, at)?, arr(displs as *const i64, v.peers, at)?);
             let sc = ci(sendcount)?;
-            Ok(crate::coll::persistent::PMPI_Gatherv_init(sendbuf, sc, sendtype, recvbuf, ptr(&rc), ptr(&rd), recvtype, root, comm, info, request))
+            let x = crate::coll::persistent::PMPI_Gatherv_init(sendbuf, sc, sendtype, recvbuf, ptr(&rc), ptr(&rd), recvtype, root, comm, info, request);
+            keep_counts(x, request, vec![rc, rd]);
+            Ok(x)
         })();
         match r {
             Ok(rc) => rc,
@@ -482,7 +492,9 @@ mpi_api! {
             let at = v.rooted(root);
             let (sc, sd) = (arr(sendcounts, v.peers, at)?, arr(displs as *const i64, v.peers, at)?);
             let rc = ci(recvcount)?;
-            Ok(crate::coll::persistent::PMPI_Scatterv_init(sendbuf, ptr(&sc), ptr(&sd), sendtype, recvbuf, rc, recvtype, root, comm, info, request))
+            let x = crate::coll::persistent::PMPI_Scatterv_init(sendbuf, ptr(&sc), ptr(&sd), sendtype, recvbuf, rc, recvtype, root, comm, info, request);
+            keep_counts(x, request, vec![sc, sd]);
+            Ok(x)
         })();
         match r {
             Ok(rc) => rc,
@@ -518,7 +530,9 @@ mpi_api! {
             let v = Shape::of(comm)?;
             let (rc, rd) = (arr(recvcounts, v.peers, true)?, arr(displs as *const i64, v.peers, true)?);
             let sc = ci(sendcount)?;
-            Ok(crate::coll::persistent::PMPI_Allgatherv_init(sendbuf, sc, sendtype, recvbuf, ptr(&rc), ptr(&rd), recvtype, comm, info, request))
+            let x = crate::coll::persistent::PMPI_Allgatherv_init(sendbuf, sc, sendtype, recvbuf, ptr(&rc), ptr(&rd), recvtype, comm, info, request);
+            keep_counts(x, request, vec![rc, rd]);
+            Ok(x)
         })();
         match r {
             Ok(rc) => rc,
@@ -629,7 +643,9 @@ mpi_api! {
         let r = (|| -> R<c_int> {
             let v = Shape::of(comm)?;
             let rc = arr(recvcounts, v.size, true)?;
-            Ok(crate::coll::persistent::PMPI_Reduce_scatter_init(sendbuf, recvbuf, ptr(&rc), datatype, op, comm, info, request))
+            let x = crate::coll::persistent::PMPI_Reduce_scatter_init(sendbuf, recvbuf, ptr(&rc), datatype, op, comm, info, request);
+            keep_counts(x, request, vec![rc]);
+            Ok(x)
         })();
         match r {
             Ok(rc) => rc,

@@ -26,6 +26,20 @@ pub(crate) struct PColl {
     types: Vec<MPI_Datatype>,
     /// The collective tag taken at init.
     tag: i32,
+    /// Data the builder reads through pointers at each start (count arrays the large-count `_c` forms
+    /// converted), freed with the request.
+    keep: Vec<Box<dyn std::any::Any>>,
+}
+
+/// Keep `data` as long as persistent collective `request` lives (MPI_Request_free drops it). The `_c`
+/// forms of the v-collectives pass count arrays they converted to `int`: the builder reads them at every
+/// MPI_Start, so they must outlive the call.
+pub(crate) fn keep(request: MPI_Request, data: Box<dyn std::any::Any>) {
+    let Ok(st) = state() else { return };
+    let i = ((request as u32) & 0x03ff_ffff) as usize;
+    if let Some(Some(p)) = st.pcolls.get_mut(i) {
+        p.keep.push(data);
+    }
 }
 
 /// Create the inactive request for a persistent collective on `comm`.
@@ -61,7 +75,12 @@ pub(crate) unsafe fn init(
         .collect();
     types.iter().for_each(|&t| crate::datatype::hold(st, t));
     let tag = st.comms[ci].as_mut().unwrap().next_coll_tag();
-    st.pcolls[i] = Some(Box::new(PColl { build, types, tag }));
+    st.pcolls[i] = Some(Box::new(PColl {
+        build,
+        types,
+        tag,
+        keep: Vec::new(),
+    }));
     *request = h;
     Ok(())
 }
