@@ -523,6 +523,39 @@ int main(int argc, char **argv)
     for (unsigned k = 0; k < sizeof all / sizeof *all; k++) MPI_Type_free(&all[k]);
     CHECK(all[0] == MPI_DATATYPE_NULL);
     MPI_Barrier(MPI_COMM_WORLD);
+    {
+        /* A type built from a dup that the program frees: MPI_Type_get_contents still names the dup,
+         * and that handle still answers (MPI_COMBINER_DUP of MPI_SHORT_INT), as in MPICH. */
+        MPI_Datatype dup, st, got[1], inner[1];
+        int bl = 2, ni, na, nd, comb;
+        MPI_Aint disp = 0;
+        CHECK(MPI_Type_dup(MPI_SHORT_INT, &dup) == MPI_SUCCESS);
+        CHECK(MPI_Type_create_struct(1, &bl, &disp, &dup, &st) == MPI_SUCCESS);
+        CHECK(MPI_Type_free(&dup) == MPI_SUCCESS && dup == MPI_DATATYPE_NULL);
+        int ints[2];
+        MPI_Aint aints[1];
+        CHECK(MPI_Type_get_contents(st, 2, 1, 1, ints, aints, got) == MPI_SUCCESS);
+        CHECK(ints[0] == 1 && ints[1] == 2 && aints[0] == 0);
+        CHECK(MPI_Type_get_envelope(got[0], &ni, &na, &nd, &comb) == MPI_SUCCESS);
+        CHECK(comb == MPI_COMBINER_DUP && ni == 0 && na == 0 && nd == 1);
+        CHECK(MPI_Type_get_contents(got[0], 0, 0, 1, NULL, NULL, inner) == MPI_SUCCESS);
+        CHECK(inner[0] == MPI_SHORT_INT);
+        int sz;
+        CHECK(MPI_Type_size(got[0], &sz) == MPI_SUCCESS && sz == (int)(sizeof(short) + sizeof(int)));
+        CHECK(MPI_Type_free(&got[0]) == MPI_SUCCESS);
+        CHECK(MPI_Type_commit(&st) == MPI_SUCCESS);
+        CHECK(MPI_Type_size(st, &sz) == MPI_SUCCESS && sz == 2 * (int)(sizeof(short) + sizeof(int)));
+        CHECK(MPI_Type_free(&st) == MPI_SUCCESS);
+        /* Many builds and frees in that order leave no slot behind that breaks later types. */
+        for (int k = 0; k < 100; k++) {
+            CHECK(MPI_Type_dup(MPI_INT, &dup) == MPI_SUCCESS);
+            CHECK(MPI_Type_contiguous(3, dup, &st) == MPI_SUCCESS);
+            CHECK(MPI_Type_free(&dup) == MPI_SUCCESS);
+            CHECK(MPI_Type_commit(&st) == MPI_SUCCESS);
+            CHECK(MPI_Type_size(st, &sz) == MPI_SUCCESS && sz == 3 * (int)sizeof(int));
+            CHECK(MPI_Type_free(&st) == MPI_SUCCESS);
+        }
+    }
     if (R == 0) printf("PASS dtype\n");
     MPI_Finalize();
     return 0;

@@ -201,7 +201,16 @@ pub(crate) fn commit(st: &mut State, dt: MPI_Datatype) -> R {
 fn drop_slot(st: &mut State, i: usize) {
     match st.type_holds.get_mut(i) {
         Some(h) if h.0 > 0 => h.1 = true,
-        _ => st.types[i] = None,
+        _ => discard(st, i),
+    }
+}
+
+/// Remove type `i` and end its holds on the derived types it was built from (see [`create`]).
+fn discard(st: &mut State, i: usize) {
+    if let Some(d) = st.types.get_mut(i).and_then(|t| t.take()) {
+        for t in d.types {
+            release(st, t);
+        }
     }
 }
 
@@ -223,7 +232,7 @@ pub(crate) fn release(st: &mut State, dt: MPI_Datatype) {
             h.0 = h.0.saturating_sub(1);
             if h.0 == 0 && h.1 {
                 h.1 = false;
-                st.types[i] = None;
+                discard(st, i);
             }
         }
     }
@@ -880,6 +889,10 @@ fn darray_indices(
 fn create(newtype: *mut MPI_Datatype, mut d: Dtype) -> R {
     let st = state()?;
     d.refs = 0; // a new object, even when built from a clone of another
+    // The derived types it is built from stay valid while it lives, even if the program frees them:
+    // MPI_Type_get_contents returns their handles (MPICH too keeps them).
+    let from = d.types.clone();
+    from.iter().for_each(|&t| hold(st, t));
     let h = add(st, d);
     // SAFETY: checked non-NULL by the caller (out_type).
     unsafe { *newtype = h };
@@ -1526,7 +1539,8 @@ mpi_api! {
             for (k, v) in attrs.iter().rev() {
                 crate::comm::delete_obj_attr(st, *datatype, *k, *v)?;
             }
-            // Types are flattened at construction: freeing never affects types built from this one.
+            // Types are flattened at construction: freeing never affects how types built from this one
+            // work; those hold it (for MPI_Type_get_contents) until they go.
             drop_slot(st, i);
             // The stand-ins of large counts of this type (bigcount::wide) go with it: its handle may
             // name another type later.
