@@ -238,8 +238,51 @@ int main(int argc, char **argv)
     CHECK_RC(MPI_Scan(&R, &mx, 1, MPI_INT, MPI_SUM, ic), MPI_ERR_COMM);
     CHECK_RC(MPI_Exscan(&R, &mx, 1, MPI_INT, MPI_SUM, ic), MPI_ERR_COMM);
     CHECK_RC(MPI_Bcast(&mx, 1, MPI_INT, rsize, ic), MPI_ERR_ROOT);
-    MPI_Comm bad;
-    CHECK_RC(MPI_Comm_split_type(ic, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &bad), MPI_ERR_COMM);
+
+    /* split_type(SHARED) on the intercommunicator: the local and remote processes of my shared-memory
+     * region (as MPI_COMM_WORLD's split_type finds it), or MPI_COMM_NULL if either side has none; the
+     * last process of the odd group opts out (MPI_UNDEFINED). */
+    {
+        MPI_Comm wsh, sp;
+        MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &wsh);
+        int ns, near[64] = {0};
+        MPI_Comm_size(wsh, &ns);
+        int *who = malloc(ns * sizeof(int));
+        MPI_Allgather(&R, 1, MPI_INT, who, 1, MPI_INT, wsh);
+        /* opting out: the last odd world rank */
+        const int out = (N % 2 == 0) ? N - 1 : N - 2;
+        for (int i = 0; i < ns; i++)
+            if (who[i] < 64 && who[i] != out)
+                near[who[i]] = 1;
+        int el = 0, er = 0;
+        for (int i = 0; i < lsize; i++)
+            el += near[W(par, i)];
+        for (int i = 0; i < rsize; i++)
+            er += near[W(1 - par, i)];
+        CHECK(MPI_Comm_split_type(ic, R == out ? MPI_UNDEFINED : MPI_COMM_TYPE_SHARED, R, MPI_INFO_NULL, &sp) == MPI_SUCCESS);
+        if (R == out || el == 0 || er == 0) {
+            CHECK(sp == MPI_COMM_NULL);
+        } else {
+            int f = 0, a, b;
+            CHECK(sp != MPI_COMM_NULL);
+            MPI_Comm_test_inter(sp, &f);
+            MPI_Comm_size(sp, &a);
+            MPI_Comm_remote_size(sp, &b);
+            CHECK(f == 1 && a == el && b == er);
+            /* the order follows the key (world rank) and the processes talk */
+            int x = R, y = -1, rr;
+            MPI_Comm_rank(sp, &rr);
+            MPI_Allreduce(&x, &y, 1, MPI_INT, MPI_MAX, sp);
+            int m = -1;
+            for (int i = 0; i < rsize; i++)
+                if (near[W(1 - par, i)] && W(1 - par, i) > m)
+                    m = W(1 - par, i);
+            CHECK(y == m);
+            MPI_Comm_free(&sp);
+        }
+        free(who);
+        MPI_Comm_free(&wsh);
+    }
 
     /* split: colour by local-rank parity, reversed order within each group; a colour with no member
      * in the remote group gives MPI_COMM_NULL */

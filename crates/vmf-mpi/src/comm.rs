@@ -796,8 +796,12 @@ mpi_api! {
             }
             let (ci, c) = st.comm(comm)?;
             // Ranks reachable through shared memory (or myself) form one host/region: its colour is
-            // the lowest world rank among them.
-            let mem = members(c);
+            // the lowest world rank among them. On an intercommunicator both groups count, so that
+            // both sides name a region alike: the result connects the local and remote processes of
+            // each region (as MPI_Comm_split does by colour; MPICH answers the same).
+            let inter = c.remote.is_some();
+            let mut mem = members(c);
+            mem.extend(c.remote.iter().flatten().copied());
             let near: Vec<usize> = {
                 let e = st.fab.engine();
                 mem.iter().copied().filter(|&w| matches!(e.route(w), Route::Shm | Route::SelfLoop)).collect()
@@ -831,7 +835,11 @@ mpi_api! {
                 MPIX_COMM_TYPE_NEIGHBORHOOD => MPI_UNDEFINED,
                 t => return err(MPI_ERR_ARG, format!("invalid split_type {t}")),
             };
-            *newcomm = split(st, ci, color, key)?;
+            *newcomm = if inter {
+                crate::intercomm::split(st, ci, color, key)?
+            } else {
+                split(st, ci, color, key)?
+            };
             Ok(())
         })();
         fin(comm, "MPI_Comm_split_type", r)
