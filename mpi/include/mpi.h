@@ -425,6 +425,10 @@ int MPIR_Dup_fn(MPI_Comm, int, void *, void *, void *, int *);
 
 /* ---- functions (each also exported as PMPI_) ---- */
 int MPIX_Delete_error_class(int errorclass);
+int MPIX_GPU_query_support(int gpu_type, int *is_supported);
+int MPIX_Query_cuda_support(void);
+int MPIX_Query_ze_support(void);
+int MPIX_Query_hip_support(void);
 int MPIX_Delete_error_code(int errorcode);
 int MPIX_Delete_error_string(int errorcode);
 int MPI_Abort(MPI_Comm comm, int errorcode);
@@ -883,6 +887,10 @@ int MPI_Win_wait(MPI_Win win);
 double MPI_Wtick(void);
 double MPI_Wtime(void);
 int PMPIX_Delete_error_class(int errorclass);
+int PMPIX_GPU_query_support(int gpu_type, int *is_supported);
+int PMPIX_Query_cuda_support(void);
+int PMPIX_Query_ze_support(void);
+int PMPIX_Query_hip_support(void);
 int PMPIX_Delete_error_code(int errorcode);
 int PMPIX_Delete_error_string(int errorcode);
 int PMPI_Abort(MPI_Comm comm, int errorcode);

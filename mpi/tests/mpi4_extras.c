@@ -878,6 +878,13 @@ int main(int argc, char **argv)
     CHECK(n == 1);
     MPI_Info_free(&early);
 
+    /* MPICH's GPU queries: host memory only here (MPICH's CPU-only builds answer the same). */
+    CHECK(MPIX_Query_cuda_support() == 0 && MPIX_Query_ze_support() == 0 && MPIX_Query_hip_support() == 0);
+    for (int g = MPIX_GPU_SUPPORT_CUDA; g <= MPIX_GPU_SUPPORT_HIP; g++) {
+        int sup = -1;
+        CHECK(MPIX_GPU_query_support(g, &sup) == MPI_SUCCESS && sup == 0);
+    }
+
     /* A session next to the world model: it outlives MPI_Finalize. */
     MPI_Session s;
     MPI_Group wg;

@@ -641,6 +641,29 @@ mpi_api! {
         fin(MPI_COMM_WORLD, "MPIX_Delete_error_string", r)
     }
 
+    // MPICH's GPU queries: this library moves host memory only, so no GPU kind is supported (a program
+    // then stages device buffers itself, as it does under a CPU-only MPICH build).
+    fn MPIX_GPU_query_support / PMPIX_GPU_query_support(gpu_type: c_int, is_supported: *mut c_int) -> c_int {
+        let r = if is_supported.is_null() {
+            err(MPI_ERR_ARG, "is_supported is NULL")
+        } else if !(0..=2).contains(&gpu_type) {
+            err(MPI_ERR_ARG, format!("invalid gpu_type {gpu_type} (MPIX_GPU_SUPPORT_CUDA, _ZE or _HIP)"))
+        } else {
+            *is_supported = 0;
+            Ok(())
+        };
+        fin(MPI_COMM_WORLD, "MPIX_GPU_query_support", r)
+    }
+    fn MPIX_Query_cuda_support / PMPIX_Query_cuda_support() -> c_int {
+        0
+    }
+    fn MPIX_Query_ze_support / PMPIX_Query_ze_support() -> c_int {
+        0
+    }
+    fn MPIX_Query_hip_support / PMPIX_Query_hip_support() -> c_int {
+        0
+    }
+
     fn MPI_Comm_create_errhandler / PMPI_Comm_create_errhandler(function: Option<CommErrFn>, errhandler: *mut MPI_Errhandler) -> c_int {
         let r = (|| -> R {
             let st = state()?;

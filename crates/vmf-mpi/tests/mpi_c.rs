@@ -681,6 +681,69 @@ fn every_declared_function_is_exported_as_mpi_and_pmpi() {
     // and the header declares exactly what we export.
 }
 
+/// The dynamic symbol table of our libmpich.so.12 against Debian's (MPICH 4.0.2): every `MPI_`, `PMPI_`,
+/// `MPIX_` and `PMPIX_` name MPICH exports is ours too, except those `mpi/abi/libmpich.missing` lists with
+/// a reason; an entry that matches no missing name any more fails too (delete it when the name lands), as
+/// does a name we export that MPICH does not.
+#[test]
+fn symbol_table_matches_debian_libmpich_except_listed() {
+    let theirs_lib = Path::new("/usr/lib/x86_64-linux-gnu/libmpich.so.12");
+    if !theirs_lib.exists() {
+        eprintln!("note: Debian's libmpich.so.12 not installed (apt-get install libmpich-dev); skipped");
+        return;
+    }
+    let names = |lib: &Path| -> std::collections::BTreeSet<String> {
+        let out = sh(Command::new("nm").args(["-D", "--defined-only"]).arg(lib)).stdout;
+        String::from_utf8(out)
+            .unwrap()
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(2))
+            .filter(|n| ["MPI_", "PMPI_", "MPIX_", "PMPIX_"].iter().any(|p| n.starts_with(p)))
+            .map(str::to_string)
+            .collect()
+    };
+    let theirs = names(theirs_lib);
+    let ours = names(&setup().libdir.join("libmpich.so.12"));
+    assert!(theirs.len() > 1000, "only {} names in {}", theirs.len(), theirs_lib.display());
+    let list = std::fs::read_to_string(root().join("mpi/abi/libmpich.missing")).unwrap();
+    let entries: Vec<(&str, &str)> = list
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
+        .map(|l| {
+            let (pat, why) = l.split_once(char::is_whitespace).unwrap_or((l, ""));
+            assert!(!why.trim().is_empty(), "entry without a reason: {l}");
+            (pat, why.trim())
+        })
+        .collect();
+    let matches = |pat: &str, n: &str| match pat.strip_suffix('*') {
+        Some(prefix) => n.starts_with(prefix),
+        None => n == pat,
+    };
+    let missing: Vec<&String> = theirs.difference(&ours).collect();
+    let unlisted: Vec<&&String> = missing
+        .iter()
+        .filter(|n| !entries.iter().any(|(p, _)| matches(p, n)))
+        .collect();
+    let stale: Vec<&str> = entries
+        .iter()
+        .filter(|(p, _)| !missing.iter().any(|n| matches(p, n)))
+        .map(|(p, _)| *p)
+        .collect();
+    let extra: Vec<&String> = ours.difference(&theirs).collect();
+    assert!(
+        unlisted.is_empty() && stale.is_empty() && extra.is_empty(),
+        "missing from ours and not listed in mpi/abi/libmpich.missing: {unlisted:?}\n\
+         listed but exported now (delete the entry): {stale:?}\n\
+         exported by ours but not by MPICH: {extra:?}"
+    );
+    eprintln!(
+        "{} of MPICH's {} names exported; {} missing, each listed with its reason",
+        ours.len(),
+        theirs.len(),
+        missing.len()
+    );
+}
+
 /// NetPIPE exactly as Debian ships it (`NPmpich2`, linked against MPICH's libmpich.so.12) runs over our
 /// library unmodified; its integrity mode checks every byte of messages from 1 B to 4 MiB, with
 /// blocking and preposted receives and in both directions at once (`-2 -a`: bidirectional mode without
