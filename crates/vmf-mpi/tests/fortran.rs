@@ -562,3 +562,73 @@ fn wrappers_show_their_commands() {
         );
     }
 }
+
+/// The dynamic symbol table of our libmpichfort.so.12 against Debian's: every name MPICH's exports is ours
+/// too, except those `mpi/abi/libmpichfort.missing` lists with a reason (case-insensitive patterns);
+/// a stale entry, or an export MPICH does not have, fails too.
+#[test]
+fn fortran_symbol_table_matches_debian_except_listed() {
+    let theirs_lib = Path::new("/usr/lib/x86_64-linux-gnu/libmpichfort.so.12");
+    let ours_lib = setup().libdir.join("libmpichfort.so.12");
+    if !theirs_lib.exists() || !ours_lib.exists() {
+        eprintln!("note: a libmpichfort.so.12 is missing (libmpich-dev, gfortran); skipped");
+        return;
+    }
+    let names = |lib: &Path| -> std::collections::BTreeSet<String> {
+        let out = Command::new("nm").args(["-D", "--defined-only"]).arg(lib).output().unwrap();
+        String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(2))
+            .filter(|n| !n.starts_with("_init") && !n.starts_with("_fini"))
+            .map(str::to_string)
+            .collect()
+    };
+    let (theirs, ours) = (names(theirs_lib), names(&ours_lib));
+    assert!(theirs.len() > 1000, "only {} names in {}", theirs.len(), theirs_lib.display());
+    let list = std::fs::read_to_string(root().join("mpi/abi/libmpichfort.missing")).unwrap();
+    // `+pattern reason`: names ours exports and MPICH's does not (bindings of C functions MPICH has).
+    let extras_ok: Vec<String> = list
+        .lines()
+        .filter_map(|l| l.strip_prefix('+'))
+        .map(|l| {
+            let (pat, why) = l.split_once(char::is_whitespace).unwrap_or((l, ""));
+            assert!(!why.trim().is_empty(), "entry without a reason: +{l}");
+            pat.to_ascii_lowercase()
+        })
+        .collect();
+    let entries: Vec<String> = list
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !l.starts_with('#') && !l.starts_with('+'))
+        .map(|l| {
+            let (pat, why) = l.split_once(char::is_whitespace).unwrap_or((l, ""));
+            assert!(!why.trim().is_empty(), "entry without a reason: {l}");
+            pat.to_ascii_lowercase()
+        })
+        .collect();
+    let matches = |pat: &str, n: &str| {
+        let n = n.to_ascii_lowercase();
+        match (pat.strip_prefix('*'), pat.strip_suffix('*')) {
+            (Some(_), Some(_)) if pat.len() > 1 => n.contains(&pat[1..pat.len() - 1]),
+            (Some(suffix), None) => n.ends_with(suffix),
+            (None, Some(prefix)) => n.starts_with(prefix),
+            _ => n == pat,
+        }
+    };
+    let missing: Vec<&String> = theirs.difference(&ours).collect();
+    let unlisted: Vec<&&String> =
+        missing.iter().filter(|n| !entries.iter().any(|p| matches(p, n))).collect();
+    let stale: Vec<&String> =
+        entries.iter().filter(|p| !missing.iter().any(|n| matches(p, n))).collect();
+    let extra: Vec<&String> = ours
+        .difference(&theirs)
+        .filter(|n| !extras_ok.iter().any(|p| matches(p, n)))
+        .collect();
+    assert!(
+        unlisted.is_empty() && stale.is_empty() && extra.is_empty(),
+        "missing from ours and not listed in mpi/abi/libmpichfort.missing: {unlisted:?}\n\
+         listed but exported now (delete the entry): {stale:?}\n\
+         exported by ours but not by MPICH: {extra:?}"
+    );
+    eprintln!("{} of MPICH's {} Fortran names exported; {} missing, each listed", ours.len(), theirs.len(), missing.len());
+}
