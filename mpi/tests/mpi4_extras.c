@@ -862,6 +862,57 @@ static void large_count_more_checks(int rank, int size)
     MPI_Comm_free(&ring);
 }
 
+/* Extended generalized requests: complete after `need` polls; the query reports `need` as the tag. */
+struct pstate {
+    int need, polls, freed, fail;
+    MPI_Request req;
+};
+static int pq_query(void *x, MPI_Status *s)
+{
+    struct pstate *p = x;
+    MPI_Status_set_elements(s, MPI_BYTE, 0);
+    MPI_Status_set_cancelled(s, 0);
+    s->MPI_SOURCE = MPI_UNDEFINED;
+    s->MPI_TAG = p->need;
+    return MPI_SUCCESS;
+}
+static int pq_free(void *x)
+{
+    ((struct pstate *)x)->freed++;
+    return MPI_SUCCESS;
+}
+static int pq_cancel(void *x, int done)
+{
+    (void)x;
+    (void)done;
+    return MPI_SUCCESS;
+}
+static int pq_poll(void *x, MPI_Status *s)
+{
+    struct pstate *p = x;
+    (void)s;
+    if (p->fail)
+        return MPI_ERR_OTHER;
+    if (++p->polls == p->need)
+        MPI_Grequest_complete(p->req);
+    return MPI_SUCCESS;
+}
+
+/* The blocking counterpart MPICH requires (never NULL there): poll every state until all are done. */
+static int pq_wait(int count, void **states, double timeout, MPI_Status *s)
+{
+    (void)timeout;
+    for (int k = 0; k < count; k++) {
+        struct pstate *p = states[k];
+        while (p->polls < p->need) {
+            int rc = pq_poll(p, s);
+            if (rc != MPI_SUCCESS)
+                return rc;
+        }
+    }
+    return MPI_SUCCESS;
+}
+
 int main(int argc, char **argv)
 {
     /* Info objects work before MPI_Init (MPI 4.0). */
@@ -883,6 +934,55 @@ int main(int argc, char **argv)
     for (int g = MPIX_GPU_SUPPORT_CUDA; g <= MPIX_GPU_SUPPORT_HIP; g++) {
         int sup = -1;
         CHECK(MPIX_GPU_query_support(g, &sup) == MPI_SUCCESS && sup == 0);
+    }
+
+    /* MPICH's extended generalized requests: the poll function is what completes them. */
+    {
+        struct pstate ps[3];
+        MPI_Request q[3];
+        MPI_Status sts[3];
+        for (int k = 0; k < 3; k++) {
+            ps[k] = (struct pstate){.need = 3 + k, .polls = 0, .freed = 0, .fail = 0};
+        }
+        CHECK(MPIX_Grequest_start(pq_query, pq_free, pq_cancel, pq_poll, pq_wait, &ps[0], &q[0]) == MPI_SUCCESS);
+        ps[0].req = q[0];
+        MPI_Status s0;
+        CHECK(MPI_Wait(&q[0], &s0) == MPI_SUCCESS && q[0] == MPI_REQUEST_NULL);
+        CHECK(ps[0].polls == 3 && ps[0].freed == 1 && s0.MPI_TAG == 3);
+        /* MPI_Test drives the poll function too */
+        ps[0] = (struct pstate){.need = 4};
+        CHECK(MPIX_Grequest_start(pq_query, pq_free, pq_cancel, pq_poll, pq_wait, &ps[0], &q[0]) == MPI_SUCCESS);
+        ps[0].req = q[0];
+        int fl = 0, rounds = 0;
+        while (!fl && rounds < 100) {
+            CHECK(MPI_Test(&q[0], &fl, &s0) == MPI_SUCCESS);
+            rounds++;
+        }
+        CHECK(fl && rounds == 4 && ps[0].freed == 1 && s0.MPI_TAG == 4);
+        /* a class, its requests waited for together */
+        MPIX_Grequest_class cls;
+        CHECK(MPIX_Grequest_class_create(pq_query, pq_free, pq_cancel, pq_poll, pq_wait, &cls) == MPI_SUCCESS);
+        for (int k = 0; k < 3; k++) {
+            ps[k] = (struct pstate){.need = 2 + 3 * k};
+            CHECK(MPIX_Grequest_class_allocate(cls, &ps[k], &q[k]) == MPI_SUCCESS);
+            ps[k].req = q[k];
+        }
+        CHECK(MPI_Waitall(3, q, sts) == MPI_SUCCESS);
+        for (int k = 0; k < 3; k++)
+            CHECK(ps[k].freed == 1 && ps[k].polls >= 2 + 3 * k && sts[k].MPI_TAG == 2 + 3 * k);
+        MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+        CHECK_RC(MPIX_Grequest_class_allocate(cls + 1000, &ps[0], &q[0]), MPI_ERR_ARG);
+        /* a poll function's error ends the wait with it; the request stays until completed */
+        ps[0] = (struct pstate){.need = 1000, .fail = 1};
+        CHECK(MPIX_Grequest_start(pq_query, pq_free, pq_cancel, pq_poll, pq_wait, &ps[0], &q[0]) == MPI_SUCCESS);
+        ps[0].req = q[0];
+        MPI_Comm_set_errhandler(MPI_COMM_SELF, MPI_ERRORS_RETURN); /* generalized requests report there */
+        CHECK_RC(MPI_Wait(&q[0], &s0), MPI_ERR_OTHER);
+        MPI_Comm_set_errhandler(MPI_COMM_SELF, MPI_ERRORS_ARE_FATAL);
+        MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_ARE_FATAL);
+        MPI_Grequest_complete(ps[0].req);
+        MPI_Request_free(&q[0]);
+        CHECK(ps[0].freed == 1);
     }
 
     /* A session next to the world model: it outlives MPI_Finalize. */

@@ -69,6 +69,24 @@ fn core_err(e: Option<vmf_core::Error>) -> R {
 type GreqQuery = unsafe extern "C" fn(*mut c_void, *mut MPI_Status) -> c_int;
 type GreqFree = unsafe extern "C" fn(*mut c_void) -> c_int;
 type GreqCancel = unsafe extern "C" fn(*mut c_void, c_int) -> c_int;
+/// MPICH's extended generalized requests (MPIX_Grequest_start): progress function.
+type GreqPoll = unsafe extern "C" fn(*mut c_void, *mut MPI_Status) -> c_int;
+/// MPICH's extended generalized requests: blocking wait function (accepted; completion is driven by the
+/// poll function, which MPICH's extension requires to make progress).
+type GreqWait = unsafe extern "C" fn(c_int, *mut *mut c_void, f64, *mut MPI_Status) -> c_int;
+
+/// The functions of a generalized-request class (MPIX_Grequest_class_create), by class handle.
+#[derive(Clone, Copy)]
+struct GreqClass {
+    query: GreqQuery,
+    free: GreqFree,
+    cancel: GreqCancel,
+    poll: Option<GreqPoll>,
+    _wait: Option<GreqWait>,
+}
+static GREQ_CLASSES: std::sync::Mutex<Vec<GreqClass>> = std::sync::Mutex::new(Vec::new());
+/// Class handles are this plus the index (0 is never a class).
+const GREQ_CLASS_BASE: c_int = 0x4400_0000;
 
 /// Partitioned communication (MPI 4.0): a persistent request whose message moves as one piece, on the
 /// communicator's collective context with a tag of its own range (so it matches only the other side's
@@ -100,6 +118,10 @@ pub(crate) struct Greq {
     done: std::sync::atomic::AtomicBool,
     /// MPI_Request_free came before MPI_Grequest_complete: the latter frees it.
     freed: bool,
+    /// MPIX_Grequest_start / class requests: called by every test and wait until the request is done.
+    poll: Option<GreqPoll>,
+    /// The first error the poll function returned (the request's error at completion).
+    poll_rc: c_int,
 }
 
 impl Greq {
@@ -169,11 +191,37 @@ pub(crate) fn new_sched_req(st: &mut State, ci: usize, s: Box<crate::coll::Sched
 fn drive(st: &mut State, idx: &[usize]) {
     let (reqs, fab) = (&mut st.reqs, &st.fab);
     let mut e = fab.engine();
+    let mut polls = Vec::new();
     for &i in idx {
         if let Some(s) = reqs[i].sched.as_mut() {
             let _ = s.advance(&mut e);
         }
+        if let Some(g) = reqs[i].greq.as_ref() {
+            if let (Some(p), false) = (g.poll, g.is_done()) {
+                polls.push((i, p, g.extra));
+            }
+        }
     }
+    drop(e);
+    // Generalized requests with a poll function (MPICH's extension) progress when they are tested or
+    // waited for. The function may call MPI (MPI_Grequest_complete): nothing is borrowed meanwhile.
+    for (i, p, extra) in polls {
+        let mut status = MPI_Status::default();
+        // SAFETY: the program's function with the extra state it registered.
+        let rc = unsafe { p(extra, &mut status) };
+        if rc != MPI_SUCCESS {
+            if let Some(g) = st.reqs.get_mut(i).and_then(|r| r.greq.as_mut()) {
+                if g.poll_rc == MPI_SUCCESS {
+                    g.poll_rc = rc;
+                }
+            }
+        }
+    }
+}
+
+/// Some of the requests `idx` are generalized requests that progress only when polled.
+fn any_polled(st: &State, idx: &[usize]) -> bool {
+    idx.iter().any(|&i| st.reqs[i].greq.as_ref().is_some_and(|g| g.poll.is_some()))
 }
 
 /// Requests of every nonblocking collective in flight (none in the common case: a counter says so).
@@ -192,6 +240,40 @@ fn wait_reqs(st: &mut State, idx: &[usize], all: bool) -> R {
     // a peer may need this rank's next round before it can complete what we wait for.
     let scheds = all_scheds(st);
     let any_sched = !scheds.is_empty();
+    if any_polled(st, idx) {
+        // Poll, progress, look, let others run: the poll functions are what completes these.
+        let mut spins = 0u32;
+        let stp: *mut State = st;
+        loop {
+            // SAFETY: the global state; reloaded through an opaque pointer each round, because other
+            // threads may use it while `relax` lets them in (MPI_THREAD_MULTIPLE).
+            let st = unsafe { &mut *std::hint::black_box(stp) };
+            drive(st, &scheds);
+            drive(st, idx);
+            // A poll function that failed ends the wait with its error (the request stays pending).
+            if let Some(rc) = idx.iter().find_map(|&i| {
+                st.reqs[i].greq.as_ref().map(|g| g.poll_rc).filter(|&rc| rc != MPI_SUCCESS)
+            }) {
+                return err(rc, "a generalized request's poll function failed");
+            }
+            let e = st.fab.engine();
+            let done = if all {
+                idx.iter().all(|&i| req_done_at(&e, &st.reqs, i))
+            } else {
+                idx.iter().any(|&i| req_done_at(&e, &st.reqs, i))
+            };
+            drop(e);
+            if done {
+                return Ok(());
+            }
+            st.fab.engine().progress().map_err(from_core)?;
+            crate::mt::relax(st);
+            spins += 1;
+            if spins > 64 {
+                std::thread::yield_now();
+            }
+        }
+    }
     loop {
         if any_sched {
             drive(st, &scheds);
@@ -255,6 +337,11 @@ unsafe fn complete(st: &mut State, i: usize, h: *mut MPI_Request) -> R<(St, R)> 
     if let Some(g) = st.reqs[i].greq.take() {
         let (s, r) = g.query();
         let rf = (g.free)(g.extra);
+        let r = if g.poll_rc != MPI_SUCCESS {
+            err(g.poll_rc, "the generalized request's poll function failed")
+        } else {
+            r
+        };
         let r = r.and(if rf == MPI_SUCCESS {
             Ok(())
         } else {
@@ -1096,6 +1183,9 @@ unsafe fn test(
         let sc = all_scheds(st);
         drive(st, &sc);
     }
+    if st.reqs[i].greq.is_some() {
+        drive(st, &[i]); // its poll function, if it has one
+    }
     let mut done = req_done_at(&st.fab.engine(), &st.reqs, i);
     if !done {
         st.fab.engine().progress().map_err(from_core)?;
@@ -1613,7 +1703,7 @@ mpi_api! {
             if request.is_null() {
                 return err(MPI_ERR_ARG, "request is NULL");
             }
-            let g = Greq { query, free, cancel, extra: extra_state, done: Default::default(), freed: false };
+            let g = Greq { query, free, cancel, extra: extra_state, done: Default::default(), freed: false, poll: None, poll_rc: MPI_SUCCESS };
             *request = new_req(st, MReq { greq: Some(Box::new(g)), ..MReq::on(1) });
             Ok(())
         })();
@@ -1636,6 +1726,55 @@ mpi_api! {
             Ok(())
         })();
         fin(MPI_COMM_WORLD, "MPI_Grequest_complete", r)
+    }
+    fn MPIX_Grequest_start / PMPIX_Grequest_start(query_fn: Option<GreqQuery>, free_fn: Option<GreqFree>, cancel_fn: Option<GreqCancel>, poll_fn: Option<GreqPoll>, wait_fn: Option<GreqWait>, extra_state: *mut c_void, request: *mut MPI_Request) -> c_int {
+        let _ = wait_fn;
+        let r = (|| -> R {
+            let st = state()?;
+            let (Some(query), Some(free), Some(cancel)) = (query_fn, free_fn, cancel_fn) else {
+                return err(MPI_ERR_ARG, "query_fn, free_fn and cancel_fn must all be given");
+            };
+            if request.is_null() {
+                return err(MPI_ERR_ARG, "request is NULL");
+            }
+            let g = Greq { query, free, cancel, extra: extra_state, done: Default::default(), freed: false, poll: poll_fn, poll_rc: MPI_SUCCESS };
+            *request = new_req(st, MReq { greq: Some(Box::new(g)), ..MReq::on(1) });
+            Ok(())
+        })();
+        fin(MPI_COMM_WORLD, "MPIX_Grequest_start", r)
+    }
+    fn MPIX_Grequest_class_create / PMPIX_Grequest_class_create(query_fn: Option<GreqQuery>, free_fn: Option<GreqFree>, cancel_fn: Option<GreqCancel>, poll_fn: Option<GreqPoll>, wait_fn: Option<GreqWait>, greq_class: *mut c_int) -> c_int {
+        let r = (|| -> R {
+            state()?;
+            let (Some(query), Some(free), Some(cancel)) = (query_fn, free_fn, cancel_fn) else {
+                return err(MPI_ERR_ARG, "query_fn, free_fn and cancel_fn must all be given");
+            };
+            if greq_class.is_null() {
+                return err(MPI_ERR_ARG, "greq_class is NULL");
+            }
+            let mut v = GREQ_CLASSES.lock().unwrap_or_else(|p| p.into_inner());
+            v.push(GreqClass { query, free, cancel, poll: poll_fn, _wait: wait_fn });
+            *greq_class = GREQ_CLASS_BASE + v.len() as c_int - 1;
+            Ok(())
+        })();
+        fin(MPI_COMM_WORLD, "MPIX_Grequest_class_create", r)
+    }
+    fn MPIX_Grequest_class_allocate / PMPIX_Grequest_class_allocate(greq_class: c_int, extra_state: *mut c_void, request: *mut MPI_Request) -> c_int {
+        let r = (|| -> R {
+            let st = state()?;
+            let c = {
+                let v = GREQ_CLASSES.lock().unwrap_or_else(|p| p.into_inner());
+                usize::try_from(greq_class - GREQ_CLASS_BASE).ok().and_then(|k| v.get(k).copied())
+            };
+            let Some(c) = c else { return err(MPI_ERR_ARG, format!("invalid generalized-request class {greq_class}")) };
+            if request.is_null() {
+                return err(MPI_ERR_ARG, "request is NULL");
+            }
+            let g = Greq { query: c.query, free: c.free, cancel: c.cancel, extra: extra_state, done: Default::default(), freed: false, poll: c.poll, poll_rc: MPI_SUCCESS };
+            *request = new_req(st, MReq { greq: Some(Box::new(g)), ..MReq::on(1) });
+            Ok(())
+        })();
+        fin(MPI_COMM_WORLD, "MPIX_Grequest_class_allocate", r)
     }
 
     fn MPI_Isendrecv / PMPI_Isendrecv(sendbuf: *const c_void, sendcount: c_int, sendtype: MPI_Datatype, dest: c_int, sendtag: c_int,
