@@ -415,46 +415,35 @@ fn pmi_ring_through_launcher_works() {
     std::fs::remove_dir_all(&d).unwrap();
 }
 
-#[test]
-fn pmi_abort_stops_job_fails() {
-    let d = tmp("abort");
+/// Run `n` ranks of helper role `role`: the job must end within 5 s with exit status `code`.
+fn job_ends_quickly_with(name: &str, n: usize, role: &str, code: i32) {
+    let d = tmp(name);
     let t = Instant::now();
-    assert_eq!(run(&helper(3, "pmi_abort", &d)).unwrap(), 7);
+    assert_eq!(run(&helper(n, role, &d)).unwrap(), code);
     assert!(
         t.elapsed() < Duration::from_secs(5),
         "took {:?}",
         t.elapsed()
     );
     std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn pmi_abort_stops_job_fails() {
+    job_ends_quickly_with("abort", 3, "pmi_abort", 7);
 }
 
 /// A rank that returns from main without MPI_Finalize stops the job, with status 0 as under Hydra
 /// (`mpiexec.mpich`); OSU 7.4's osu_latency_mt does that once its results are printed.
 #[test]
 fn exit_zero_without_finalize_stops_job_like_hydra_works() {
-    let d = tmp("nofin");
-    let t = Instant::now();
-    assert_eq!(run(&helper(2, "pmi_nofinalize", &d)).unwrap(), 0);
-    assert!(
-        t.elapsed() < Duration::from_secs(5),
-        "took {:?}",
-        t.elapsed()
-    );
-    std::fs::remove_dir_all(&d).unwrap();
+    job_ends_quickly_with("nofin", 2, "pmi_nofinalize", 0);
 }
 
 /// A rank that closes its PMI connection without finalize and goes on running is a failure.
 #[test]
 fn pmi_disconnect_without_finalize_stops_job_fails() {
-    let d = tmp("pmiclose");
-    let t = Instant::now();
-    assert_eq!(run(&helper(2, "pmi_close", &d)).unwrap(), 1);
-    assert!(
-        t.elapsed() < Duration::from_secs(5),
-        "took {:?}",
-        t.elapsed()
-    );
-    std::fs::remove_dir_all(&d).unwrap();
+    job_ends_quickly_with("pmiclose", 2, "pmi_close", 1);
 }
 
 #[test]
