@@ -88,6 +88,39 @@ static GREQ_CLASSES: std::sync::Mutex<Vec<GreqClass>> = std::sync::Mutex::new(Ve
 /// Class handles are this plus the index (0 is never a class).
 const GREQ_CLASS_BASE: c_int = 0x4400_0000;
 
+/// The functions a generalized request is started with (query, free and cancel are required).
+fn greq_fns(
+    query: Option<GreqQuery>,
+    free: Option<GreqFree>,
+    cancel: Option<GreqCancel>,
+    poll: Option<GreqPoll>,
+    wait: Option<GreqWait>,
+) -> R<GreqClass> {
+    let (Some(query), Some(free), Some(cancel)) = (query, free, cancel) else {
+        return err(MPI_ERR_ARG, "query_fn, free_fn and cancel_fn must all be given");
+    };
+    Ok(GreqClass { query, free, cancel, poll, _wait: wait })
+}
+
+/// Start a generalized request with the functions `f` and the program's `extra` state.
+unsafe fn start_greq(st: &mut State, f: GreqClass, extra: *mut c_void, request: *mut MPI_Request) -> R {
+    if request.is_null() {
+        return err(MPI_ERR_ARG, "request is NULL");
+    }
+    let g = Greq {
+        query: f.query,
+        free: f.free,
+        cancel: f.cancel,
+        extra,
+        done: Default::default(),
+        freed: false,
+        poll: f.poll,
+        poll_rc: MPI_SUCCESS,
+    };
+    *request = new_req(st, MReq { greq: Some(Box::new(g)), ..MReq::on(1) });
+    Ok(())
+}
+
 /// Partitioned communication (MPI 4.0): a persistent request whose message moves as one piece, on the
 /// communicator's collective context with a tag of its own range (so it matches only the other side's
 /// partitioned operation). A send leaves when its last partition is marked ready; a receive reports a
@@ -1697,15 +1730,7 @@ mpi_api! {
     fn MPI_Grequest_start / PMPI_Grequest_start(query_fn: Option<GreqQuery>, free_fn: Option<GreqFree>, cancel_fn: Option<GreqCancel>, extra_state: *mut c_void, request: *mut MPI_Request) -> c_int {
         let r = (|| -> R {
             let st = state()?;
-            let (Some(query), Some(free), Some(cancel)) = (query_fn, free_fn, cancel_fn) else {
-                return err(MPI_ERR_ARG, "query_fn, free_fn and cancel_fn must all be given");
-            };
-            if request.is_null() {
-                return err(MPI_ERR_ARG, "request is NULL");
-            }
-            let g = Greq { query, free, cancel, extra: extra_state, done: Default::default(), freed: false, poll: None, poll_rc: MPI_SUCCESS };
-            *request = new_req(st, MReq { greq: Some(Box::new(g)), ..MReq::on(1) });
-            Ok(())
+            start_greq(st, greq_fns(query_fn, free_fn, cancel_fn, None, None)?, extra_state, request)
         })();
         fin(MPI_COMM_WORLD, "MPI_Grequest_start", r)
     }
@@ -1728,32 +1753,21 @@ mpi_api! {
         fin(MPI_COMM_WORLD, "MPI_Grequest_complete", r)
     }
     fn MPIX_Grequest_start / PMPIX_Grequest_start(query_fn: Option<GreqQuery>, free_fn: Option<GreqFree>, cancel_fn: Option<GreqCancel>, poll_fn: Option<GreqPoll>, wait_fn: Option<GreqWait>, extra_state: *mut c_void, request: *mut MPI_Request) -> c_int {
-        let _ = wait_fn;
         let r = (|| -> R {
             let st = state()?;
-            let (Some(query), Some(free), Some(cancel)) = (query_fn, free_fn, cancel_fn) else {
-                return err(MPI_ERR_ARG, "query_fn, free_fn and cancel_fn must all be given");
-            };
-            if request.is_null() {
-                return err(MPI_ERR_ARG, "request is NULL");
-            }
-            let g = Greq { query, free, cancel, extra: extra_state, done: Default::default(), freed: false, poll: poll_fn, poll_rc: MPI_SUCCESS };
-            *request = new_req(st, MReq { greq: Some(Box::new(g)), ..MReq::on(1) });
-            Ok(())
+            start_greq(st, greq_fns(query_fn, free_fn, cancel_fn, poll_fn, wait_fn)?, extra_state, request)
         })();
         fin(MPI_COMM_WORLD, "MPIX_Grequest_start", r)
     }
     fn MPIX_Grequest_class_create / PMPIX_Grequest_class_create(query_fn: Option<GreqQuery>, free_fn: Option<GreqFree>, cancel_fn: Option<GreqCancel>, poll_fn: Option<GreqPoll>, wait_fn: Option<GreqWait>, greq_class: *mut c_int) -> c_int {
         let r = (|| -> R {
             state()?;
-            let (Some(query), Some(free), Some(cancel)) = (query_fn, free_fn, cancel_fn) else {
-                return err(MPI_ERR_ARG, "query_fn, free_fn and cancel_fn must all be given");
-            };
+            let f = greq_fns(query_fn, free_fn, cancel_fn, poll_fn, wait_fn)?;
             if greq_class.is_null() {
                 return err(MPI_ERR_ARG, "greq_class is NULL");
             }
             let mut v = GREQ_CLASSES.lock().unwrap_or_else(|p| p.into_inner());
-            v.push(GreqClass { query, free, cancel, poll: poll_fn, _wait: wait_fn });
+            v.push(f);
             *greq_class = GREQ_CLASS_BASE + v.len() as c_int - 1;
             Ok(())
         })();
@@ -1767,12 +1781,7 @@ mpi_api! {
                 usize::try_from(greq_class - GREQ_CLASS_BASE).ok().and_then(|k| v.get(k).copied())
             };
             let Some(c) = c else { return err(MPI_ERR_ARG, format!("invalid generalized-request class {greq_class}")) };
-            if request.is_null() {
-                return err(MPI_ERR_ARG, "request is NULL");
-            }
-            let g = Greq { query: c.query, free: c.free, cancel: c.cancel, extra: extra_state, done: Default::default(), freed: false, poll: c.poll, poll_rc: MPI_SUCCESS };
-            *request = new_req(st, MReq { greq: Some(Box::new(g)), ..MReq::on(1) });
-            Ok(())
+            start_greq(st, c, extra_state, request)
         })();
         fin(MPI_COMM_WORLD, "MPIX_Grequest_class_allocate", r)
     }
