@@ -45,26 +45,47 @@ unsafe fn page_is_zero(p: *const u8) -> bool {
     w.iter().fold(0u64, |a, &x| a | x) == 0
 }
 
+/// One mapping of `/proc/self/maps`.
+struct MapEntry<'a> {
+    start: usize,
+    end: usize,
+    perms: &'a str,
+    offset: usize,
+    inode: u64,
+    /// The file, `[heap]`..., or empty for anonymous memory.
+    path: &'a str,
+    /// The file was deleted (`(deleted)` after its path).
+    deleted: bool,
+}
+
+/// The mappings of this process, in address order, from the text of `/proc/self/maps`.
+fn maps(text: &str) -> impl Iterator<Item = MapEntry<'_>> {
+    text.lines().filter_map(|line| {
+        let mut f = line.split_whitespace();
+        let (range, perms, offset, _dev, inode) = (f.next()?, f.next()?, f.next()?, f.next()?, f.next()?);
+        let (a, b) = range.split_once('-')?;
+        Some(MapEntry {
+            start: usize::from_str_radix(a, 16).ok()?,
+            end: usize::from_str_radix(b, 16).ok()?,
+            perms,
+            offset: usize::from_str_radix(offset, 16).ok()?,
+            inode: inode.parse().ok()?,
+            path: f.next().unwrap_or(""),
+            deleted: line.ends_with("(deleted)"),
+        })
+    })
+}
+
 /// Can `[addr, addr + len)` move? Every byte must lie in a private writable mapping of a kind that may be
 /// replaced (see the module docs); the answer reads `/proc/self/maps`.
 pub fn movable(addr: usize, len: usize) -> io::Result<()> {
-    let maps = std::fs::read_to_string("/proc/self/maps")?;
+    let text = std::fs::read_to_string("/proc/self/maps")?;
     let end = addr
         .checked_add(len)
         .ok_or_else(|| io::Error::other("the range wraps around"))?;
     let mut covered = addr;
-    for line in maps.lines() {
-        let mut f = line.split_whitespace();
-        let (Some(range), Some(perms)) = (f.next(), f.next()) else {
-            continue;
-        };
-        let path = f.nth(3).unwrap_or("");
-        let Some((a, b)) = range.split_once('-') else {
-            continue;
-        };
-        let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) else {
-            continue;
-        };
+    for m in maps(&text) {
+        let (a, b, path) = (m.start, m.end, m.path);
         if b <= covered || a >= end {
             continue;
         }
@@ -77,10 +98,11 @@ pub fn movable(addr: usize, len: usize) -> io::Result<()> {
                 && !path.starts_with("/dev/")
                 && !path.starts_with("/memfd:")
                 && !path.starts_with("/anon_hugepage")
-                && !line.ends_with("(deleted)"));
-        if perms != "rw-p" || !kind_ok {
+                && !m.deleted);
+        if m.perms != "rw-p" || !kind_ok {
             return Err(io::Error::other(format!(
-                "{a:#x}-{b:#x} is a mapping that stays where it is ({perms} {path})"
+                "{a:#x}-{b:#x} is a mapping that stays where it is ({} {path})",
+                m.perms
             )));
         }
         covered = b;
@@ -257,33 +279,19 @@ struct Mapping(Vec<(usize, usize)>);
 
 impl Mapping {
     fn read(fd: RawFd, addr: usize, len: usize) -> io::Result<Mapping> {
-        let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
-        // SAFETY: fstat writes st on success.
-        if unsafe { libc::fstat(fd, st.as_mut_ptr()) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: fstat succeeded.
-        let ino = unsafe { st.assume_init() }.st_ino;
-        let maps = std::fs::read_to_string("/proc/self/maps")?;
-        let mut v = Vec::new();
-        for line in maps.lines() {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            if f.len() < 6 || !f[5].starts_with("/memfd:vmf-inplace") || f[1] != "rw-s" {
-                continue;
-            }
-            let Some((a, b)) = f[0].split_once('-') else { continue };
-            let (Ok(a), Ok(b), Ok(o), Ok(i)) = (
-                usize::from_str_radix(a, 16),
-                usize::from_str_radix(b, 16),
-                usize::from_str_radix(f[2], 16),
-                f[4].parse::<u64>(),
-            ) else {
-                continue;
-            };
-            if i == ino && a >= addr && b <= addr + len && a - addr == o {
-                v.push((a, b));
-            }
-        }
+        let ino = crate::shmem::inode(fd)?;
+        let text = std::fs::read_to_string("/proc/self/maps")?;
+        let v = maps(&text)
+            .filter(|m| {
+                m.path.starts_with("/memfd:vmf-inplace")
+                    && m.perms == "rw-s"
+                    && m.inode == ino
+                    && m.start >= addr
+                    && m.end <= addr + len
+                    && m.start - addr == m.offset
+            })
+            .map(|m| (m.start, m.end))
+            .collect();
         Ok(Mapping(v))
     }
 
