@@ -103,6 +103,8 @@ typedef void (MPI_User_function_c)(void *, void *, MPI_Count *, MPI_Datatype *);
 typedef int (MPI_Grequest_cancel_function)(void *, int);
 typedef int (MPI_Grequest_free_function)(void *);
 typedef int (MPI_Grequest_query_function)(void *, MPI_Status *);
+typedef int (MPIX_Grequest_poll_function)(void *, MPI_Status *);
+typedef int (MPIX_Grequest_wait_function)(int, void **, double, MPI_Status *);
 typedef int (MPI_Datarep_conversion_function)(void *, MPI_Datatype, int, void *, MPI_Offset, void *);
 typedef int (MPI_Datarep_extent_function)(MPI_Datatype datatype, MPI_Aint *, void *);
 typedef int (MPI_Datarep_conversion_function_c)(void *, MPI_Datatype, MPI_Count, void *, MPI_Offset, void *);
@@ -207,8 +209,10 @@ def main():
     a = ap.parse_args()
     mpi_h = open(os.path.join(a.mpich_include, "mpi.h")).read()
     proto_h = open(os.path.join(a.mpich_include, "mpi_proto.h")).read()
+    # MPI-IO's constants and prototypes live in ROMIO's mpio.h, which MPICH's mpi.h includes.
+    mpio_h = open(os.path.join(a.mpich_include, "mpio.h")).read()
 
-    defs = defines(mpi_h)
+    defs = defines(mpi_h) + [d for d in defines(mpio_h) if not d[0].startswith("MPIO_")]
     table = {n: v for n, args, v in defs if args is None}
     lines = [PROLOGUE, "/* ---- predefined handles and constants (MPICH 4.0 values) ---- */"]
     seen = set()
@@ -224,6 +228,9 @@ def main():
         lines.append(f"#define {name}{args or ''} {value}")
 
     protos = prototypes(proto_h)
+    # (MPICH builds ROMIO with MPIO_Request defined as MPI_Request.)
+    protos.update({n: (r, a.replace("MPIO_Request", "MPI_Request")) for n, (r, a) in prototypes(mpio_h).items()
+                   if n not in protos})
     # MPI-1 functions removed in MPI-3: exported for old binaries (as MPICH's library does), declared by
     # neither MPICH's header nor ours.
     names = [n for n in implemented() if n not in REMOVED]

@@ -19,7 +19,7 @@ cache="${VMF_CACHE:-$HOME/.cache/vmfabric}"
 top="$cache/mpich-$ver"
 suite="$top/test/mpi"
 dirs=("$@")
-[ ${#dirs[@]} -gt 0 ] || dirs=(attr coll comm datatype errhan f77 f90 group info init pt2pt rma threads topo)
+[ ${#dirs[@]} -gt 0 ] || dirs=(attr coll comm datatype errhan f77 f90 group info init io pt2pt rma threads topo f77/io f90/io errors/io)
 vmf="$here/target/release/vmfabric"
 [ -x "$vmf" ] || { echo "mpich-testsuite: build first (make build)" >&2; exit 1; }
 
@@ -51,7 +51,7 @@ build() {
   for d in util dtpools "${dirs[@]}"; do
     [ -f "$d/.vmf-built" ] && continue
     echo "mpich-testsuite: building $d"
-    make -k -C "$d" -j"$(nproc)" all >"$top/build-$d.log" 2>&1
+    make -k -C "$d" -j"$(nproc)" all >"$top/build-${d//\//-}.log" 2>&1
     touch "$d/.vmf-built"
   done
 }
@@ -70,11 +70,12 @@ total_ok=0
 total_run=0
 # run_list DIR TESTLIST LABEL: run one test list of DIR with MPICH's runtests and judge the failures
 run_list() {
-  local d="$1" list="$2" label="$3" tap="$top/$3.tap" start ok f
+  local d="$1" list="$2" label="$3" safe="${3//\//-}" start ok f
+  local tap="$top/$safe.tap"
   rm -f "$tap"
   start=$(date +%s)
-  (cd "$suite/$d" && ../runtests -srcdir=. -tests="$list" -mpiexec="$here/scripts/mpich-testsuite-exec.sh" \
-    -tapfile="$tap" >"$top/run-$label.log" 2>&1)
+  (cd "$suite/$d" && "$suite/runtests" -srcdir=. -tests="$list" -mpiexec="$here/scripts/mpich-testsuite-exec.sh" \
+    -tapfile="$tap" >"$top/run-$safe.log" 2>&1)
   ok=$(grep -c '^ok' "$tap" 2>/dev/null); ok=${ok:-0}
   mapfile -t fails < <(grep '^not ok' "$tap" 2>/dev/null | awk -v d="$d" '{sub("^\\./","",$4); print d"/"$4" "$5}' | sort -u)
   total_ok=$((total_ok + ok)); total_run=$((total_run + ok + ${#fails[@]}))
@@ -87,7 +88,7 @@ run_list() {
     bad=1
     echo "  UNEXPECTED FAILURE: $f"
     prog="${f#*/}"; prog="${prog% *}"
-    grep "in $prog:" "$top/run-$label.log" | head -5 | sed 's/^/    /'
+    grep "in $prog:" "$top/run-$safe.log" | head -5 | sed 's/^/    /'
   done
   # expected failures that passed: the list should shrink
   while read -r name np _; do

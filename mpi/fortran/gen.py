@@ -33,6 +33,7 @@ WIDE = {"MPI_Aint", "MPI_Count", "MPI_Offset"}
 # Callback types whose C call convention (all arguments by pointer) is what a Fortran procedure expects.
 FNPTR_OK = {"MPI_User_function", "MPI_Comm_errhandler_function", "MPI_Win_errhandler_function",
             "MPI_Session_errhandler_function", "MPI_Handler_function", "MPI_Comm_errhandler_fn",
+            "MPI_File_errhandler_function", "MPI_File_errhandler_fn",
             "MPI_Win_errhandler_fn", "MPI_Session_errhandler_fn"}
 # Written by hand below (emitted only when the C function exists).
 SPECIAL = {"MPI_Init", "MPI_Init_thread", "MPI_Buffer_detach", "MPI_Pcontrol", "MPI_Comm_get_attr",
@@ -98,8 +99,19 @@ def binding(cname, ret, params, pmpi_exists):
     fargs, cargs, pre, post, lens = [], [], [], [], []
     for p in params:
         b, d, n = p["base"], p["depth"], p["name"]
-        if b in ("MPI_Fint", "MPI_File", "MPI_F08_status") or b.startswith("MPI_T_"):
+        if b in ("MPI_Fint", "MPI_F08_status") or b.startswith("MPI_T_"):
             raise Skip(f"argument type {b}")
+        if b == "MPI_File" and d == 0:
+            fargs.append(f"MPI_Fint *{n}")
+            cargs.append(f"MPI_File_f2c(*{n})")
+            continue
+        if b == "MPI_File" and d == 1:
+            # A file handle is an integer in Fortran and a pointer in C.
+            fargs.append(f"MPI_Fint *{n}")
+            pre.append(f"MPI_File {n}_c = MPI_File_f2c(*{n});")
+            cargs.append(f"&{n}_c")
+            post.append(f"*{n} = MPI_File_c2f({n}_c);")
+            continue
         if b == "void" and d == 1:
             fargs.append(f"void *{n}")
             cargs.append(f"vmf_buf({n})")
@@ -611,7 +623,7 @@ FORTRAN_KEYVALS = {"MPI_TAG_UB", "MPI_HOST", "MPI_IO", "MPI_WTIME_IS_GLOBAL", "M
                    "MPI_LASTUSEDCODE", "MPI_APPNUM", "MPI_WIN_BASE", "MPI_WIN_SIZE", "MPI_WIN_DISP_UNIT",
                    "MPI_WIN_CREATE_FLAVOR", "MPI_WIN_MODEL"}
 # Names defined in mpi.h that are not Fortran constants.
-NOT_FORTRAN = re.compile(r"^(MPI_T_|MPIX_|MPI_F_|MPIR_|MPI_INCLUDED$|MPI_.*_FN$|MPI_CONVERSION_FN_NULL$)")
+NOT_FORTRAN = re.compile(r"^(MPI_T_|MPIX_|MPI_F_|MPIR_|MPI_INCLUDED$|MPI_.*_FN$|MPI_CONVERSION_FN_NULL$|MPI_DISPLACEMENT_CURRENT$)")
 # C-only integer types MPICH's mpif.h leaves out? (none: it defines the C datatypes too.)
 
 

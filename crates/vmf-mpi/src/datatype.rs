@@ -1949,6 +1949,41 @@ fn external_size(m: &Members, d: &Dtype) -> R<usize> {
     Ok(ext * m.reps)
 }
 
+/// Bytes of one element of `dt` in external32 (MPI-IO's "external32" file views use it too).
+pub(crate) fn external32_size(dt: MPI_Datatype) -> R<usize> {
+    let st = state()?;
+    let d = desc(st, dt)?;
+    external_size(&members(st, &d)?, &d)
+}
+
+/// Convert `count` elements of `dt` between the packed native stream and external32 (`to_ext`: native at
+/// `src` to external32 at `dst`; else the reverse).
+pub(crate) unsafe fn external32_convert(
+    dt: MPI_Datatype,
+    count: usize,
+    src: *const u8,
+    dst: *mut u8,
+    to_ext: bool,
+) -> R {
+    let st = state()?;
+    let d = desc(st, dt)?;
+    convert_external(&members(st, &d)?, count, src, dst, to_ext)
+}
+
+/// The predefined types one element of `dt` is made of, in typemap order, with how many of each (a pair
+/// type counts as its two members).
+pub(crate) fn member_types(dt: MPI_Datatype) -> R<Vec<(MPI_Datatype, usize)>> {
+    let st = state()?;
+    let d = desc(st, dt)?;
+    let m = members(st, &d)?;
+    let mut v = Vec::new();
+    m.each(1, |t, n| {
+        push_member(&mut v, t, n);
+        Ok(())
+    })?;
+    Ok(v)
+}
+
 /// Convert `count` elements of members `m` from the packed native stream at `src` to external32 at `dst`
 /// (`pack`), or from external32 at `src` to the packed native stream at `dst`.
 unsafe fn convert_external(

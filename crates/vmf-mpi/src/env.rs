@@ -284,6 +284,9 @@ pub(crate) fn start(required: c_int) -> R {
         nbc_active: 0,
         pcolls: Vec::new(),
         wins: Vec::new(),
+        files: Vec::new(),
+        file_eh: MPI_ERRORS_RETURN,
+        datareps: Vec::new(),
     };
     // SAFETY: serialised calls (crate contract).
     unsafe {

@@ -41,6 +41,7 @@ mod env;
 mod graph;
 mod info;
 mod intercomm;
+mod io;
 mod mt;
 mod op;
 mod p2p;
@@ -400,6 +401,12 @@ pub(crate) struct State {
     pub pcolls: Vec<Option<Box<coll::persistent::PColl>>>,
     /// One-sided windows (handle 0xa0000000|i, `rma/`).
     pub wins: Vec<Option<rma::MWin>>,
+    /// Open files (handle `io::handle(i)`, `io/`).
+    pub files: Vec<Option<io::MFile>>,
+    /// The error handler of MPI_FILE_NULL: new files start with it (MPI_ERRORS_RETURN by default).
+    pub file_eh: MPI_Errhandler,
+    /// Data representations added with MPI_Register_datarep.
+    pub datareps: Vec<io::view::Datarep>,
 }
 
 /// Library lifecycle.

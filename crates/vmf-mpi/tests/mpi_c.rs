@@ -39,6 +39,7 @@ const PROGRAMS: &[&str] = &[
     "sessions",
     "rma",
     "threads",
+    "io",
 ];
 const MPICH_INC: &str = "/usr/include/x86_64-linux-gnu/mpich";
 
@@ -188,6 +189,12 @@ fn p2p_probe_probe_mprobe_and_cancel_work() {
 #[test]
 fn mpi4_extras_info_isendrecv_status_and_type_matching_work() {
     semantic("mpi4_extras");
+}
+
+#[test]
+fn io_views_pointers_collective_and_nonblocking_file_access_works() {
+    semantic("io");
+    semantic_wide("io");
 }
 
 #[test]
