@@ -81,6 +81,11 @@ TARGETS = [
      "vmfabric-mpi"),
     ("rma_tcp_put8", "RMA over TCP (one host): put 8 B <= 0.8x {others}", "rma-tcpput", 8, "le_best", 0.8,
      "vmfabric-mpi"),
+    # MPI-IO (issue 22): 4 ranks, a 1 GiB file, a strided view, MPI_File_write_at_all / read_at_all.
+    ("io_write1g", "MPI-IO: collective write of 1 GiB (4 ranks, strided view) >= 1.0x best of {others}",
+     "io-write", 1073741824, "ge_best", 1.0, "vmfabric-mpi"),
+    ("io_read1g", "MPI-IO: collective read of 1 GiB (4 ranks, strided view) >= 1.0x best of {others}",
+     "io-read", 1073741824, "ge_best", 1.0, "vmfabric-mpi"),
     ("rma_passive_shm", "RMA passive target (shared memory): get 8 B while the target computes <= 2x idle target",
      "rma-busyget", 8, "le_self", 2.0, "vmfabric-mpi", "rma-get"),
     ("rma_passive_tcp", "RMA passive target (TCP): get 8 B while the target computes <= 2x idle target",
@@ -301,7 +306,8 @@ def per_round_ratio(bench, size, ours, kind, only=None, ref_impl=None, ref_bench
     the same round; None without round files. `only`: the rounds to count (None: all)."""
     coll = bench.startswith("coll-")
     rma = bench.startswith("rma-")
-    if not (coll or rma or bench in ("latency", "bw", "bibw", "tcplat", "tcpbw")) or not os.path.isdir(ROUNDS_DIR):
+    io = bench.startswith("io-")
+    if not (coll or rma or io or bench in ("latency", "bw", "bibw", "tcplat", "tcpbw")) or not os.path.isdir(ROUNDS_DIR):
         return None
     key = "latency_us" if coll or bench in ("latency", "tcplat") or (rma and not bench.endswith("bw")) else "mb_per_s"
     ratios = []
@@ -333,8 +339,8 @@ def per_round_ratio(bench, size, ours, kind, only=None, ref_impl=None, ref_bench
 def check_targets(summary, floor):
     out = []
     for tid, desc, bench, size, kind, factor, *who in TARGETS:
-        if bench.startswith("rma-") and bench not in summary:
-            continue  # one-sided benchmarks not run (BENCH_RMA=0)
+        if bench.startswith(("rma-", "io-")) and bench not in summary:
+            continue  # one-sided or MPI-IO benchmarks not run (BENCH_RMA=0, BENCH_IO=0)
         b = summary.get(bench)
         others = " / ".join(display(i) for i in (b["others"] if b else [])) or "others"
         t = {"id": tid, "description": desc.format(others=others), "benchmark": bench,

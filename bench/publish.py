@@ -55,6 +55,19 @@ if rma and "## rma-" not in summary:
                  "`bench/c/mpi_rma.c` on an MPI_Win_allocate window under lock_all, one operation then MPI_Win_flush; "
                  "busy rows: the target computes without calling MPI.\n\n" + rma.split("\n", 1)[1].split("\n## ", 1)[0].strip() + "\n\n### "
                  + "\n### ".join(keep))
+# Likewise the MPI-IO section (results in bench/results/io/).
+io = read(os.path.join("io", "summary.md"))
+if io and "## io-" not in summary:
+    keep = [sec for sec in io.split("\n## ") if sec.startswith(("io-", "Targets"))]
+    for i, sec in enumerate(keep):
+        if sec.startswith("Targets"):
+            lines = sec.split("\n")
+            keep[i] = "\n".join([lines[0]] + [l for l in lines[1:] if "MPI-IO" in l or not l.startswith("- **")])
+    parts.append("## MPI-IO\n\nThe MPI-IO section of `bench/run.sh` run on its own (`BENCH_RESULTS_DIR=bench/results/io "
+                 "BENCH_MODES=' ' BENCH_COLLS=' ' BENCH_HOSTS=0 BENCH_OVERCOMMIT=0 BENCH_SKIP_CACHELINE=1 BENCH_RMA=0 bash bench/run.sh`): "
+                 "`bench/c/mpi_io.c`, 4 ranks on 2 cores write then read one 1 GiB file collectively through a strided view "
+                 "(16 KiB blocks, MPI_File_write_at_all / read_at_all; the file in the page cache of the local disk).\n\n"
+                 + io.split("\n", 1)[1].split("\n## ", 1)[0].strip() + "\n\n### " + "\n### ".join(keep))
 if over:
     parts.append(over.replace("\n# ", "\n## ", 1).replace("\n## ", "\n### ") if not over.startswith("#") else "## " + over.lstrip("#").lstrip().replace("\n## ", "\n### "))
 with open(out, "w") as f:

@@ -22,6 +22,7 @@
 #   BENCH_STRICT=1            exit 1 if any run failed (default: warn, exit 0)
 #   BENCH_HOSTS=0             skip TCP-between-hosts and migration benchmarks (need root)
 #   BENCH_RMA=0               skip the one-sided benchmarks (BENCH_RMA_ROUNDS=R rounds, default 3)
+#   BENCH_IO=0                skip the MPI-IO benchmarks (BENCH_IO_ROUNDS=R, BENCH_IO_MB=file size in MiB)
 #   BENCH_OVERCOMMIT=0        skip the overcommit sweep (bench/overcommit.sh, which
 #                             has its own knobs: BENCH_OVERCOMMIT_QUICK=1, ...)
 set -euo pipefail
@@ -168,7 +169,7 @@ for impl in vmfabric mpich openmpi; do
         rm -f "$RESULTS/$impl-$mode.json" "$RESULTS/$impl-$mode.json.tmp"
     done
 done
-rm -f "$RESULTS"/*-coll-*.json "$RESULTS"/*-rma-*.json
+rm -f "$RESULTS"/*-coll-*.json "$RESULTS"/*-rma-*.json "$RESULTS"/*-io-write.json "$RESULTS"/*-io-read.json
 rm -f "$RESULTS"/*-tcplat.json "$RESULTS"/*-tcpbw.json "$RESULTS/cacheline.json" "$RESULTS/summary.md" "$RESULTS/summary.json" \
       "$RESULTS"/*.png "$STATUS"
 rm -rf "$ROUNDS_DIR"
@@ -453,6 +454,47 @@ if [ "${BENCH_RMA:-1}" != 0 ]; then
     fi
 else
     log "BENCH_RMA=0: one-sided benchmarks skipped"
+fi
+
+# ---------------------------------------------------------------- MPI-IO
+# bench/c/mpi_io.c: 4 ranks write and read one file of BENCH_IO_MB MiB (default 1024) collectively through a
+# strided vector view (16 KiB blocks; MPI_File_write_at_all / MPI_File_read_at_all), the best of 2
+# repetitions per run. The MPICH build runs over vmfabric and over MPICH (ROMIO), the Open MPI build over
+# Open MPI (OMPIO), in BENCH_IO_ROUNDS interleaved rounds (default 3). BENCH_IO=0 skips it.
+if [ "${BENCH_IO:-1}" != 0 ]; then
+    [ "$HAVE_MPICH" = 1 ] && { mpicc.mpich "${CFLAGS[@]}" -o "$BUILD/mpi_io.mpich" bench/c/mpi_io.c || warn "mpi_io.mpich build failed"; }
+    [ "$HAVE_OPENMPI" = 1 ] && { mpicc.openmpi "${CFLAGS[@]}" -o "$BUILD/mpi_io.openmpi" bench/c/mpi_io.c || warn "mpi_io.openmpi build failed"; }
+    IODIR="$BUILD/io-files"; mkdir -p "$IODIR"
+    IOARGS=(--mb "${BENCH_IO_MB:-1024}" --block 16384 --reps 2 --dir "$IODIR")
+    io_run() { # IMPL ROUND
+        local impl="$1" rnd="$2" w="$ROUNDS_DIR/$1-io-write.r$2.json" r="$ROUNDS_DIR/$1-io-read.r$2.json"
+        case "$impl" in
+        vmfabric-mpi) [ -x "$BUILD/mpi_io.mpich" ] && [ -z "$(skip_reason vmfabric)" ] && run_one "$impl" io-write "$rnd" \
+            env LD_LIBRARY_PATH="$ROOT/target/release/lib" "$VMF" run -n 4 "${X_VMF[@]}" "$BUILD/mpi_io.mpich" \
+            "${IOARGS[@]}" --json-write "$w" --json-read "$r" --label vmfabric ;;
+        mpich) [ -x "$BUILD/mpi_io.mpich" ] && [ -z "$(skip_reason mpich)" ] && run_one mpich io-write "$rnd" \
+            mpiexec.mpich -n 4 "${X_MPICH[@]}" "$BUILD/mpi_io.mpich" "${IOARGS[@]}" --json-write "$w" --json-read "$r" --label mpich-romio ;;
+        openmpi) [ -x "$BUILD/mpi_io.openmpi" ] && [ -z "$(skip_reason openmpi)" ] && run_one openmpi io-write "$rnd" \
+            mpirun.openmpi "${OMPI_ARGS[@]}" -n 4 "${X_OMPI[@]}" "$BUILD/mpi_io.openmpi" "${IOARGS[@]}" --json-write "$w" \
+            --json-read "$r" --label openmpi-ompio ;;
+        esac
+        return 0
+    }
+    for round in $(seq 1 "${BENCH_IO_ROUNDS:-3}"); do
+        order=(vmfabric-mpi mpich openmpi)
+        for s in $(seq 1 $(( (round - 1) % 3 ))); do order=("${order[@]:1}" "${order[0]}"); done
+        for impl in "${order[@]}"; do io_run "$impl" "$round"; done
+    done
+    rm -rf "$IODIR"
+    ALL_ROUNDS="$ROUNDS"; ROUNDS="${BENCH_IO_ROUNDS:-3}"
+    for b in io-write io-read; do
+        for impl in vmfabric-mpi mpich openmpi; do
+            ls "$ROUNDS_DIR/$impl-$b".r*.json >/dev/null 2>&1 && merge "$impl" "$b" "$RESULTS/$impl-$b.json"
+        done
+    done
+    ROUNDS="$ALL_ROUNDS"
+else
+    log "BENCH_IO=0: MPI-IO benchmarks skipped"
 fi
 
 # ---------------------------------------------------------------- hosts: TCP and live migration

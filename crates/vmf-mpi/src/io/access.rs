@@ -231,6 +231,7 @@ unsafe fn two_phase(
     let me_aggr = (0..n).any(|a| aggr_rank(a, p, n) == c.rank as usize);
     let (mut cur, mut used, mut doff) = (0usize, 0usize, 0usize);
     let mut res: R = Ok(());
+    let mut store: Vec<u8> = Vec::new();
     loop {
         // The next round that holds data of some rank (rounds in between are skipped).
         let mut next = [pieces.get(cur).map_or(i64::MAX, |&(o, _)| o + used as i64)];
@@ -327,7 +328,12 @@ unsafe fn two_phase(
         )?;
         let (sb, _) = bytes(&cnt);
         let (rb, rbd) = bytes(&rcnt);
-        let mut data = vec![0u8; rb.iter().sum::<i64>() as usize];
+        // Reused across rounds: after the first, no page faults and no zeroing.
+        let need = rb.iter().sum::<i64>() as usize;
+        if store.len() < need {
+            store.resize(need, 0);
+        }
+        let data = &mut store[..need];
         if write {
             ck(
                 crate::bigcount::PMPI_Alltoallv_c(
@@ -344,11 +350,11 @@ unsafe fn two_phase(
                 "alltoallv",
             )?;
             if me_aggr && !rdesc.is_empty() && res.is_ok() {
-                res = aggregate(c, &rdesc, &mut data, true);
+                res = aggregate(c, &rdesc, data, true);
             }
         } else {
             if me_aggr && !rdesc.is_empty() && res.is_ok() {
-                res = aggregate(c, &rdesc, &mut data, false);
+                res = aggregate(c, &rdesc, data, false);
             }
             ck(
                 crate::bigcount::PMPI_Alltoallv_c(
@@ -395,6 +401,10 @@ fn aggregate(c: &Ctx, desc: &[i64], data: &mut [u8], write: bool) -> R {
             end = e;
         }
     }
+    // The pieces tile [lo, hi) exactly: one vectored call straight from (or into) the received data.
+    if covered == span && items.iter().map(|i| i.1).sum::<usize>() == span {
+        return vectored(&c.fd, &items, data, lo, write);
+    }
     if write {
         if covered < span && covered * 2 < span {
             for &(o, l, d) in &items {
@@ -430,6 +440,56 @@ fn aggregate(c: &Ctx, desc: &[i64], data: &mut [u8], write: bool) -> R {
         }
         Ok(())
     }
+}
+
+/// `pwritev`/`preadv` of the pieces `items` (ascending, tiling the file from `lo`; data at their offsets
+/// in `data`), IOV_MAX pieces per call.
+fn vectored(f: &std::fs::File, items: &[(i64, usize, usize)], data: &mut [u8], lo: i64, write: bool) -> R {
+    const IOV_MAX: usize = 1024;
+    let base = data.as_mut_ptr();
+    let mut off = lo;
+    for chunk in items.chunks(IOV_MAX) {
+        let mut iov: Vec<libc::iovec> = chunk
+            .iter()
+            // SAFETY: each piece lies within `data` (checked when the items were built).
+            .map(|&(_, l, d)| libc::iovec { iov_base: unsafe { base.add(d) } as *mut c_void, iov_len: l })
+            .collect();
+        let mut first = 0;
+        while first < iov.len() {
+            let n = unsafe {
+                let (p, k) = (iov[first..].as_ptr(), (iov.len() - first) as c_int);
+                if write { libc::pwritev(f.as_raw_fd(), p, k, off) } else { libc::preadv(f.as_raw_fd(), p, k, off) }
+            };
+            if n < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(os_err(&e, if write { "pwritev" } else { "preadv" }));
+            }
+            if n == 0 {
+                if write {
+                    return err(MPI_ERR_IO, "pwritev wrote nothing");
+                }
+                return Ok(()); // the end of the file: the rest stays as it is (zeros)
+            }
+            // Skip what was done; a partly done piece continues where it stopped.
+            let mut n = n as usize;
+            off += n as i64;
+            while n > 0 {
+                let v = &mut iov[first];
+                if n >= v.iov_len {
+                    n -= v.iov_len;
+                    first += 1;
+                } else {
+                    v.iov_base = unsafe { (v.iov_base as *mut u8).add(n) } as *mut c_void;
+                    v.iov_len -= n;
+                    n = 0;
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 // ------------------------------------------------------------------------------------------------ streams
