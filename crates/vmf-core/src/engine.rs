@@ -207,6 +207,43 @@ struct Peer {
     awaiting_ack: bool,
 }
 
+/// Counters of one rank's engine since it started (a snapshot; all monotonic except the `unexpected_now`
+/// level). Read by the MPI tool interface's performance variables; plain integer increments on the paths
+/// that count.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Counters {
+    /// Messages sent through shared memory.
+    pub shm_msgs_sent: u64,
+    /// Payload bytes sent through shared memory.
+    pub shm_bytes_sent: u64,
+    /// Messages sent over TCP.
+    pub tcp_msgs_sent: u64,
+    /// Payload bytes sent over TCP.
+    pub tcp_bytes_sent: u64,
+    /// Messages sent to this rank itself.
+    pub self_msgs_sent: u64,
+    /// Payload bytes sent to this rank itself.
+    pub self_bytes_sent: u64,
+    /// Receives completed and collected (any transport; cancelled ones are not counted).
+    pub msgs_recvd: u64,
+    /// Payload bytes those receives delivered.
+    pub bytes_recvd: u64,
+    /// Messages in the unexpected queue now.
+    pub unexpected_now: u64,
+    /// The most messages the unexpected queue ever held.
+    pub unexpected_max: u64,
+    /// Messages sent with the rendezvous protocol (any transport).
+    pub rendezvous_sent: u64,
+    /// Times a peer's traffic moved to another transport because a rank migrated.
+    pub migrations: u64,
+    /// Waits that finished while spinning.
+    pub waits_spin: u64,
+    /// Waits that finished after yielding the CPU.
+    pub waits_yield: u64,
+    /// Waits that finished after sleeping.
+    pub waits_sleep: u64,
+}
+
 /// The engine of one rank.
 pub struct Engine {
     me: usize,
@@ -226,6 +263,8 @@ pub struct Engine {
     free: Vec<u32>,
     posted: VecDeque<ReqId>,
     unexpected: VecDeque<Unexp>,
+    /// Performance counters (`counters`).
+    ctr: Counters,
     streaming: Vec<ReqId>,
     pool: Vec<Vec<u8>>,
     n_pending: usize,
@@ -471,6 +510,7 @@ impl Engine {
             free: (0..64u32).rev().collect(),
             posted: VecDeque::new(),
             unexpected: VecDeque::new(),
+            ctr: Counters::default(),
             streaming: Vec::new(),
             pool: Vec::new(),
             n_pending: 0,
@@ -665,6 +705,20 @@ impl Engine {
             .filter(|r| r.gen == id.gen && r.state != State::Free)
     }
 
+    /// The engine's counters now.
+    pub fn counters(&self) -> Counters {
+        Counters { unexpected_now: self.unexpected.len() as u64, ..self.ctr }
+    }
+
+    /// Count a collected request if it is a receive that was not cancelled.
+    #[inline]
+    pub(crate) fn count_recv(&mut self, recv: bool, st: &Status) {
+        if recv && !st.cancelled {
+            self.ctr.msgs_recvd += 1;
+            self.ctr.bytes_recvd += st.count as u64;
+        }
+    }
+
     fn complete(&mut self, id: ReqId) {
         if let Some(r) = self.req_mut(id) {
             r.state = State::Done;
@@ -695,7 +749,9 @@ impl Engine {
         r.gen = r.gen.wrapping_add(1).max(1);
         let st = r.status;
         let err = r.error.take();
+        let recv = !r.is_send;
         self.free.push(id.idx);
+        self.count_recv(recv, &st);
         match err {
             Some(e) => Err(e),
             None => Ok(st),
@@ -1047,6 +1103,15 @@ impl Engine {
             let _ = self.take(id);
             return Err(e);
         }
+        let c = &mut self.ctr;
+        let (m, b) = match route {
+            Route::Shm => (&mut c.shm_msgs_sent, &mut c.shm_bytes_sent),
+            Route::Tcp => (&mut c.tcp_msgs_sent, &mut c.tcp_bytes_sent),
+            _ => (&mut c.self_msgs_sent, &mut c.self_bytes_sent),
+        };
+        *m += 1;
+        *b += len as u64;
+        c.rendezvous_sent += !eager as u64;
         Ok(id)
     }
 
@@ -1340,6 +1405,7 @@ impl Engine {
                             sync_sreq: sync,
                         },
                     });
+                    self.ctr.unexpected_max = self.ctr.unexpected_max.max(self.unexpected.len() as u64);
                 }
             }
             Kind::Rts => {
@@ -1356,6 +1422,7 @@ impl Engine {
                         ctx: hdr.ctx,
                         body: UnexpBody::Rts { total, info },
                     });
+                    self.ctr.unexpected_max = self.ctr.unexpected_max.max(self.unexpected.len() as u64);
                 }
             }
             Kind::Cts => {
@@ -1756,6 +1823,7 @@ impl Engine {
         let mut polls: u32 = 0;
         let mut start: Option<Instant> = None;
         let mut slept = false;
+        let mut yielded = false;
         let mut backoff = Duration::from_micros(1);
         let live_every = Duration::from_millis(self.cfg.liveness_ms);
         // Ranks outnumber cores and what we wait for is written straight into shared memory by a rank that
@@ -1769,6 +1837,7 @@ impl Engine {
         let mut look_first = hand_over && a.get() == Awaiting::Here;
         if look_first {
             vmf_pal::yield_now();
+            yielded = true;
         }
         loop {
             let seen = std::mem::take(&mut look_first) && done(self);
@@ -1781,6 +1850,8 @@ impl Engine {
                 if let Some(st) = start {
                     self.waiter.record(st.elapsed(), slept);
                 }
+                let c = &mut self.ctr;
+                *if slept { &mut c.waits_sleep } else if yielded { &mut c.waits_yield } else { &mut c.waits_spin } += 1;
                 return Ok(());
             }
             if n > 0 {
@@ -1798,6 +1869,7 @@ impl Engine {
                     self.idle(el, idled);
                     if el < self.waiter.budgets().1.max(Duration::from_micros(50)) {
                         vmf_pal::yield_now();
+            yielded = true;
                     } else {
                         slept = true;
                         self.idle_end(idled);
@@ -1824,6 +1896,7 @@ impl Engine {
                 WaitPolicy::Yield => {
                     if polls > self.cfg.spin_count {
                         vmf_pal::yield_now();
+            yielded = true;
                     } else {
                         vmf_pal::cpu_relax();
                     }
@@ -1849,6 +1922,7 @@ impl Engine {
                             }
                         } else {
                             vmf_pal::yield_now();
+            yielded = true;
                             look_first = hand_over;
                         }
                         continue;
@@ -1861,6 +1935,7 @@ impl Engine {
                         vmf_pal::cpu_relax();
                     } else if el < yield_for {
                         vmf_pal::yield_now();
+            yielded = true;
                     } else {
                         slept = true;
                         self.idle_end(idled);
@@ -1894,6 +1969,7 @@ impl Engine {
                         vmf_pal::cpu_relax();
                     } else if el < spin + yield_for {
                         vmf_pal::yield_now();
+            yielded = true;
                     } else {
                         slept = true;
                         self.idle_end(idled);
@@ -2453,6 +2529,59 @@ mod tests {
         assert_eq!(tag3, (0..50).filter(|i| i % 5 == 3).collect::<Vec<_>>());
         let rest: Vec<usize> = got[10..].to_vec();
         assert_eq!(rest, (0..50).filter(|i| i % 5 != 3).collect::<Vec<_>>());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn counters_follow_sends_receives_the_unexpected_queue_and_rendezvous_works() {
+        let (mut a, mut b, d) = pair("counters", &[]);
+        assert_eq!(a.counters(), Counters::default());
+        // Five eager messages and one above the eager limit, all before any receive is posted.
+        let msgs: Vec<Vec<u8>> = (0..6).map(|i| pattern(if i == 5 { 100_000 } else { 100 }, i as u8)).collect();
+        let sids: Vec<ReqId> = msgs
+            .iter()
+            .enumerate()
+            .map(|(i, m)| unsafe { a.isend(m.as_ptr(), m.len(), 1, i as i32, 0, SendMode::Standard).unwrap() })
+            .collect();
+        for _ in 0..100 {
+            a.progress().unwrap();
+            b.progress().unwrap();
+        }
+        let c = a.counters();
+        assert_eq!((c.shm_msgs_sent, c.shm_bytes_sent), (6, 5 * 100 + 100_000));
+        assert_eq!((c.tcp_msgs_sent, c.self_msgs_sent, c.rendezvous_sent), (0, 0, 1));
+        let c = b.counters();
+        assert_eq!((c.unexpected_now, c.unexpected_max, c.msgs_recvd), (6, 6, 0));
+        let mut bufs: Vec<Vec<u8>> = (0..6).map(|_| vec![0u8; 100_000]).collect();
+        let rids: Vec<ReqId> = bufs
+            .iter_mut()
+            .enumerate()
+            .map(|(i, buf)| unsafe { b.irecv(buf.as_mut_ptr(), buf.len(), 0, i as i32, 0).unwrap() })
+            .collect();
+        let all: Vec<(bool, ReqId)> =
+            sids.iter().map(|&s| (true, s)).chain(rids.iter().map(|&r| (false, r))).collect();
+        drive(&mut a, &mut b, &all);
+        for &s in &sids {
+            a.take(s).unwrap();
+        }
+        for &r in &rids {
+            b.take(r).unwrap();
+        }
+        let c = b.counters();
+        assert_eq!((c.unexpected_now, c.unexpected_max), (0, 6));
+        assert_eq!((c.msgs_recvd, c.bytes_recvd), (6, 5 * 100 + 100_000));
+        // Sends do not count as receives, and a message to oneself counts as such.
+        assert_eq!(a.counters().msgs_recvd, 0);
+        let m = pattern(10, 9);
+        let mut r = vec![0u8; 10];
+        let rid = unsafe { a.irecv(r.as_mut_ptr(), 10, 0, 77, 0).unwrap() };
+        let sid = unsafe { a.isend(m.as_ptr(), 10, 0, 77, 0, SendMode::Standard).unwrap() };
+        a.wait_until(Op::Wait, |e| e.is_done(rid) && e.is_done(sid)).unwrap();
+        a.take(sid).unwrap();
+        a.take(rid).unwrap();
+        let c = a.counters();
+        assert_eq!((c.self_msgs_sent, c.self_bytes_sent, c.msgs_recvd), (1, 10, 1));
+        assert!(c.waits_spin + c.waits_yield + c.waits_sleep <= 1);
         std::fs::remove_dir_all(&d).unwrap();
     }
 

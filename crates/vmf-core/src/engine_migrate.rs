@@ -544,6 +544,9 @@ impl Engine {
     }
 
     fn switch_route(&mut self, peer: usize, route: Route) {
+        if self.peers[peer].route != route {
+            self.ctr.migrations += 1;
+        }
         let was_tcp = self.peers[peer].route == Route::Tcp;
         self.peers[peer].route = route;
         let is_tcp = route == Route::Tcp;

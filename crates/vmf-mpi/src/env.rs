@@ -321,6 +321,8 @@ pub(crate) fn stop_if_unused(dropping: usize) -> R {
     // SAFETY: serialised calls.
     let world_on = unsafe { *G.world.get() } == WORLD_ON;
     if !world_on && crate::session::live() <= dropping {
+        // The tool interface's performance variables keep the final counts.
+        crate::mpi_t::stash(st.fab.engine().counters());
         st.fab.finalize().map_err(from_core)?;
         // SAFETY: serialised calls.
         unsafe { *G.phase.get() = PHASE_DONE };

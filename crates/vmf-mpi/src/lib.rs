@@ -42,6 +42,7 @@ mod graph;
 mod info;
 mod intercomm;
 mod io;
+mod mpi_t;
 mod mt;
 mod op;
 mod p2p;

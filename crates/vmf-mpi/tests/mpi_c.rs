@@ -40,6 +40,7 @@ const PROGRAMS: &[&str] = &[
     "rma",
     "threads",
     "io",
+    "mpi_t",
 ];
 const MPICH_INC: &str = "/usr/include/x86_64-linux-gnu/mpich";
 
@@ -195,6 +196,16 @@ fn mpi4_extras_info_isendrecv_status_and_type_matching_work() {
 fn io_views_pointers_collective_and_nonblocking_file_access_works() {
     semantic("io");
     semantic_wide("io");
+}
+
+#[test]
+fn mpi_t_control_and_performance_variables_categories_and_sources_work() {
+    semantic("mpi_t");
+    // Over TCP the sends count as TCP messages.
+    let bin = setup().build.join("ours").join("mpi_t");
+    let o = job_env(2, &bin, &[("VMF_SHM", "0")]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success() && out.contains("PASS"), "mpi_t with VMF_SHM=0:\n{out}\n{}", String::from_utf8_lossy(&o.stderr));
 }
 
 #[test]
