@@ -208,11 +208,17 @@ struct Peer {
 }
 
 /// Counters of one rank's engine since it started (a snapshot; all monotonic except the `unexpected_now`
-/// level). Read by the MPI tool interface's performance variables; plain integer increments on the paths
-/// that count.
+/// level). Read by the MPI tool interface's performance variables ([`Engine::counters`]). Counting is plain
+/// integer increments on the paths that count: no atomics, locks, allocation or system calls.
+///
+/// A message is one user-level send (`isend`, or the blocking-send fast path `try_send_now`) of any size,
+/// its bytes the payload; control packets (CTS, DATA chunks, FIN, acks, migration) are not messages. A wait
+/// is one call of [`Engine::wait_until`] or [`Engine::wait_for_peers`] that succeeds, or a blocking receive
+/// that [`Engine::recv_direct`] completes; each counts in exactly one of the `waits_*`, by how far it went.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Counters {
-    /// Messages sent through shared memory.
+    /// Messages sent through shared memory (the channel that carries them: while a migration holds a
+    /// peer's packets, the one they are released on).
     pub shm_msgs_sent: u64,
     /// Payload bytes sent through shared memory.
     pub shm_bytes_sent: u64,
@@ -220,28 +226,43 @@ pub struct Counters {
     pub tcp_msgs_sent: u64,
     /// Payload bytes sent over TCP.
     pub tcp_bytes_sent: u64,
-    /// Messages sent to this rank itself.
+    /// Messages this rank sent to itself.
     pub self_msgs_sent: u64,
-    /// Payload bytes sent to this rank itself.
+    /// Payload bytes this rank sent to itself.
     pub self_bytes_sent: u64,
-    /// Receives completed and collected (any transport; cancelled ones are not counted).
+    /// Receives that matched a message and completed with its data (any transport, truncated ones
+    /// included; cancelled or failed ones not), counted when they complete.
     pub msgs_recvd: u64,
     /// Payload bytes those receives delivered.
     pub bytes_recvd: u64,
-    /// Messages in the unexpected queue now.
+    /// Messages in the unexpected queue now (arrived before a matching receive was posted; a
+    /// rendezvous message counts once).
     pub unexpected_now: u64,
     /// The most messages the unexpected queue ever held.
     pub unexpected_max: u64,
     /// Messages sent with the rendezvous protocol (any transport).
     pub rendezvous_sent: u64,
-    /// Times a peer's traffic moved to another transport because a rank migrated.
+    /// Times this rank's traffic to a peer moved to another transport because that peer or this rank
+    /// migrated (one per peer whose channel changed: a rank that moves counts one for each such peer).
     pub migrations: u64,
-    /// Waits that finished while spinning.
+    /// Blocking waits that finished while spinning, never having yielded or slept (a wait complete on
+    /// entry and a blocking receive taken by the direct path count here).
     pub waits_spin: u64,
-    /// Waits that finished after yielding the CPU.
+    /// Blocking waits that finished after yielding the CPU, without sleeping.
     pub waits_yield: u64,
-    /// Waits that finished after sleeping.
+    /// Blocking waits that finished after sleeping in the kernel.
     pub waits_sleep: u64,
+}
+
+/// How far a wait went before it ended ([`Counters`]'s `waits_*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Stage {
+    /// Never gave up the CPU.
+    Spin,
+    /// Yielded it.
+    Yield,
+    /// Slept in the kernel.
+    Sleep,
 }
 
 /// The engine of one rank.
@@ -705,18 +726,53 @@ impl Engine {
             .filter(|r| r.gen == id.gen && r.state != State::Free)
     }
 
-    /// The engine's counters now.
+    /// A snapshot of this rank's counters (see [`Counters`]).
     pub fn counters(&self) -> Counters {
-        Counters { unexpected_now: self.unexpected.len() as u64, ..self.ctr }
+        Counters {
+            unexpected_now: self.unexpected.len() as u64,
+            ..self.ctr
+        }
     }
 
-    /// Count a collected request if it is a receive that was not cancelled.
+    /// Count a message sent on `route`.
     #[inline]
-    pub(crate) fn count_recv(&mut self, recv: bool, st: &Status) {
-        if recv && !st.cancelled {
-            self.ctr.msgs_recvd += 1;
-            self.ctr.bytes_recvd += st.count as u64;
+    fn count_sent(&mut self, route: Route, len: usize, rendezvous: bool) {
+        let c = &mut self.ctr;
+        let (msgs, bytes) = match route {
+            Route::Shm => (&mut c.shm_msgs_sent, &mut c.shm_bytes_sent),
+            Route::Tcp => (&mut c.tcp_msgs_sent, &mut c.tcp_bytes_sent),
+            // None: never (a send there fails before it is counted).
+            Route::SelfLoop | Route::None => (&mut c.self_msgs_sent, &mut c.self_bytes_sent),
+        };
+        *msgs += 1;
+        *bytes += len as u64;
+        c.rendezvous_sent += rendezvous as u64;
+    }
+
+    /// Count a receive that completed with `len` bytes.
+    #[inline]
+    fn count_recvd(&mut self, len: usize) {
+        self.ctr.msgs_recvd += 1;
+        self.ctr.bytes_recvd += len as u64;
+    }
+
+    /// Count a finished wait.
+    #[inline]
+    fn count_wait(&mut self, stage: Stage) {
+        let c = &mut self.ctr;
+        match stage {
+            Stage::Spin => c.waits_spin += 1,
+            Stage::Yield => c.waits_yield += 1,
+            Stage::Sleep => c.waits_sleep += 1,
         }
+    }
+
+    /// Park a message that matched no posted receive.
+    #[inline]
+    fn park(&mut self, u: Unexp) {
+        self.unexpected.push_back(u);
+        let c = &mut self.ctr;
+        c.unexpected_max = c.unexpected_max.max(self.unexpected.len() as u64);
     }
 
     fn complete(&mut self, id: ReqId) {
@@ -749,9 +805,7 @@ impl Engine {
         r.gen = r.gen.wrapping_add(1).max(1);
         let st = r.status;
         let err = r.error.take();
-        let recv = !r.is_send;
         self.free.push(id.idx);
-        self.count_recv(recv, &st);
         match err {
             Some(e) => Err(e),
             None => Ok(st),
@@ -910,7 +964,8 @@ impl Engine {
         if p.holding || !p.pending.is_empty() {
             return Ok(false);
         }
-        let limit = match p.route {
+        let route = p.route;
+        let limit = match route {
             Route::Shm => self.eager_limit,
             Route::Tcp => self.tcp_eager,
             _ => return Ok(false),
@@ -919,7 +974,11 @@ impl Engine {
             return Ok(false);
         }
         let mut hdr = PktHeader::new(Kind::Eager, self.me as u32, tag, ctx, 0, len as u64);
-        self.try_packet(dest, &mut hdr, &[], slice(buf, len))
+        let sent = self.try_packet(dest, &mut hdr, &[], slice(buf, len))?;
+        if sent {
+            self.count_sent(route, len, false);
+        }
+        Ok(sent)
     }
 
     /// Blocking-receive fast path: wait for an eager message from co-resident `src` by watching its ring
@@ -1002,6 +1061,8 @@ impl Engine {
                     cancelled: false,
                 };
                 self.shm.as_mut().unwrap().release(inc);
+                self.count_recvd(st.count);
+                self.count_wait(Stage::Spin);
                 return Ok(Some(st));
             }
             // Anything else (control, rendezvous, synchronous, other tag, truncation, bad sequence number)
@@ -1103,15 +1164,15 @@ impl Engine {
             let _ = self.take(id);
             return Err(e);
         }
-        let c = &mut self.ctr;
-        let (m, b) = match route {
-            Route::Shm => (&mut c.shm_msgs_sent, &mut c.shm_bytes_sent),
-            Route::Tcp => (&mut c.tcp_msgs_sent, &mut c.tcp_bytes_sent),
-            _ => (&mut c.self_msgs_sent, &mut c.self_bytes_sent),
+        // Counted on the channel that carries the message: while a migration holds this peer's packets,
+        // the one they will be released on.
+        let p = &self.peers[dest];
+        let via = if p.holding {
+            p.next_route.unwrap_or(route)
+        } else {
+            route
         };
-        *m += 1;
-        *b += len as u64;
-        c.rendezvous_sent += !eager as u64;
+        self.count_sent(via, len, !eager);
         Ok(id)
     }
 
@@ -1198,6 +1259,7 @@ impl Engine {
             });
         }
         r.state = State::Done;
+        self.count_recvd(n);
     }
 
     fn start_rndv_recv(
@@ -1251,6 +1313,7 @@ impl Engine {
             unsafe { std::ptr::copy_nonoverlapping(p as *const u8, buf, want) };
             self.pool_copies += 1;
             self.complete(id);
+            self.count_recvd(want);
             return self.send_ctl(src, Kind::Fin, FinInfo { sreq: info.sreq }.as_bytes());
         }
         if info.pid != 0 && self.cma && want > 0 {
@@ -1259,6 +1322,7 @@ impl Engine {
             match vmf_pal::cma::read_from(info.pid as i32, info.addr, dst) {
                 Ok(()) => {
                     self.complete(id);
+                    self.count_recvd(want);
                     return self.send_ctl(src, Kind::Fin, FinInfo { sreq: info.sreq }.as_bytes());
                 }
                 Err(e)
@@ -1305,6 +1369,7 @@ impl Engine {
         self.send_ctl(src, Kind::Cts, cts.as_bytes())?;
         if want == 0 {
             self.complete(id);
+            self.count_recvd(0);
         }
         Ok(())
     }
@@ -1396,7 +1461,7 @@ impl Engine {
                     }
                 } else {
                     let data = self.pooled(data);
-                    self.unexpected.push_back(Unexp {
+                    self.park(Unexp {
                         src: peer,
                         tag: hdr.tag,
                         ctx: hdr.ctx,
@@ -1405,7 +1470,6 @@ impl Engine {
                             sync_sreq: sync,
                         },
                     });
-                    self.ctr.unexpected_max = self.ctr.unexpected_max.max(self.unexpected.len() as u64);
                 }
             }
             Kind::Rts => {
@@ -1416,13 +1480,12 @@ impl Engine {
                 if let Some(id) = self.match_posted(peer, hdr.tag, hdr.ctx) {
                     self.start_rndv_recv(id, peer, hdr.tag, total, info)?;
                 } else {
-                    self.unexpected.push_back(Unexp {
+                    self.park(Unexp {
                         src: peer,
                         tag: hdr.tag,
                         ctx: hdr.ctx,
                         body: UnexpBody::Rts { total, info },
                     });
-                    self.ctr.unexpected_max = self.ctr.unexpected_max.max(self.unexpected.len() as u64);
                 }
             }
             Kind::Cts => {
@@ -1467,6 +1530,7 @@ impl Engine {
                         r.phase = Phase::Receiving { peer: p, want, got };
                         if got == want {
                             r.state = State::Done;
+                            self.count_recvd(want);
                         }
                     }
                     _ => {
@@ -1814,6 +1878,7 @@ impl Engine {
     ) -> Result<()> {
         let a = std::cell::Cell::new(awaiting(self));
         if a.get() == Awaiting::Done {
+            self.count_wait(Stage::Spin);
             return Ok(());
         }
         let mut done = |e: &Engine| {
@@ -1823,7 +1888,8 @@ impl Engine {
         let mut polls: u32 = 0;
         let mut start: Option<Instant> = None;
         let mut slept = false;
-        let mut yielded = false;
+        // How far this wait went (a sleep phase may only yield: `block_once` says what it did).
+        let mut stage = Stage::Spin;
         let mut backoff = Duration::from_micros(1);
         let live_every = Duration::from_millis(self.cfg.liveness_ms);
         // Ranks outnumber cores and what we wait for is written straight into shared memory by a rank that
@@ -1837,7 +1903,7 @@ impl Engine {
         let mut look_first = hand_over && a.get() == Awaiting::Here;
         if look_first {
             vmf_pal::yield_now();
-            yielded = true;
+            stage = Stage::Yield;
         }
         loop {
             let seen = std::mem::take(&mut look_first) && done(self);
@@ -1850,8 +1916,7 @@ impl Engine {
                 if let Some(st) = start {
                     self.waiter.record(st.elapsed(), slept);
                 }
-                let c = &mut self.ctr;
-                *if slept { &mut c.waits_sleep } else if yielded { &mut c.waits_yield } else { &mut c.waits_spin } += 1;
+                self.count_wait(stage);
                 return Ok(());
             }
             if n > 0 {
@@ -1869,14 +1934,14 @@ impl Engine {
                     self.idle(el, idled);
                     if el < self.waiter.budgets().1.max(Duration::from_micros(50)) {
                         vmf_pal::yield_now();
-            yielded = true;
+                        stage = stage.max(Stage::Yield);
                     } else {
                         slept = true;
                         self.idle_end(idled);
                         self.hook(HookPoint::Sleep);
                         let r = self.block_once_for(op, &mut backoff, &mut done, Duration::from_millis(1));
                         self.hook(HookPoint::Wake);
-                        r?;
+                        stage = stage.max(r?);
                     }
                 }
                 if polls % 256 == 0 && self.last_liveness.elapsed() >= live_every {
@@ -1896,7 +1961,7 @@ impl Engine {
                 WaitPolicy::Yield => {
                     if polls > self.cfg.spin_count {
                         vmf_pal::yield_now();
-            yielded = true;
+                        stage = stage.max(Stage::Yield);
                     } else {
                         vmf_pal::cpu_relax();
                     }
@@ -1922,7 +1987,7 @@ impl Engine {
                             }
                         } else {
                             vmf_pal::yield_now();
-            yielded = true;
+                            stage = stage.max(Stage::Yield);
                             look_first = hand_over;
                         }
                         continue;
@@ -1935,11 +2000,11 @@ impl Engine {
                         vmf_pal::cpu_relax();
                     } else if el < yield_for {
                         vmf_pal::yield_now();
-            yielded = true;
+                        stage = stage.max(Stage::Yield);
                     } else {
                         slept = true;
                         self.idle_end(idled);
-                        self.block_once(op, &mut backoff, &mut done)?;
+                        stage = stage.max(self.block_once(op, &mut backoff, &mut done)?);
                     }
                     if self.last_liveness.elapsed() >= live_every {
                         self.check_liveness(op)?;
@@ -1969,11 +2034,11 @@ impl Engine {
                         vmf_pal::cpu_relax();
                     } else if el < spin + yield_for {
                         vmf_pal::yield_now();
-            yielded = true;
+                        stage = stage.max(Stage::Yield);
                     } else {
                         slept = true;
                         self.idle_end(idled);
-                        self.block_once(op, &mut backoff, &mut done)?;
+                        stage = stage.max(self.block_once(op, &mut backoff, &mut done)?);
                     }
                     if self.last_liveness.elapsed() >= live_every {
                         self.check_liveness(op)?;
@@ -2004,13 +2069,14 @@ impl Engine {
         }
     }
 
-    /// Sleep until something may have arrived (or a timeout for liveness checks).
+    /// Sleep until something may have arrived (or a timeout for liveness checks). Returns what it did:
+    /// slept, only yielded (queued sends, a migration, no doorbell), or neither (something is there).
     fn block_once(
         &mut self,
         op: Op,
         backoff: &mut Duration,
         done: &mut impl FnMut(&Engine) -> bool,
-    ) -> Result<()> {
+    ) -> Result<Stage> {
         let live_every = Duration::from_millis(self.cfg.liveness_ms);
         self.block_once_for(op, backoff, done, live_every)
     }
@@ -2022,17 +2088,17 @@ impl Engine {
         backoff: &mut Duration,
         done: &mut impl FnMut(&Engine) -> bool,
         most: Duration,
-    ) -> Result<()> {
+    ) -> Result<Stage> {
         let live_every = Duration::from_millis(self.cfg.liveness_ms);
         // Queued sends wait for a peer to consume, and consumers do not ring doorbells: keep polling. While
         // this rank moves, answers arrive on the old region, whose doorbell it no longer sleeps on.
         if self.n_pending > 0 || !self.streaming.is_empty() || self.mig.is_some() {
             vmf_pal::yield_now();
-            return Ok(());
+            return Ok(Stage::Yield);
         }
         if self.tcp.is_some() {
             if self.tcp.as_ref().is_some_and(|t| t.has_buffered()) {
-                return Ok(());
+                return Ok(Stage::Spin);
             }
             // Sleep in epoll on every socket plus the shared-memory doorbell socket, so a message from
             // either transport wakes us.
@@ -2041,7 +2107,7 @@ impl Engine {
                     shm.prepare_sleep_socket();
                     if shm.has_incoming() || done(self) {
                         shm.cancel_sleep();
-                        return Ok(());
+                        return Ok(Stage::Spin);
                     }
                     shm.doorbell_fd()
                 }
@@ -2064,31 +2130,36 @@ impl Engine {
             if self.last_liveness.elapsed() >= live_every {
                 self.check_liveness(op)?;
             }
-            return Ok(());
+            return Ok(Stage::Sleep);
         }
-        match &self.shm {
+        let stage = match &self.shm {
             Some(shm) if shm.can_futex() => {
                 let d = shm.prepare_sleep();
                 // `done` may watch shared memory other ranks write (collective areas): they ring our
                 // doorbell after writing, and we look once more after announcing the sleep.
                 if shm.has_incoming() || done(self) {
                     shm.cancel_sleep();
-                    return Ok(());
+                    return Ok(Stage::Spin);
                 }
                 shm.sleep(d, most);
                 self.waiter.sleeps += 1;
+                Stage::Sleep
             }
             Some(_) => {
                 // A peer in another VM cannot wake us: bounded exponential sleep (1 us .. 1 ms).
                 std::thread::sleep(*backoff);
                 *backoff = (*backoff * 2).min(Duration::from_millis(1));
+                Stage::Sleep
             }
-            None => vmf_pal::yield_now(),
-        }
+            None => {
+                vmf_pal::yield_now();
+                Stage::Yield
+            }
+        };
         if self.last_liveness.elapsed() >= live_every {
             self.check_liveness(op)?;
         }
-        Ok(())
+        Ok(stage)
     }
 
     /// Apply `VMF_BIND` once the region's ranks are known, and publish the CPU this rank runs on when it
@@ -2533,56 +2604,412 @@ mod tests {
     }
 
     #[test]
-    fn counters_follow_sends_receives_the_unexpected_queue_and_rendezvous_works() {
-        let (mut a, mut b, d) = pair("counters", &[]);
+    fn counters_count_messages_per_channel_the_unexpected_queue_and_rendezvous() {
+        let (mut a, mut b, d) = pair("counters", &[("VMF_HOST_CPUS", "4")]);
         assert_eq!(a.counters(), Counters::default());
+        let big = 100_000;
+        assert!(big > a.eager_limit());
         // Five eager messages and one above the eager limit, all before any receive is posted.
-        let msgs: Vec<Vec<u8>> = (0..6).map(|i| pattern(if i == 5 { 100_000 } else { 100 }, i as u8)).collect();
+        let msgs: Vec<Vec<u8>> = (0..6)
+            .map(|i| pattern(if i == 5 { big } else { 100 }, i as u8))
+            .collect();
         let sids: Vec<ReqId> = msgs
             .iter()
             .enumerate()
-            .map(|(i, m)| unsafe { a.isend(m.as_ptr(), m.len(), 1, i as i32, 0, SendMode::Standard).unwrap() })
+            .map(|(i, m)| unsafe {
+                a.isend(m.as_ptr(), m.len(), 1, i as i32, 0, SendMode::Standard)
+                    .unwrap()
+            })
             .collect();
         for _ in 0..100 {
             a.progress().unwrap();
             b.progress().unwrap();
         }
+        let sent = 5 * 100 + big as u64;
         let c = a.counters();
-        assert_eq!((c.shm_msgs_sent, c.shm_bytes_sent), (6, 5 * 100 + 100_000));
-        assert_eq!((c.tcp_msgs_sent, c.self_msgs_sent, c.rendezvous_sent), (0, 0, 1));
+        assert_eq!(
+            (c.shm_msgs_sent, c.shm_bytes_sent, c.rendezvous_sent),
+            (6, sent, 1)
+        );
+        assert_eq!(
+            (
+                c.tcp_msgs_sent,
+                c.tcp_bytes_sent,
+                c.self_msgs_sent,
+                c.self_bytes_sent
+            ),
+            (0, 0, 0, 0)
+        );
         let c = b.counters();
-        assert_eq!((c.unexpected_now, c.unexpected_max, c.msgs_recvd), (6, 6, 0));
-        let mut bufs: Vec<Vec<u8>> = (0..6).map(|_| vec![0u8; 100_000]).collect();
-        let rids: Vec<ReqId> = bufs
-            .iter_mut()
-            .enumerate()
-            .map(|(i, buf)| unsafe { b.irecv(buf.as_mut_ptr(), buf.len(), 0, i as i32, 0).unwrap() })
-            .collect();
-        let all: Vec<(bool, ReqId)> =
-            sids.iter().map(|&s| (true, s)).chain(rids.iter().map(|&r| (false, r))).collect();
-        drive(&mut a, &mut b, &all);
-        for &s in &sids {
-            a.take(s).unwrap();
+        assert_eq!(
+            (c.unexpected_now, c.unexpected_max, c.msgs_recvd),
+            (6, 6, 0)
+        );
+        // Each receive takes its message out of the queue; the high-water mark stays.
+        let mut bufs = vec![vec![0u8; big]; 6];
+        let mut rids = Vec::new();
+        for (i, buf) in bufs.iter_mut().enumerate() {
+            rids.push(unsafe {
+                b.irecv(buf.as_mut_ptr(), buf.len(), 0, i as i32, 0)
+                    .unwrap()
+            });
+            let c = b.counters();
+            assert_eq!((c.unexpected_now, c.unexpected_max), (5 - i as u64, 6));
         }
-        for &r in &rids {
+        let all: Vec<(bool, ReqId)> = sids
+            .iter()
+            .map(|&s| (true, s))
+            .chain(rids.iter().map(|&r| (false, r)))
+            .collect();
+        drive(&mut a, &mut b, &all);
+        // Receives count when they complete, before their requests are collected.
+        let c = b.counters();
+        assert_eq!((c.msgs_recvd, c.bytes_recvd), (6, sent));
+        for (&s, &r) in sids.iter().zip(&rids) {
+            a.take(s).unwrap();
             b.take(r).unwrap();
         }
+        for (m, buf) in msgs.iter().zip(&bufs) {
+            assert_eq!(&buf[..m.len()], &m[..]);
+        }
+        // The rendezvous' control packets (CTS and DATA, or FIN) are not messages, either way.
         let c = b.counters();
-        assert_eq!((c.unexpected_now, c.unexpected_max), (0, 6));
-        assert_eq!((c.msgs_recvd, c.bytes_recvd), (6, 5 * 100 + 100_000));
-        // Sends do not count as receives, and a message to oneself counts as such.
-        assert_eq!(a.counters().msgs_recvd, 0);
-        let m = pattern(10, 9);
-        let mut r = vec![0u8; 10];
-        let rid = unsafe { a.irecv(r.as_mut_ptr(), 10, 0, 77, 0).unwrap() };
-        let sid = unsafe { a.isend(m.as_ptr(), 10, 0, 77, 0, SendMode::Standard).unwrap() };
-        a.wait_until(Op::Wait, |e| e.is_done(rid) && e.is_done(sid)).unwrap();
-        a.take(sid).unwrap();
-        a.take(rid).unwrap();
+        assert_eq!(
+            (
+                c.msgs_recvd,
+                c.bytes_recvd,
+                c.unexpected_now,
+                c.unexpected_max
+            ),
+            (6, sent, 0, 6)
+        );
+        assert_eq!(
+            (c.shm_msgs_sent, c.shm_bytes_sent, c.rendezvous_sent),
+            (0, 0, 0)
+        );
         let c = a.counters();
-        assert_eq!((c.self_msgs_sent, c.self_bytes_sent, c.msgs_recvd), (1, 10, 1));
-        assert!(c.waits_spin + c.waits_yield + c.waits_sleep <= 1);
+        assert_eq!(
+            (
+                c.shm_msgs_sent,
+                c.msgs_recvd,
+                c.bytes_recvd,
+                c.unexpected_max
+            ),
+            (6, 0, 0, 0)
+        );
+        // A message whose receive is posted first never enters the queue.
+        let m = pattern(10, 9);
+        let mut r = [0u8; 10];
+        let rid = unsafe { b.irecv(r.as_mut_ptr(), 10, 0, 77, 0).unwrap() };
+        let sid = unsafe {
+            a.isend(m.as_ptr(), 10, 1, 77, 0, SendMode::Standard)
+                .unwrap()
+        };
+        drive(&mut a, &mut b, &[(true, sid), (false, rid)]);
+        a.take(sid).unwrap();
+        b.take(rid).unwrap();
+        let c = b.counters();
+        assert_eq!(
+            (
+                c.msgs_recvd,
+                c.bytes_recvd,
+                c.unexpected_now,
+                c.unexpected_max
+            ),
+            (7, sent + 10, 0, 6)
+        );
+        // A truncated receive counts what it delivered; a cancelled one counts nothing.
+        let rid = unsafe { b.irecv(r.as_mut_ptr(), 4, 0, 78, 0).unwrap() };
+        let sid = unsafe {
+            a.isend(m.as_ptr(), 10, 1, 78, 0, SendMode::Standard)
+                .unwrap()
+        };
+        drive(&mut a, &mut b, &[(true, sid), (false, rid)]);
+        a.take(sid).unwrap();
+        assert!(b.take(rid).is_err());
+        let rid = unsafe { b.irecv(r.as_mut_ptr(), 10, 0, 79, 0).unwrap() };
+        assert!(b.cancel_recv(rid));
+        b.take(rid).unwrap();
+        let c = b.counters();
+        assert_eq!((c.msgs_recvd, c.bytes_recvd), (8, sent + 10 + 4));
+        assert_eq!(a.counters().shm_msgs_sent, 8);
+        // Nothing here waited (drive only polls).
+        for c in [a.counters(), b.counters()] {
+            assert_eq!(
+                (c.waits_spin, c.waits_yield, c.waits_sleep, c.migrations),
+                (0, 0, 0, 0)
+            );
+        }
         std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn counters_count_the_blocking_fast_paths() {
+        let (mut a, mut b, d) = pair("counters-fast", &[("VMF_HOST_CPUS", "4")]);
+        let m = pattern(40, 3);
+        // The blocking send's fast path counts like isend; the blocking receive's counts a receive and a
+        // wait that ended spinning.
+        assert!(unsafe { a.try_send_now(m.as_ptr(), 40, 1, 5, 0) }.unwrap());
+        let c = a.counters();
+        assert_eq!(
+            (c.shm_msgs_sent, c.shm_bytes_sent, c.rendezvous_sent),
+            (1, 40, 0)
+        );
+        let mut buf = [0u8; 64];
+        let st = unsafe { b.recv_direct(buf.as_mut_ptr(), 64, 0, 5, 0) }
+            .unwrap()
+            .unwrap();
+        assert_eq!((st.count, &buf[..40]), (40, &m[..]));
+        let c = b.counters();
+        assert_eq!((c.msgs_recvd, c.bytes_recvd, c.unexpected_max), (1, 40, 0));
+        assert_eq!((c.waits_spin, c.waits_yield, c.waits_sleep), (1, 0, 0));
+        // Declined sends and receives count nothing (their slow paths do).
+        let big = pattern(a.eager_limit() + 1, 1);
+        assert!(!unsafe { a.try_send_now(big.as_ptr(), big.len(), 1, 6, 0) }.unwrap());
+        assert!(!unsafe { a.try_send_now(m.as_ptr(), 40, 0, 6, 0) }.unwrap());
+        assert!(unsafe { b.recv_direct(buf.as_mut_ptr(), 64, 0, 5, 0) }
+            .unwrap()
+            .is_none());
+        assert_eq!(a.counters().shm_msgs_sent, 1);
+        let c = b.counters();
+        assert_eq!((c.msgs_recvd, c.waits_spin), (1, 1));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// A one-rank engine (self messages only, no shared memory).
+    fn solo(env: &[(&str, &str)]) -> Engine {
+        let cfg = Config::from_lookup(|k| {
+            env.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        })
+        .unwrap();
+        Engine::new(0, 1, cfg, None, None)
+    }
+
+    #[test]
+    fn counters_count_self_messages_and_how_waits_end() {
+        let mut e = solo(&[("VMF_WAIT", "spin")]);
+        // Self messages are copied whatever their size: no rendezvous.
+        for (n, tag) in [(10usize, 1), (200_000, 2)] {
+            let s = pattern(n, tag as u8);
+            let mut r = vec![0u8; n];
+            let rid = unsafe { e.irecv(r.as_mut_ptr(), n, 0, tag, 0).unwrap() };
+            let sid = unsafe {
+                e.isend(s.as_ptr(), n, 0, tag, 0, SendMode::Standard)
+                    .unwrap()
+            };
+            e.wait_until(Op::Wait, |e| e.is_done(rid) && e.is_done(sid))
+                .unwrap();
+            e.take(sid).unwrap();
+            e.take(rid).unwrap();
+            assert_eq!(r, s);
+        }
+        let c = e.counters();
+        assert_eq!(
+            (c.self_msgs_sent, c.self_bytes_sent, c.rendezvous_sent),
+            (2, 200_010, 0)
+        );
+        assert_eq!((c.shm_msgs_sent, c.tcp_msgs_sent), (0, 0));
+        assert_eq!((c.msgs_recvd, c.bytes_recvd), (2, 200_010));
+        assert_eq!((c.waits_spin, c.waits_yield, c.waits_sleep), (2, 0, 0));
+        // A wait complete on entry ended spinning too; so does a long one under the spin policy.
+        e.wait_until(Op::Wait, |_| true).unwrap();
+        let t0 = Instant::now();
+        e.wait_until(Op::Wait, |_| t0.elapsed() > Duration::from_millis(5))
+            .unwrap();
+        let c = e.counters();
+        assert_eq!((c.waits_spin, c.waits_yield, c.waits_sleep), (4, 0, 0));
+        // The yield policy yields after SPIN_COUNT idle polls.
+        let mut e = solo(&[("VMF_WAIT", "yield"), ("VMF_SPIN_COUNT", "0")]);
+        let t0 = Instant::now();
+        e.wait_until(Op::Wait, |_| t0.elapsed() > Duration::from_millis(5))
+            .unwrap();
+        let c = e.counters();
+        assert_eq!((c.waits_spin, c.waits_yield, c.waits_sleep), (0, 1, 0));
+        // The block policy sleeps on the doorbell (here for a millisecond at a time, LIVENESS_MS); without
+        // one (no shared memory) it can only yield.
+        let (mut a, _b, d) = pair(
+            "counters-sleep",
+            &[("VMF_WAIT", "block"), ("VMF_LIVENESS_MS", "1")],
+        );
+        let t0 = Instant::now();
+        a.wait_until(Op::Wait, |_| t0.elapsed() > Duration::from_millis(20))
+            .unwrap();
+        let c = a.counters();
+        assert_eq!((c.waits_spin, c.waits_yield, c.waits_sleep), (0, 0, 1));
+        std::fs::remove_dir_all(&d).unwrap();
+        let mut e = solo(&[("VMF_WAIT", "block"), ("VMF_LIVENESS_MS", "1")]);
+        let t0 = Instant::now();
+        e.wait_until(Op::Wait, |_| t0.elapsed() > Duration::from_millis(5))
+            .unwrap();
+        let c = e.counters();
+        assert_eq!((c.waits_spin, c.waits_yield, c.waits_sleep), (0, 1, 0));
+    }
+
+    fn send_blocking(e: &mut Engine, to: usize, tag: i32, m: &[u8]) -> Result<()> {
+        let id = unsafe { e.isend(m.as_ptr(), m.len(), to as i64, tag, 0, SendMode::Standard)? };
+        e.wait_until(Op::Wait, |e| e.is_done(id))?;
+        e.take(id).map(|_| ())
+    }
+
+    fn recv_blocking(e: &mut Engine, from: usize, tag: i32, buf: &mut [u8]) -> Result<Status> {
+        let id = unsafe { e.irecv(buf.as_mut_ptr(), buf.len(), from as i64, tag, 0)? };
+        e.wait_until(Op::Wait, |e| e.is_done(id))?;
+        e.take(id)
+    }
+
+    /// Two ranks on one emulated host (shared memory and TCP on loopback, both "hosts" in this network
+    /// namespace), one thread each; rank 0 moves to the other host between two exchanges, so each side's
+    /// channel to the other moves from shared memory to TCP once, and what follows is sent over TCP.
+    #[test]
+    fn counters_count_a_migration_and_the_channel_after_it() {
+        use migrate::{HostSpec, Loc, MigCtx};
+        use std::net::{IpAddr, Ipv4Addr};
+        use std::os::fd::AsRawFd;
+        use vmf_transport::shm::region::job_hash;
+        use vmf_transport::tcp::TcpConfig;
+        // The move enters the target host's network namespace: here the one we are in, which takes
+        // CAP_SYS_ADMIN all the same.
+        let ns = std::fs::File::open("/proc/self/ns/net").unwrap();
+        // SAFETY: setns into the namespace this thread is in already.
+        if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+            eprintln!(
+                "skipped: setns is not permitted here ({})",
+                std::io::Error::last_os_error()
+            );
+            return;
+        }
+        let base =
+            std::env::temp_dir().join(format!("vmf-engine-test-{}-migrate", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        let lo = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        let hosts: Vec<HostSpec> = (0..2)
+            .map(|h| HostSpec {
+                netns: "/proc/self/ns/net".into(),
+                dir: base.join(format!("h{h}")),
+                ip: lo,
+            })
+            .collect();
+        for h in &hosts {
+            std::fs::create_dir_all(&h.dir).unwrap();
+        }
+        let job = "t";
+        let sz = RegionSizing {
+            max_local: 2,
+            heap: 4 << 20,
+            pool_per_slot: 1 << 20,
+        };
+        // Both "hosts" share this network namespace, where the doorbell sockets of a rank's old and new
+        // home would collide: the ranks spin (no doorbells), and only the new home binds one.
+        let env = [("VMF_HOST_CPUS", "4"), ("VMF_WAIT", "spin")];
+        let cfg = Config::from_lookup(|k| {
+            env.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        })
+        .unwrap();
+        let src = RegionSource::Dir(hosts[0].dir.clone());
+        let region = Arc::new(Region::open(&src, job, sz, None, Duration::from_secs(5)).unwrap());
+        let slots = [region.attach(0).unwrap(), region.attach(1).unwrap()];
+        let tc = TcpConfig {
+            bind: lo,
+            secret: [7; 16],
+            job: job_hash(job),
+            max_frame: cfg.tcp_eager_limit.max(64 << 10) + 4096,
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        // Each rank tells the other where it listens (a transport stays on the thread that made it).
+        let (to0, at0) = std::sync::mpsc::channel();
+        let (to1, at1) = std::sync::mpsc::channel();
+        for (me, to_peer, at_me) in [(0, to1, at0), (1, to0, at1)] {
+            let (region, cfg, hosts, tc, tx) = (
+                region.clone(),
+                cfg.clone(),
+                hosts.clone(),
+                tc.clone(),
+                tx.clone(),
+            );
+            std::thread::spawn(move || {
+                let peer = 1 - me;
+                let tcp = TcpTransport::new(me, 2, tc).unwrap();
+                to_peer.send(tcp.local_addr()).unwrap();
+                let mut addrs = [None; 2];
+                addrs[me] = Some(tcp.local_addr());
+                addrs[peer] = Some(at_me.recv().unwrap());
+                let locs: Vec<Loc> = (0..2)
+                    .map(|r| Loc {
+                        uuid: region.uuid,
+                        slot: slots[r],
+                        addr: addrs[r],
+                    })
+                    .collect();
+                let mut t = ShmTransport::new(region, me, slots[me], 2, cfg.ring_size_for(2));
+                t.set_duplex(false);
+                t.add_peer(peer, slots[peer]).unwrap();
+                let mut e = Engine::new(me, 2, cfg, Some(t), Some(tcp));
+                e.set_locations(locs);
+                e.set_migration_context(MigCtx::new(
+                    job.into(),
+                    sz,
+                    None,
+                    hosts,
+                    0,
+                    Duration::from_secs(5),
+                ));
+                let mut run = || -> Result<[Route; 2]> {
+                    let m = pattern(100, me as u8);
+                    let mut buf = [0u8; 100];
+                    let before = e.route(peer);
+                    // An exchange on shared memory, the move, another exchange (on TCP).
+                    for tag in [1, 3] {
+                        if me == 0 {
+                            if tag == 3 {
+                                e.migrate_to(1)?;
+                            }
+                            send_blocking(&mut e, peer, tag, &m)?;
+                            recv_blocking(&mut e, peer, tag + 1, &mut buf)?;
+                        } else {
+                            recv_blocking(&mut e, peer, tag, &mut buf)?;
+                            send_blocking(&mut e, peer, tag + 1, &m)?;
+                        }
+                        assert_eq!(buf, &pattern(100, peer as u8)[..]);
+                    }
+                    Ok([before, e.route(peer)])
+                };
+                let r = run();
+                let _ = tx.send((me, r.map(|routes| (routes, e.counters()))));
+            });
+        }
+        drop(tx);
+        let mut got = [None, None];
+        for _ in 0..2 {
+            let (me, r) = rx
+                .recv_timeout(Duration::from_secs(60))
+                .expect("a rank failed or hung");
+            got[me] = Some(r.unwrap());
+        }
+        for (me, g) in got.iter().enumerate() {
+            let (routes, c) = g.unwrap();
+            assert_eq!(routes, [Route::Shm, Route::Tcp], "rank {me}");
+            // Moved, MovedAck and Ready are not messages.
+            assert_eq!(
+                (
+                    c.shm_msgs_sent,
+                    c.shm_bytes_sent,
+                    c.tcp_msgs_sent,
+                    c.tcp_bytes_sent
+                ),
+                (1, 100, 1, 100),
+                "rank {me}"
+            );
+            assert_eq!(
+                (c.msgs_recvd, c.bytes_recvd, c.migrations),
+                (2, 200, 1),
+                "rank {me}"
+            );
+        }
+        std::fs::remove_dir_all(&base).unwrap();
     }
 
     #[test]

@@ -109,9 +109,7 @@ impl Engine {
         r.gen = r.gen.wrapping_add(1).max(1);
         let st = r.status;
         let err = r.error.take();
-        let recv = !r.is_send;
         self.free.push(id.idx);
-        self.count_recv(recv, &st);
         Ok((st, err))
     }
 

@@ -33,7 +33,7 @@ pub mod error;
 pub mod pool;
 
 pub use config::Config;
-pub use engine::{Route, SendMode, Status, ANY_SOURCE, ANY_TAG};
+pub use engine::{Counters, Route, SendMode, Status, ANY_SOURCE, ANY_TAG};
 pub use error::{Error, Op, Result};
 
 use engine::{Engine, ReqId};
