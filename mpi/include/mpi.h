@@ -148,6 +148,8 @@ extern int * const MPI_UNWEIGHTED;
 extern int * const MPI_WEIGHTS_EMPTY;
 extern MPI_Fint * MPI_F_STATUS_IGNORE;
 extern MPI_Fint * MPI_F_STATUSES_IGNORE;
+extern MPI_F08_status *MPI_F08_STATUS_IGNORE;
+extern MPI_F08_status *MPI_F08_STATUSES_IGNORE;
 int MPIR_Dup_fn(MPI_Comm, int, void *, void *, void *, int *);
 
 /* ---- predefined handles and constants (MPICH 4.0 values) ---- */

@@ -32,6 +32,23 @@ pub static MPI_F_STATUS_IGNORE: CPtr =
 pub static MPI_F_STATUSES_IGNORE: CPtr =
     CPtr(&F_STATUSES_IGNORE_OBJ as *const [c_int; 5] as *const c_int);
 
+/// The objects `MPI_F08_STATUS_IGNORE` and `MPI_F08_STATUSES_IGNORE` point to (an `MPI_F08_status` and an
+/// array of one), exported under MPICH's names.
+#[no_mangle]
+pub static MPIR_F08_MPI_STATUS_IGNORE_OBJ: [c_int; 5] = [0; 5];
+#[no_mangle]
+pub static MPIR_F08_MPI_STATUSES_IGNORE_OBJ: [c_int; 5] = [0; 5];
+/// `MPI_F08_STATUS_IGNORE`: the sentinel the C side of an mpi_f08 binding passes (a distinct non-NULL
+/// pointer, as in MPICH; this library has no mpi_f08 module of its own, but a program or binding built
+/// against MPICH's header links).
+#[no_mangle]
+pub static MPI_F08_STATUS_IGNORE: CPtr =
+    CPtr(&MPIR_F08_MPI_STATUS_IGNORE_OBJ as *const [c_int; 5] as *const c_int);
+/// `MPI_F08_STATUSES_IGNORE`.
+#[no_mangle]
+pub static MPI_F08_STATUSES_IGNORE: CPtr =
+    CPtr(&MPIR_F08_MPI_STATUSES_IGNORE_OBJ as *const [c_int; 5] as *const c_int);
+
 /// `MPI_DUP_FN` (MPICH names it `MPIR_Dup_fn`): copy the attribute value and set the flag.
 ///
 /// # Safety
