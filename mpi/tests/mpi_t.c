@@ -41,7 +41,11 @@ int main(int argc, char **argv)
     /* A short buffer gets a truncated, terminated name; the length says what is needed. */
     nlen = 4;
     CHECK(MPI_T_cvar_get_info(idx, name, &nlen, NULL, NULL, NULL, NULL, NULL, NULL, NULL) == MPI_SUCCESS);
-    CHECK(strcmp(name, "VMF") == 0 && nlen == (int)strlen("VMF_SHM_EAGER_LIMIT") + 1);
+    CHECK(strcmp(name, "VMF") == 0 && nlen == 4);
+    /* A query (no buffer) says what the name needs. */
+    nlen = 0;
+    CHECK(MPI_T_cvar_get_info(idx, NULL, &nlen, NULL, NULL, NULL, NULL, NULL, NULL, NULL) == MPI_SUCCESS);
+    CHECK(nlen == (int)strlen("VMF_SHM_EAGER_LIMIT") + 1);
     MPI_T_cvar_handle ch;
     CHECK(MPI_T_cvar_handle_alloc(idx, NULL, &ch, &count) == MPI_SUCCESS && count == 1);
     unsigned long long eager = 0;

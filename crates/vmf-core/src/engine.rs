@@ -6,6 +6,7 @@
 //! posting order) or parks it as unexpected (in arrival order), and for an RTS copies the data with one
 //! `process_vm_readv` and answers FIN (or, without CMA, answers CTS and receives pipelined DATA chunks).
 //! Per-pair sequence numbers are checked on every packet.
+use std::sync::atomic::{AtomicU64, Ordering};
 use crate::config::{Config, WaitPolicy};
 use crate::error::{Error, Op, Result};
 use std::collections::VecDeque;
@@ -254,6 +255,57 @@ pub struct Counters {
     pub waits_sleep: u64,
 }
 
+/// The engine's counters as it keeps them: one writer (the engine, which its owner uses from one thread at
+/// a time), readers anywhere (the MPI tool interface, from a tool's thread). Each update is a relaxed load
+/// and store (a plain `mov`/`add`/`mov`, no locked instruction); a reader sees each counter whole.
+#[derive(Debug, Default)]
+pub struct Tally {
+    shm_msgs_sent: AtomicU64,
+    shm_bytes_sent: AtomicU64,
+    tcp_msgs_sent: AtomicU64,
+    tcp_bytes_sent: AtomicU64,
+    self_msgs_sent: AtomicU64,
+    self_bytes_sent: AtomicU64,
+    msgs_recvd: AtomicU64,
+    bytes_recvd: AtomicU64,
+    unexpected_now: AtomicU64,
+    unexpected_max: AtomicU64,
+    rendezvous_sent: AtomicU64,
+    migrations: AtomicU64,
+    waits_spin: AtomicU64,
+    waits_yield: AtomicU64,
+    waits_sleep: AtomicU64,
+}
+
+impl Tally {
+    /// A snapshot (each counter read once; not one instant across counters).
+    pub fn snapshot(&self) -> Counters {
+        Counters {
+            shm_msgs_sent: self.shm_msgs_sent.load(Ordering::Relaxed),
+            shm_bytes_sent: self.shm_bytes_sent.load(Ordering::Relaxed),
+            tcp_msgs_sent: self.tcp_msgs_sent.load(Ordering::Relaxed),
+            tcp_bytes_sent: self.tcp_bytes_sent.load(Ordering::Relaxed),
+            self_msgs_sent: self.self_msgs_sent.load(Ordering::Relaxed),
+            self_bytes_sent: self.self_bytes_sent.load(Ordering::Relaxed),
+            msgs_recvd: self.msgs_recvd.load(Ordering::Relaxed),
+            bytes_recvd: self.bytes_recvd.load(Ordering::Relaxed),
+            unexpected_now: self.unexpected_now.load(Ordering::Relaxed),
+            unexpected_max: self.unexpected_max.load(Ordering::Relaxed),
+            rendezvous_sent: self.rendezvous_sent.load(Ordering::Relaxed),
+            migrations: self.migrations.load(Ordering::Relaxed),
+            waits_spin: self.waits_spin.load(Ordering::Relaxed),
+            waits_yield: self.waits_yield.load(Ordering::Relaxed),
+            waits_sleep: self.waits_sleep.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Add `n` to a counter that only this engine writes.
+#[inline(always)]
+fn bump(c: &AtomicU64, n: u64) {
+    c.store(c.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
+}
+
 /// How far a wait went before it ended ([`Counters`]'s `waits_*`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Stage {
@@ -285,7 +337,7 @@ pub struct Engine {
     posted: VecDeque<ReqId>,
     unexpected: VecDeque<Unexp>,
     /// Performance counters (`counters`).
-    ctr: Counters,
+    ctr: std::sync::Arc<Tally>,
     streaming: Vec<ReqId>,
     pool: Vec<Vec<u8>>,
     n_pending: usize,
@@ -531,7 +583,7 @@ impl Engine {
             free: (0..64u32).rev().collect(),
             posted: VecDeque::new(),
             unexpected: VecDeque::new(),
-            ctr: Counters::default(),
+            ctr: std::sync::Arc::new(Tally::default()),
             streaming: Vec::new(),
             pool: Vec::new(),
             n_pending: 0,
@@ -728,51 +780,68 @@ impl Engine {
 
     /// A snapshot of this rank's counters (see [`Counters`]).
     pub fn counters(&self) -> Counters {
-        Counters {
-            unexpected_now: self.unexpected.len() as u64,
-            ..self.ctr
-        }
+        self.ctr.snapshot()
+    }
+
+    /// The counters themselves, to read from another thread (they outlive the engine).
+    pub fn tally(&self) -> std::sync::Arc<Tally> {
+        self.ctr.clone()
     }
 
     /// Count a message sent on `route`.
     #[inline]
     fn count_sent(&mut self, route: Route, len: usize, rendezvous: bool) {
-        let c = &mut self.ctr;
+        let c = &*self.ctr;
         let (msgs, bytes) = match route {
-            Route::Shm => (&mut c.shm_msgs_sent, &mut c.shm_bytes_sent),
-            Route::Tcp => (&mut c.tcp_msgs_sent, &mut c.tcp_bytes_sent),
+            Route::Shm => (&c.shm_msgs_sent, &c.shm_bytes_sent),
+            Route::Tcp => (&c.tcp_msgs_sent, &c.tcp_bytes_sent),
             // None: never (a send there fails before it is counted).
-            Route::SelfLoop | Route::None => (&mut c.self_msgs_sent, &mut c.self_bytes_sent),
+            Route::SelfLoop | Route::None => (&c.self_msgs_sent, &c.self_bytes_sent),
         };
-        *msgs += 1;
-        *bytes += len as u64;
-        c.rendezvous_sent += rendezvous as u64;
+        bump(msgs, 1);
+        bump(bytes, len as u64);
+        if rendezvous {
+            bump(&c.rendezvous_sent, 1);
+        }
     }
 
     /// Count a receive that completed with `len` bytes.
     #[inline]
     fn count_recvd(&mut self, len: usize) {
-        self.ctr.msgs_recvd += 1;
-        self.ctr.bytes_recvd += len as u64;
+        bump(&self.ctr.msgs_recvd, 1);
+        bump(&self.ctr.bytes_recvd, len as u64);
     }
 
     /// Count a finished wait.
     #[inline]
     fn count_wait(&mut self, stage: Stage) {
-        let c = &mut self.ctr;
-        match stage {
-            Stage::Spin => c.waits_spin += 1,
-            Stage::Yield => c.waits_yield += 1,
-            Stage::Sleep => c.waits_sleep += 1,
-        }
+        let c = &*self.ctr;
+        bump(
+            match stage {
+                Stage::Spin => &c.waits_spin,
+                Stage::Yield => &c.waits_yield,
+                Stage::Sleep => &c.waits_sleep,
+            },
+            1,
+        );
     }
 
     /// Park a message that matched no posted receive.
     #[inline]
     fn park(&mut self, u: Unexp) {
         self.unexpected.push_back(u);
-        let c = &mut self.ctr;
-        c.unexpected_max = c.unexpected_max.max(self.unexpected.len() as u64);
+        let n = self.unexpected.len() as u64;
+        let c = &*self.ctr;
+        c.unexpected_now.store(n, Ordering::Relaxed);
+        if n > c.unexpected_max.load(Ordering::Relaxed) {
+            c.unexpected_max.store(n, Ordering::Relaxed);
+        }
+    }
+
+    /// A message left the unexpected queue.
+    #[inline]
+    pub(crate) fn unparked(&self) {
+        self.ctr.unexpected_now.store(self.unexpected.len() as u64, Ordering::Relaxed);
     }
 
     fn complete(&mut self, id: ReqId) {
@@ -1213,6 +1282,7 @@ impl Engine {
             .position(|u| matches(src as i32, tag, ctx, u.src, u.tag, u.ctx))
         {
             let u = self.unexpected.remove(pos).unwrap();
+            self.unparked();
             self.deliver_unexpected(id, u)?;
         } else {
             self.posted.push_back(id);

@@ -545,7 +545,8 @@ impl Engine {
 
     fn switch_route(&mut self, peer: usize, route: Route) {
         if self.peers[peer].route != route {
-            self.ctr.migrations += 1;
+            let m = &self.ctr.migrations;
+            m.store(m.load(std::sync::atomic::Ordering::Relaxed) + 1, std::sync::atomic::Ordering::Relaxed);
         }
         let was_tcp = self.peers[peer].route == Route::Tcp;
         self.peers[peer].route = route;

@@ -64,7 +64,9 @@ impl Engine {
             .unexpected
             .iter()
             .position(|u| matches(src as i32, tag, ctx, u.src, u.tag, u.ctx))?;
-        self.unexpected.remove(pos).map(|u| MatchedMsg { u })
+        let m = self.unexpected.remove(pos).map(|u| MatchedMsg { u });
+        self.unparked();
+        m
     }
 
     /// Receive a message obtained by a matched probe into `buf` (capacity `cap`).

@@ -271,6 +271,8 @@ pub(crate) fn start(required: c_int) -> R {
     let mut bridge = Comm::new(20, rank as i32, None, size as i32, MPI_ERRORS_RETURN);
     bridge.name = "(vmfabric bridge)".into();
     let level = required.clamp(MPI_THREAD_SINGLE, MPI_THREAD_MULTIPLE);
+    // The tool interface reads the engine's counters from here on, from any thread.
+    crate::mpi_t::attach(fab.engine().tally());
     let st = State {
         fab,
         comms: vec![Some(world), Some(selfc), Some(bridge)],
@@ -338,8 +340,6 @@ pub(crate) fn stop_if_unused(dropping: usize) -> R {
     // SAFETY: serialised calls.
     let world_on = unsafe { *G.world.get() } == WORLD_ON;
     if !world_on && crate::session::live() <= dropping {
-        // The tool interface's performance variables keep the final counts.
-        crate::mpi_t::stash(st.fab.engine().counters());
         st.fab.finalize().map_err(from_core)?;
         // SAFETY: serialised calls.
         unsafe { *G.phase.get() = PHASE_DONE };

@@ -38,11 +38,6 @@ struct Ctx {
 fn ctx(fh: MPI_File) -> R<Ctx> {
     use std::os::unix::io::FromRawFd;
     let f = file(state()?, fh)?;
-    let flag = |k: &str| match f.hint(k) {
-        Some("enable") => Some(true),
-        Some("disable") => Some(false),
-        _ => None,
-    };
     Ok(Ctx {
         // SAFETY: a second handle on the file's descriptor that is never closed (ManuallyDrop); the file
         // object outlives the access (closing is collective and cannot overlap it).
@@ -54,14 +49,11 @@ fn ctx(fh: MPI_File) -> R<Ctx> {
         atomic: f.atomic,
         amode: f.amode,
         shwin: f.shwin,
-        cb: f.hint_usize("cb_buffer_size").unwrap_or(CB_BUFFER_SIZE),
-        naggr: f
-            .hint_usize("cb_nodes")
-            .unwrap_or(f.size as usize)
-            .min(f.size as usize)
-            .max(1),
-        cb_read: flag("romio_cb_read"),
-        cb_write: flag("romio_cb_write"),
+        // The hints as every rank has them (settled at open, set_view and set_info).
+        cb: f.cb,
+        naggr: f.naggr.min(f.size as usize).max(1),
+        cb_read: f.cb_read,
+        cb_write: f.cb_write,
     })
 }
 
@@ -228,7 +220,6 @@ unsafe fn two_phase(
     let n = c.naggr;
     let cb = c.cb as i64;
     let round = n as i64 * cb;
-    let me_aggr = (0..n).any(|a| aggr_rank(a, p, n) == c.rank as usize);
     let (mut cur, mut used, mut doff) = (0usize, 0usize, 0usize);
     let mut res: R = Ok(());
     let mut store: Vec<u8> = Vec::new();
@@ -349,11 +340,13 @@ unsafe fn two_phase(
                 ),
                 "alltoallv",
             )?;
-            if me_aggr && !rdesc.is_empty() && res.is_ok() {
+            // Whoever receives pieces is an aggregator for them (the ranks agree on the hints).
+            if !rdesc.is_empty() && res.is_ok() {
                 res = aggregate(c, &rdesc, data, true);
             }
         } else {
-            if me_aggr && !rdesc.is_empty() && res.is_ok() {
+            // Whoever receives pieces is an aggregator for them (the ranks agree on the hints).
+            if !rdesc.is_empty() && res.is_ok() {
                 res = aggregate(c, &rdesc, data, false);
             }
             ck(
@@ -428,7 +421,8 @@ fn aggregate(c: &Ctx, desc: &[i64], data: &mut [u8], write: bool) -> R {
     } else {
         if covered * 4 < span {
             for &(o, l, d) in &items {
-                pread(&c.fd, &mut data[d..d + l], o)?;
+                let g = pread(&c.fd, &mut data[d..d + l], o)?;
+                data[d + g..d + l].fill(0); // past the end of the file: zeros, not a previous round's bytes
             }
             return Ok(());
         }
@@ -471,7 +465,12 @@ fn vectored(f: &std::fs::File, items: &[(i64, usize, usize)], data: &mut [u8], l
                 if write {
                     return err(MPI_ERR_IO, "pwritev wrote nothing");
                 }
-                return Ok(()); // the end of the file: the rest stays as it is (zeros)
+                // The end of the file: the rest reads as zeros (the buffer may hold a previous round's bytes).
+                for v in &iov[first..] {
+                    // SAFETY: each iovec lies within `data`.
+                    unsafe { std::ptr::write_bytes(v.iov_base as *mut u8, 0, v.iov_len) };
+                }
+                return Ok(());
             }
             // Skip what was done; a partly done piece continues where it stopped.
             let mut n = n as usize;
@@ -561,7 +560,7 @@ unsafe fn encode<'a>(
     }
 }
 
-/// Call a user conversion function on `n` elements (in pieces for the `int` flavour).
+/// Call a user conversion function on `n` elements (the `int` flavour takes at most INT_MAX of them).
 unsafe fn convert(
     f: ConvFn,
     user: *mut c_void,
@@ -774,18 +773,27 @@ pub(crate) unsafe fn access(
     dt: MPI_Datatype,
 ) -> R<usize> {
     let c = ctx(fh)?;
+    // Everything this rank can fail on by itself, before the ranks agree (a collective call must fail on
+    // every rank, or the others would wait in the exchange).
     let local = check(&c, pos, write, count, dt).and_then(|(n, len)| {
+        if c.view.ftsize == 0 && len > 0 {
+            return err(MPI_ERR_IO, "the file view's filetype holds no data");
+        }
+        if coll && file(state()?, fh)?.split.is_some() {
+            return err(MPI_ERR_IO, "a split collective is in progress on this file");
+        }
         let data = if write {
             Some(encode(&c.view, buf, n, dt, len)?)
         } else {
             None
         };
-        Ok((n, len, data))
+        let staged = if write { None } else { Some(stage(&c.view, buf, dt, len)?) };
+        Ok((n, len, data, staged))
     });
     if coll {
         agree(c.comm, local.as_ref().map(drop).map_err(|e| e.clone()))?;
     }
-    let (n, len, data) = local?;
+    let (n, len, data, staged) = local?;
     let es = c.view.esize as i64;
     let etypes = (len / c.view.esize) as i64;
     let start = match pos {
@@ -810,22 +818,22 @@ pub(crate) unsafe fn access(
             }
             let mut total = [etypes];
             allreduce(c.comm, &mut total, crate::op::MPI_SUM)?;
-            let mut base = if c.rank == 0 {
-                shared_add(c.shwin, total[0])?
-            } else {
-                0
-            };
+            // [base, error class]: rank 0's failure reaches every rank.
+            let mut base = [0i64, 0];
+            if c.rank == 0 {
+                match shared_add(c.shwin, total[0]) {
+                    Ok(b) => base[0] = b,
+                    Err(e) => base[1] = e.code.max(1) as i64,
+                }
+            }
             ck(
-                crate::coll::PMPI_Bcast(
-                    &mut base as *mut i64 as *mut c_void,
-                    1,
-                    MPI_INT64,
-                    0,
-                    c.comm,
-                ),
+                crate::coll::PMPI_Bcast(base.as_mut_ptr() as *mut c_void, 2, MPI_INT64, 0, c.comm),
                 "bcast",
             )?;
-            base + pre
+            if base[1] != 0 {
+                return err(base[1] as c_int, "the shared file pointer could not be moved (on rank 0)");
+            }
+            base[0] + pre
         }
     };
     let pieces = c.view.pieces((start * es) as u64, len)?;
@@ -860,10 +868,10 @@ pub(crate) unsafe fn access(
         }
         .map(|()| crate::datatype::ext_size(dt).map_or(0, |(_, s)| s * n))
     } else {
-        let mut s = stage(&c.view, buf, dt, len)?;
+        let mut s = staged.unwrap();
         let got = match two {
             Some((lo, hi)) => {
-                let size = c.fd.metadata().map_err(|e| os_err(&e, "fstat"))?.len() as i64;
+                let size = c.fd.metadata().map_or(i64::MAX, |m| m.len() as i64);
                 two_phase(&c, &pieces, s.ptr(), false, lo, hi).map(|()| {
                     // The stream bytes before the end of the file.
                     let mut a = 0;

@@ -89,6 +89,12 @@ pub(crate) struct MFile {
     pub eh: MPI_Errhandler,
     /// A split collective begun and not yet ended: (is a read, status bytes).
     pub split: Option<(bool, usize)>,
+    /// The collective-buffering hints in force, the same on every rank (rank 0's: `settle_hints`):
+    /// bytes per aggregator and round, aggregators, two-phase reads / writes forced on or off.
+    pub cb: usize,
+    pub naggr: usize,
+    pub cb_read: Option<bool>,
+    pub cb_write: Option<bool>,
 }
 
 impl MFile {
@@ -221,12 +227,12 @@ pub(crate) fn os_err(e: &std::io::Error, what: &str) -> MpiErr {
 
 /// The path of a file name, without a ROMIO file-system prefix ("ufs:", "nfs:", "lustre:"...).
 fn path_of(name: &str) -> std::path::PathBuf {
+    const PREFIXES: &[&str] = &[
+        "ufs", "nfs", "lustre", "gpfs", "pvfs2", "panfs", "daos", "testfs", "xfs", "pfs", "piofs", "hfs",
+        "sfs", "bgl", "bglockless", "zoidfs", "ime", "quobytefs",
+    ];
     match name.split_once(':') {
-        Some((p, rest))
-            if p.len() >= 2 && p.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') =>
-        {
-            rest.into()
-        }
+        Some((p, rest)) if PREFIXES.contains(&p.to_ascii_lowercase().as_str()) => rest.into(),
         _ => name.into(),
     }
 }
@@ -341,7 +347,35 @@ unsafe fn open_on(
         atomic: false,
         eh,
         split: None,
+        cb: CB_BUFFER_SIZE,
+        naggr: size as usize,
+        cb_read: None,
+        cb_write: None,
     })
+}
+
+/// Make every rank use rank 0's collective-buffering hints (collective): ranks that disagreed would cut
+/// the file into different domains and drop each other's pieces.
+pub(crate) unsafe fn settle_hints(fh: MPI_File) -> R {
+    let st = state()?;
+    let f = file(st, fh)?;
+    let flag = |k: &str| match f.hint(k) {
+        Some("enable") => 1i64,
+        Some("disable") => 0,
+        _ => -1,
+    };
+    let mut v = [
+        f.hint_usize("cb_buffer_size").unwrap_or(CB_BUFFER_SIZE) as i64,
+        f.hint_usize("cb_nodes").unwrap_or(f.size as usize).min(f.size as usize).max(1) as i64,
+        flag("romio_cb_read"),
+        flag("romio_cb_write"),
+    ];
+    let pc = f.comm;
+    ck(crate::coll::PMPI_Bcast(v.as_mut_ptr() as *mut c_void, 4, MPI_INT64, 0, pc), "bcast")?;
+    let f = file(state()?, fh)?;
+    let on = |x: i64| (x >= 0).then_some(x == 1);
+    (f.cb, f.naggr, f.cb_read, f.cb_write) = (v[0].max(1) as usize, v[1].max(1) as usize, on(v[2]), on(v[3]));
+    Ok(())
 }
 
 /// Free the view's own duplicates of its types.
@@ -481,11 +515,11 @@ unsafe fn set_view(
 ) -> R {
     let st = state()?;
     let f = file(st, fh)?;
-    let (pc, amode) = (f.comm, f.amode);
-    if f.split.is_some() {
-        return err(MPI_ERR_IO, "a split collective is in progress on this file");
-    }
+    let (pc, amode, split) = (f.comm, f.amode, f.split.is_some());
     let local = (|| -> R<(View, crate::info::Pairs)> {
+        if split {
+            return err(MPI_ERR_IO, "a split collective is in progress on this file");
+        }
         let (name, rep) = rep_of(state()?, datarep)?;
         let hints = crate::info::hints(info)?;
         let mut disp = disp;
@@ -520,10 +554,9 @@ unsafe fn set_view(
     let (rank, win) = (f.rank, f.shwin);
     drop_view_types(&old);
     ck(crate::coll::PMPI_Barrier(pc), "barrier")?;
-    if rank == 0 {
-        access::shared_set(win, 0)?;
-    }
-    ck(crate::coll::PMPI_Barrier(pc), "barrier")
+    let reset = if rank == 0 { access::shared_set(win, 0) } else { Ok(()) };
+    agree(pc, reset)?;
+    settle_hints(fh)
 }
 
 unsafe fn get_view(
@@ -596,27 +629,29 @@ unsafe fn collective(fh: MPI_File, f: impl FnOnce(&mut MFile) -> R) -> R {
 mpi_api! {
     fn MPI_File_open / PMPI_File_open(comm: MPI_Comm, filename: *const c_char, amode: c_int, info: MPI_Info, fh: *mut MPI_File) -> c_int {
         let r = (|| -> R {
-            if fh.is_null() {
-                return err(MPI_ERR_ARG, "fh is NULL");
+            if !fh.is_null() {
+                *fh = MPI_FILE_NULL;
             }
-            *fh = MPI_FILE_NULL;
             let st = state()?;
             let (ci, c) = st.comm(comm)?;
             if c.remote.is_some() {
                 return err(MPI_ERR_COMM, "MPI_File_open needs an intracommunicator");
             }
             let (rank, size, world) = (c.rank, c.size, c.world.clone());
-            let hints = crate::info::hints(info)?;
+            // Errors of this rank's own arguments are agreed on below, once the ranks share a context.
+            let args = if fh.is_null() { err(MPI_ERR_ARG, "fh is NULL") } else { crate::info::hints(info) };
             let ctx = new_ctx(st, ci)?;
             let mut pc = Comm::new(ctx, rank, world, size, MPI_ERRORS_RETURN);
             pc.name = "(file)".into();
             let mut pch = add_comm(st, pc);
-            match open_on(pch, rank, size, filename, amode, hints) {
+            let opened = agree(pch, args.as_ref().map(drop).map_err(|e| e.clone()))
+                .and_then(|()| open_on(pch, rank, size, filename, amode, args.unwrap_or_default()));
+            match opened {
                 Ok(f) => {
                     let st = state()?;
                     let i = put_in_free_slot(&mut st.files, 0, f);
                     *fh = handle(i);
-                    Ok(())
+                    settle_hints(*fh)
                 }
                 Err(e) => {
                     crate::comm::PMPI_Comm_free(&mut pch);
@@ -712,11 +747,12 @@ mpi_api! {
     }
     fn MPI_File_set_info / PMPI_File_set_info(fh: MPI_File, info: MPI_Info) -> c_int {
         let r = (|| -> R {
-            let hints = crate::info::hints(info)?;
+            let hints = crate::info::hints(info);
             collective(fh, |f| {
-                f.hints.extend(hints);
+                f.hints.extend(hints?);
                 Ok(())
-            })
+            })?;
+            settle_hints(fh)
         })();
         fin_file(fh, "MPI_File_set_info", r)
     }
@@ -752,19 +788,15 @@ mpi_api! {
         fin_file(fh, "MPI_File_get_atomicity", r)
     }
     fn MPI_File_sync / PMPI_File_sync(fh: MPI_File) -> c_int {
-        let r = (|| -> R {
-            let st = state()?;
-            let f = file(st, fh)?;
+        let r = collective(fh, |f| {
             if f.split.is_some() {
                 return err(MPI_ERR_IO, "a split collective is in progress on this file");
             }
-            collective(fh, |f| {
-                if f.amode & MPI_MODE_RDONLY != 0 {
-                    return Ok(());
-                }
-                f.file.sync_all().map_err(|e| os_err(&e, "fsync"))
-            })
-        })();
+            if f.amode & MPI_MODE_RDONLY != 0 {
+                return Ok(());
+            }
+            f.file.sync_all().map_err(|e| os_err(&e, "fsync"))
+        });
         fin_file(fh, "MPI_File_sync", r)
     }
     fn MPI_File_get_type_extent / PMPI_File_get_type_extent(fh: MPI_File, datatype: MPI_Datatype, extent: *mut MPI_Aint) -> c_int {

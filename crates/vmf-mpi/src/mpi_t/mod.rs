@@ -12,7 +12,9 @@
 //!   migrations, and how blocking waits ended (spinning, after yielding, after sleeping). Counters and the
 //!   wait tallies start at 0 when a handle is allocated and can be reset or written (the handle keeps an
 //!   offset); the queue level and high-water mark are read-only. They are continuous (always counting).
-//!   Before `MPI_Init` they read 0; after `MPI_Finalize`, the values at finalize.
+//!   Before `MPI_Init` they read 0; after `MPI_Finalize`, the values at finalize. They are read through
+//!   the engine's `Tally` (single-writer atomics), never through the library's state, so a tool thread
+//!   may read them while the program's thread is inside MPI whatever its thread level.
 //! - **Categories** group both by layer: transport counters, matching, waiting, migration, and the tunables
 //!   of shared memory, TCP, waiting and binding, one-sided, general.
 //! - **Events**: none are defined (`MPI_T_event_get_num` is 0); one event source, the monotonic clock
@@ -25,7 +27,8 @@ use crate::*;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::Mutex;
 use vmf_core::config::{parse_size, PARAMS};
-use vmf_core::engine::Counters;
+use std::sync::Arc;
+use vmf_core::engine::{Counters, Tally};
 
 pub const MPI_T_ERR_NOT_INITIALIZED: c_int = 60;
 pub const MPI_T_ERR_INVALID_INDEX: c_int = 62;
@@ -132,8 +135,10 @@ struct TState {
     cvar_handles: Vec<usize>,
     sessions: Vec<usize>,
     pvar_handles: Vec<usize>,
-    /// The counters when the library finalized (what performance variables read afterwards).
-    last: Counters,
+    /// The engine's counters (set when the library starts; they outlive the engine, so after
+    /// MPI_Finalize they hold the final counts). Read with relaxed loads: never the library's state,
+    /// which another thread may be using.
+    tally: Option<Arc<Tally>>,
 }
 
 static T: Mutex<TState> = Mutex::new(TState {
@@ -141,11 +146,7 @@ static T: Mutex<TState> = Mutex::new(TState {
     cvar_handles: Vec::new(),
     sessions: Vec::new(),
     pvar_handles: Vec::new(),
-    last: Counters {
-        shm_msgs_sent: 0, shm_bytes_sent: 0, tcp_msgs_sent: 0, tcp_bytes_sent: 0, self_msgs_sent: 0,
-        self_bytes_sent: 0, msgs_recvd: 0, bytes_recvd: 0, unexpected_now: 0, unexpected_max: 0,
-        rendezvous_sent: 0, migrations: 0, waits_spin: 0, waits_yield: 0, waits_sleep: 0,
-    },
+    tally: None,
 });
 
 /// Run `f` on the interface's state, once it is initialized.
@@ -164,21 +165,18 @@ fn rc(r: Result<(), c_int>) -> c_int {
     }
 }
 
-/// Keep the engine's counters as they are at MPI_Finalize (called before the engine goes).
-pub(crate) fn stash(c: Counters) {
-    T.lock().unwrap_or_else(|p| p.into_inner()).last = c;
+/// Read performance variables from the engine's counters `t` (called when the library starts).
+pub(crate) fn attach(t: Arc<Tally>) {
+    T.lock().unwrap_or_else(|p| p.into_inner()).tally = Some(t);
 }
 
-/// The counters now: the running engine's, else the stashed ones.
+/// The counters now (zeros before the library started).
 fn counters(t: &TState) -> Counters {
-    match state_opt().filter(|_| phase() == PHASE_INIT) {
-        Some(s) => s.fab.engine().counters(),
-        None => t.last,
-    }
+    t.tally.as_ref().map_or_else(Counters::default, |c| c.snapshot())
 }
 
-/// Store a string the MPI_T way: `len` in is the buffer's size, out the length the string needs with its
-/// NUL; nothing is copied when the buffer is NULL or of size 0.
+/// Store a string the MPI_T way: `len` in is the buffer's size, out the length stored with its NUL (as
+/// MPICH); with a NULL buffer or a size of 0 nothing is copied and `len` says what the string needs.
 unsafe fn tstr(s: &str, buf: *mut c_char, len: *mut c_int) {
     if len.is_null() {
         return;
@@ -187,8 +185,10 @@ unsafe fn tstr(s: &str, buf: *mut c_char, len: *mut c_int) {
         let n = s.len().min(*len as usize - 1);
         std::ptr::copy_nonoverlapping(s.as_ptr(), buf as *mut u8, n);
         *buf.add(n) = 0;
+        *len = n as c_int + 1; // what was stored (MPICH's convention)
+    } else {
+        *len = s.len() as c_int + 1; // a query: what the string needs
     }
-    *len = s.len() as c_int + 1;
 }
 
 unsafe fn set<T2>(p: *mut T2, v: T2) {
