@@ -314,6 +314,45 @@ int main(int argc, char **argv)
     MPI_File_set_errhandler(MPI_FILE_NULL, MPI_ERRORS_RETURN);
     MPI_Errhandler_free(&eh);
 
+    /* 9b. One rank's own mistake fails a collective call on every rank (nobody is left waiting), and
+     * collective-buffering hints that differ between ranks are rank 0's everywhere (no data lost). */
+    if (nproc > 1) {
+        reopen(&fh, MPI_MODE_CREATE | MPI_MODE_RDWR, MPI_INFO_NULL);
+        MPI_Datatype ft = strided(), empty;
+        MPI_File_set_view(fh, (MPI_Offset)rank * sizeof(int), MPI_INT, ft, "native", MPI_INFO_NULL);
+        int rc = MPI_File_read_all(fh, rank == 1 ? NULL : in, 16, MPI_INT, &st);
+        CHECK(rc != MPI_SUCCESS);
+        MPI_Type_contiguous(0, MPI_INT, &empty);
+        MPI_Type_commit(&empty);
+        CHECK(MPI_File_set_view(fh, 0, MPI_INT, rank == 1 ? empty : MPI_INT, "native", MPI_INFO_NULL) == MPI_SUCCESS);
+        CHECK(MPI_File_write_all(fh, buf, 8, MPI_INT, &st) != MPI_SUCCESS);
+        MPI_Type_free(&empty);
+        MPI_Info hi;
+        MPI_Info_create(&hi);
+        MPI_Info_set(hi, rank == 0 ? "cb_buffer_size" : "cb_nodes", rank == 0 ? "64" : "1");
+        if (rank == nproc - 1)
+            MPI_Info_set(hi, "romio_cb_write", "disable");
+        CHECK(MPI_File_set_info(fh, hi) == MPI_SUCCESS);
+        MPI_Info_free(&hi);
+        MPI_File_set_size(fh, 0);
+        MPI_File_set_view(fh, (MPI_Offset)rank * sizeof(int), MPI_INT, ft, "native", MPI_INFO_NULL);
+        for (int i = 0; i < 64; i++)
+            buf[i] = i * nproc + rank;
+        CHECK(MPI_File_write_all(fh, buf, 64, MPI_INT, &st) == MPI_SUCCESS);
+        MPI_File_set_view(fh, 0, MPI_INT, MPI_INT, "native", MPI_INFO_NULL);
+        int *all = malloc(sizeof(int) * 64 * nproc);
+        CHECK(MPI_File_read_at_all(fh, 0, all, 64 * nproc, MPI_INT, &st) == MPI_SUCCESS);
+        for (int i = 0; i < 64 * nproc; i++)
+            CHECK(all[i] == i);
+        free(all);
+        MPI_Type_free(&ft);
+        MPI_File_close(&fh);
+        /* A bad info handle on one rank fails the open on all. */
+        CHECK(MPI_File_open(MPI_COMM_WORLD, path, MPI_MODE_RDWR, rank == 1 ? (MPI_Info)0x1234 : MPI_INFO_NULL, &fh) != MPI_SUCCESS);
+        CHECK(fh == MPI_FILE_NULL);
+        MPI_Barrier(MPI_COMM_WORLD);
+    }
+
     /* 10. Read-only, append and delete-on-close. */
     reopen(&fh, MPI_MODE_RDONLY, MPI_INFO_NULL);
     CHECK_RC(MPI_File_write_at(fh, 0, buf, 1, MPI_INT, &st), MPI_ERR_READ_ONLY);
