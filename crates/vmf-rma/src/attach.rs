@@ -181,9 +181,20 @@ impl AttachTable {
     }
 
     /// Run `f` on a consistent view (entry count, index of the last entry starting at or below `addr`):
-    /// `None` while the owner keeps rewriting the table.
+    /// `None` only if the owner leaves the table half rewritten for seconds (it died while publishing).
+    /// An owner preempted in the middle of a publication (ranks outnumbering cores) is waited for,
+    /// yielding the CPU it may need: a reader that gave up then would report attached memory as not
+    /// attached.
     fn read<T>(&self, addr: u64, f: impl Fn(usize, Option<usize>) -> T) -> Option<T> {
-        for _ in 0..10_000 {
+        let mut deadline = None;
+        for i in 0u64.. {
+            if i >= 10_000 {
+                let now = std::time::Instant::now();
+                if now >= *deadline.get_or_insert(now + std::time::Duration::from_secs(5)) {
+                    return None;
+                }
+                std::thread::yield_now();
+            }
             let s = self.word(0).load(Ordering::Acquire);
             if s & 1 != 0 {
                 std::hint::spin_loop();
