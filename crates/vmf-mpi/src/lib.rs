@@ -738,6 +738,15 @@ pub(crate) fn fatal(name: &str, e: &MpiErr) -> ! {
     }
 }
 
+/// Store a result through a caller pointer, refusing NULL.
+pub(crate) unsafe fn out<T>(p: *mut T, v: T, what: &str) -> R {
+    if p.is_null() {
+        return err(MPI_ERR_ARG, format!("{what} is NULL"));
+    }
+    *p = v;
+    Ok(())
+}
+
 /// Copy a Rust string into a C buffer of `max` bytes (NUL-terminated), storing the length in `len`.
 pub(crate) unsafe fn put_str(s: &str, buf: *mut c_char, len: *mut c_int, max: usize) {
     let b = s.as_bytes();

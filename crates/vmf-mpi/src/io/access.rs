@@ -51,7 +51,7 @@ fn ctx(fh: MPI_File) -> R<Ctx> {
         shwin: f.shwin,
         // The hints as every rank has them (settled at open, set_view and set_info).
         cb: f.cb,
-        naggr: f.naggr.min(f.size as usize).max(1),
+        naggr: f.naggr,
         cb_read: f.cb_read,
         cb_write: f.cb_write,
     })
@@ -276,8 +276,9 @@ unsafe fn two_phase(
             ),
             "alltoall",
         )?;
-        let words = |v: &[i64]| -> (Vec<MPI_Count>, Vec<MPI_Aint>) {
-            let counts: Vec<MPI_Count> = (0..p).map(|i| v[2 * i]).collect();
+        // Column k of the per-rank (descriptor words, data bytes) pairs: counts and displacements.
+        let column = |v: &[i64], k: usize| -> (Vec<MPI_Count>, Vec<MPI_Aint>) {
+            let counts: Vec<MPI_Count> = (0..p).map(|i| v[2 * i + k]).collect();
             let displs = counts
                 .iter()
                 .scan(0, |acc, &x| {
@@ -288,20 +289,8 @@ unsafe fn two_phase(
                 .collect();
             (counts, displs)
         };
-        let bytes = |v: &[i64]| -> (Vec<MPI_Count>, Vec<MPI_Aint>) {
-            let counts: Vec<MPI_Count> = (0..p).map(|i| v[2 * i + 1]).collect();
-            let displs = counts
-                .iter()
-                .scan(0, |acc, &x| {
-                    let d = *acc;
-                    *acc += x as MPI_Aint;
-                    Some(d)
-                })
-                .collect();
-            (counts, displs)
-        };
-        let (sw, swd) = words(&cnt);
-        let (rw, rwd) = words(&rcnt);
+        let (sw, swd) = column(&cnt, 0);
+        let (rw, rwd) = column(&rcnt, 0);
         let mut rdesc = vec![0i64; rw.iter().sum::<i64>() as usize];
         ck(
             crate::bigcount::PMPI_Alltoallv_c(
@@ -317,8 +306,8 @@ unsafe fn two_phase(
             ),
             "alltoallv",
         )?;
-        let (sb, _) = bytes(&cnt);
-        let (rb, rbd) = bytes(&rcnt);
+        let (sb, _) = column(&cnt, 1);
+        let (rb, rbd) = column(&rcnt, 1);
         // Reused across rounds: after the first, no page faults and no zeroing.
         let need = rb.iter().sum::<i64>() as usize;
         if store.len() < need {
@@ -1138,31 +1127,33 @@ io_ptr! {
     fn MPI_File_write_ordered_begin / PMPI_File_write_ordered_begin, MPI_File_write_ordered_begin_c / PMPI_File_write_ordered_begin_c
 }
 
+/// The second halves of the split collectives: (fh, buf, status), the buffer unused (the data moved in
+/// `_begin`).
+macro_rules! io_end {
+    ($($name:literal $write:literal ; fn $mpi:ident / $pmpi:ident)*) => { mpi_api! {$(
+        fn $mpi / $pmpi(fh: MPI_File, buf: *mut c_void, status: *mut MPI_Status) -> c_int {
+            let _ = buf;
+            fin_file(fh, $name, end(fh, $write, status))
+        }
+    )*}};
+}
+
+io_end! {
+    "MPI_File_read_at_all_end" false ;
+    fn MPI_File_read_at_all_end / PMPI_File_read_at_all_end
+    "MPI_File_write_at_all_end" true ;
+    fn MPI_File_write_at_all_end / PMPI_File_write_at_all_end
+    "MPI_File_read_all_end" false ;
+    fn MPI_File_read_all_end / PMPI_File_read_all_end
+    "MPI_File_write_all_end" true ;
+    fn MPI_File_write_all_end / PMPI_File_write_all_end
+    "MPI_File_read_ordered_end" false ;
+    fn MPI_File_read_ordered_end / PMPI_File_read_ordered_end
+    "MPI_File_write_ordered_end" true ;
+    fn MPI_File_write_ordered_end / PMPI_File_write_ordered_end
+}
+
 mpi_api! {
-    fn MPI_File_read_at_all_end / PMPI_File_read_at_all_end(fh: MPI_File, buf: *mut c_void, status: *mut MPI_Status) -> c_int {
-        let _ = buf;
-        fin_file(fh, "MPI_File_read_at_all_end", end(fh, false, status))
-    }
-    fn MPI_File_write_at_all_end / PMPI_File_write_at_all_end(fh: MPI_File, buf: *const c_void, status: *mut MPI_Status) -> c_int {
-        let _ = buf;
-        fin_file(fh, "MPI_File_write_at_all_end", end(fh, true, status))
-    }
-    fn MPI_File_read_all_end / PMPI_File_read_all_end(fh: MPI_File, buf: *mut c_void, status: *mut MPI_Status) -> c_int {
-        let _ = buf;
-        fin_file(fh, "MPI_File_read_all_end", end(fh, false, status))
-    }
-    fn MPI_File_write_all_end / PMPI_File_write_all_end(fh: MPI_File, buf: *const c_void, status: *mut MPI_Status) -> c_int {
-        let _ = buf;
-        fin_file(fh, "MPI_File_write_all_end", end(fh, true, status))
-    }
-    fn MPI_File_read_ordered_end / PMPI_File_read_ordered_end(fh: MPI_File, buf: *mut c_void, status: *mut MPI_Status) -> c_int {
-        let _ = buf;
-        fin_file(fh, "MPI_File_read_ordered_end", end(fh, false, status))
-    }
-    fn MPI_File_write_ordered_end / PMPI_File_write_ordered_end(fh: MPI_File, buf: *const c_void, status: *mut MPI_Status) -> c_int {
-        let _ = buf;
-        fin_file(fh, "MPI_File_write_ordered_end", end(fh, true, status))
-    }
     fn MPI_File_seek / PMPI_File_seek(fh: MPI_File, offset: MPI_Offset, whence: c_int) -> c_int {
         fin_file(fh, "MPI_File_seek", seek(fh, offset, whence))
     }

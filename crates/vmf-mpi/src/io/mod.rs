@@ -907,12 +907,3 @@ unsafe fn register(
     });
     Ok(())
 }
-
-/// Store a result through a caller pointer, refusing NULL.
-pub(crate) unsafe fn out<T>(p: *mut T, v: T, what: &str) -> R {
-    if p.is_null() {
-        return err(MPI_ERR_ARG, format!("{what} is NULL"));
-    }
-    *p = v;
-    Ok(())
-}

@@ -397,14 +397,6 @@ fn info_used(w: &MWin) -> crate::info::Pairs {
     p
 }
 
-unsafe fn out<T>(p: *mut T, v: T, what: &str) -> R {
-    if p.is_null() {
-        return err(MPI_ERR_ARG, format!("{what} is NULL"));
-    }
-    *p = v;
-    Ok(())
-}
-
 mpi_api! {
     fn MPI_Win_create / PMPI_Win_create(base: *mut c_void, size: MPI_Aint, disp_unit: c_int, info: MPI_Info, comm: MPI_Comm, win: *mut MPI_Win) -> c_int {
         let r = (|| -> R {
