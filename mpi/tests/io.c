@@ -363,8 +363,8 @@ int main(int argc, char **argv)
     CHECK(off == size);
     CHECK_RC(MPI_File_read_at(fh, 0, in, 1, MPI_INT, &st), MPI_ERR_ACCESS);
     MPI_File_close(&fh);
-    MPI_Barrier(MPI_COMM_WORLD);
-    CHECK(access(path, F_OK) != 0);
+    CHECK(access(path, F_OK) != 0); /* gone when MPI_File_close returns, on every rank */
+    MPI_Barrier(MPI_COMM_WORLD);   /* before rank 0 makes a file of that name again */
     if (rank == 0) {
         CHECK_RC(MPI_File_delete(path, MPI_INFO_NULL), MPI_ERR_NO_SUCH_FILE);
         FILE *f = fopen(path, "w");

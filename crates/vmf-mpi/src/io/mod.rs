@@ -466,6 +466,8 @@ unsafe fn close(fh: *mut MPI_File) -> R {
             r = std::fs::remove_file(&path)
                 .map_err(|e| os_err(&e, &format!("deleting {}", path.display())));
         }
+        // Every rank returns once the file is gone (and with rank 0's error, if it could not go).
+        r = agree(pc, r);
     }
     let mut pc = pc;
     ck(crate::comm::PMPI_Comm_free(&mut pc), "MPI_Comm_free")?;
