@@ -367,6 +367,8 @@ pub struct Engine {
     yield_hook: Option<YieldHook>,
     /// Work a waiting rank does while idle (the one-sided agent's requests, served inline).
     idle_hook: Option<IdleHook>,
+    /// Hash of this rank's job name (identity of its processes towards other jobs).
+    job_hash: u64,
 }
 
 /// Where a wait calls the idle hook (see [`Engine::set_idle_hook`]).
@@ -602,8 +604,111 @@ impl Engine {
             mig: None,
             yield_hook: None,
             idle_hook: None,
+            job_hash: 0,
             cfg,
         }
+    }
+
+    // ---------------------------------------------------------------- processes of other jobs
+
+    /// Name this rank's job (the hash its TCP handshakes carry); set by `Fabric::init`.
+    pub fn set_job_hash(&mut self, h: u64) {
+        self.job_hash = h;
+    }
+
+    /// Make sure the TCP transport exists (a job of one rank, or one started with `VMF_TCP=0`, has none
+    /// until it meets a process of another job) and return the address it listens on.
+    pub fn tcp_listen_addr(&mut self) -> Result<std::net::SocketAddr> {
+        if self.tcp.is_none() {
+            let bind = self.cfg.tcp_addr.unwrap_or_else(|| {
+                std::net::IpAddr::V4(
+                    vmf_transport::tcp::default_ipv4().unwrap_or(std::net::Ipv4Addr::LOCALHOST),
+                )
+            });
+            let mut secret = [0u8; 16];
+            let _ = getrandom::fill(&mut secret);
+            let tc = vmf_transport::tcp::TcpConfig {
+                bind,
+                secret,
+                job: self.job_hash,
+                max_frame: self.cfg.tcp_eager_limit.max(64 << 10) + 4096,
+            };
+            let t = TcpTransport::new(self.me, self.n, tc)
+                .map_err(|e| self.terr(self.me, Op::Init, e))?;
+            if let Some(shm) = self.shm.as_mut() {
+                if shm.doorbell_fd().is_none() {
+                    // Sleep in epoll on both transports from now on.
+                    shm.enable_socket_doorbell(self.job_hash)
+                        .map_err(|e| Error::Setup {
+                            rank: self.me,
+                            op: Op::Init,
+                            why: e.to_string(),
+                        })?;
+                }
+            }
+            self.tcp = Some(t);
+        }
+        Ok(self.tcp.as_ref().unwrap().local_addr())
+    }
+
+    /// Make rank `rank` of another job (hash `job`), listening at `addr`, a peer of this rank (MPI dynamic
+    /// processes): returns its peer index, at least [`Engine::size`] (the same index for a process met
+    /// before). Traffic with it goes over TCP, authenticated with `secret`, which it holds for us too.
+    pub fn add_remote(
+        &mut self,
+        job: u64,
+        rank: u32,
+        secret: [u8; 16],
+        addr: std::net::SocketAddr,
+    ) -> Result<usize> {
+        if job == self.job_hash && (rank as usize) < self.n {
+            return Ok(rank as usize); // a rank of this job: reached as before
+        }
+        self.tcp_listen_addr()?;
+        let idx = self
+            .tcp
+            .as_mut()
+            .unwrap()
+            .add_remote(job, rank, secret, addr);
+        if idx == self.peers.len() {
+            self.peers.push(Peer {
+                route: Route::Tcp,
+                tx_seq: 0,
+                rx_seq: 0,
+                pending: VecDeque::new(),
+                holding: false,
+                held: VecDeque::new(),
+                next_route: None,
+                awaiting_ack: false,
+            });
+            self.locs.push(migrate::Loc {
+                addr: Some(addr),
+                ..Default::default()
+            });
+            self.tcp_peers += 1;
+        }
+        Ok(idx)
+    }
+
+    /// Who peer `peer` is, the same in every process: (job hash, rank in that job).
+    pub fn identity(&self, peer: usize) -> (u64, u32) {
+        match &self.tcp {
+            Some(t) if peer >= self.n => t.identity(peer),
+            _ => (self.job_hash, peer as u32),
+        }
+    }
+
+    /// The peer index of rank `rank` of job `job`, if this rank knows that process.
+    pub fn index_of(&self, job: u64, rank: u32) -> Option<usize> {
+        if job == self.job_hash {
+            return ((rank as usize) < self.n).then_some(rank as usize);
+        }
+        self.tcp.as_ref().and_then(|t| t.index_of(job, rank))
+    }
+
+    /// Number of peers: the job's ranks, then the processes of other jobs met since.
+    pub fn peer_count(&self) -> usize {
+        self.peers.len()
     }
 
     /// Install `hook`, called by every wait between idle polls and around its sleeps, with a pointer to
@@ -884,13 +989,15 @@ impl Engine {
     // ---------------------------------------------------------------- validation
 
     fn check_peer(&self, peer: i64, op: Op, allow_any: bool) -> Result<()> {
-        if (allow_any && peer == ANY_SOURCE as i64) || (peer >= 0 && (peer as usize) < self.n) {
+        if (allow_any && peer == ANY_SOURCE as i64)
+            || (peer >= 0 && (peer as usize) < self.peers.len())
+        {
             Ok(())
         } else {
             Err(Error::InvalidRank {
                 rank: self.me,
                 peer,
-                size: self.n,
+                size: self.peers.len(),
                 op,
             })
         }
@@ -1025,7 +1132,7 @@ impl Engine {
         tag: i32,
         ctx: u32,
     ) -> Result<bool> {
-        if dest < 0 || dest as usize >= self.n || tag < 0 || self.fatal.is_some() {
+        if dest < 0 || dest as usize >= self.peers.len() || tag < 0 || self.fatal.is_some() {
             return Ok(false); // the slow path reports the error
         }
         let dest = dest as usize;
@@ -1069,7 +1176,7 @@ impl Engine {
         ctx: u32,
     ) -> Result<Option<Status>> {
         if src < 0
-            || src as usize >= self.n
+            || src as usize >= self.peers.len()
             || (tag < 0 && tag != ANY_TAG)
             || self.fatal.is_some()
             || self.mig.is_some()
@@ -1759,7 +1866,7 @@ impl Engine {
 
     fn flush_pending(&mut self) -> Result<usize> {
         let mut n = 0;
-        for peer in 0..self.n {
+        for peer in 0..self.peers.len() {
             while let Some(p) = self.peers[peer].pending.front() {
                 let mut hdr = p.hdr;
                 let a = p.a;

@@ -43,6 +43,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use vmf_pal::process::ProcessId;
 use vmf_pmi::PmiClient;
+pub use vmf_pmi::SpawnCmd;
 use vmf_transport::shm::region::{Region, RegionSource};
 use vmf_transport::shm::ShmTransport;
 use vmf_transport::tcp::{TcpConfig, TcpTransport};
@@ -373,6 +374,7 @@ impl Fabric {
         }
         let verbose = cfg.verbose;
         let mut eng = Engine::new(rank, size, cfg, shm, tcp);
+        eng.set_job_hash(vmf_transport::shm::region::job_hash(&job));
         if !locs.is_empty() {
             eng.set_locations(locs);
         }
@@ -712,6 +714,43 @@ impl Fabric {
             std::thread::sleep(Duration::from_secs(2));
         }
         std::process::exit(code)
+    }
+
+    /// A value of this job's PMI key-value space (e.g. `PARENT_ROOT_PORT_NAME`, which the launcher put
+    /// there for processes started by MPI_Comm_spawn); None without a launcher or when absent.
+    pub fn pmi_get(&self, key: &str) -> Option<String> {
+        self.pmi.borrow_mut().as_mut().and_then(|p| p.get(key).ok())
+    }
+
+    /// Ask the launcher to start new processes (MPI_Comm_spawn): `cmds` become a new job whose key-value
+    /// space holds `preput`. Returns once the launcher has started them.
+    pub fn spawn(&self, cmds: &[SpawnCmd], preput: &[(String, String)]) -> Result<()> {
+        let why = |w: String| Error::Setup {
+            rank: self.rank,
+            op: Op::Init,
+            why: w,
+        };
+        match self.pmi.borrow_mut().as_mut() {
+            Some(p) => p.spawn(cmds, preput).map_err(|e| why(e.to_string())),
+            None => Err(why(
+                "this process was not started by a launcher (vmfabric run, mpiexec), so nobody can start processes for it"
+                    .into(),
+            )),
+        }
+    }
+
+    /// The universe size the launcher reports (MPI_UNIVERSE_SIZE), if any.
+    pub fn universe_size(&self) -> Option<usize> {
+        self.pmi
+            .borrow_mut()
+            .as_mut()
+            .and_then(|p| p.universe_size().ok().flatten())
+    }
+
+    /// This process's application number (MPI_APPNUM): which command of an MPMD launch or of
+    /// MPI_Comm_spawn_multiple started it; None without a launcher.
+    pub fn appnum(&self) -> Option<i64> {
+        self.pmi.borrow().as_ref().map(|p| p.appnum())
     }
 
     /// Raw access to the engine (for the MPI library layered on top and for tests).

@@ -19,8 +19,30 @@
 //! | `VMF_HOST_CPUS` | CPUs in the launcher's affinity mask (for the waiting policy) |
 //! | `VMF_MACHINE_RANKS` | ranks this launch starts on this machine (for the waiting policy) |
 //! | `MPI_LOCALRANKID` | the rank's index on this host (its rank) |
+//! | `VMF_CTL_FD` | the rank's control socket (migration requests) |
 //!
 //! then [`RunOptions::extra_env`], which may override any of these. Every rank's stdin is `/dev/null`.
+//! The PMI server answers `get_universe_size` with [`RunOptions::universe_size`] (-1, not known, when
+//! none is given, as Hydra without `-usize`) and `get_appnum` with the rank's application number.
+//!
+//! # Spawned jobs (MPI_Comm_spawn)
+//!
+//! A rank's PMI-1 spawn request (`mcmd=spawn`, see [`vmf_pmi::SpawnCmd`]) starts a new job of
+//! `sum(maxprocs)` processes on this machine, K-th of the run (K = 1, 2, ...; spawned processes may spawn
+//! too). Its key-value space `vmf-<jobid>-sK` holds the request's preputs (MPICH's
+//! `PARENT_ROOT_PORT_NAME`) before its processes start; the processes of command `i` have application
+//! number `i`. They get the environment above with `PMI_RANK`/`PMI_SIZE`/`PMI_JOBID`/`VMF_LOCAL_SIZE`/
+//! `MPI_LOCAL*` of the new job, `VMF_JOB_ID=<jobid>-sK` (their own region, `vmf-<jobid>-sK.shm`, removed
+//! with the job's), `PMI_SPAWNED=1`, `VMF_MACHINE_RANKS` counting every process then running, and no
+//! `VMF_CTL_FD` (only the first job's ranks migrate). Info keys: `wdir` (working directory), `path`
+//! (`:`-separated directories searched for the program before `PATH`), `host`/`hosts` (comma-separated; with
+//! `--hosts`: `hostK`, `K` or the host's address, round robin; without: this machine only); others are
+//! ignored. By default they start on the spawning process's current host. With `--tag-output` their lines
+//! are tagged `[sK.rank] `. A request that cannot be met (program not found or not executable, bad
+//! `wdir`, unknown host, more than [`MAX_RANKS`] processes running) starts nothing and is answered with
+//! `rc=-1` and why; the job goes on. Spawned processes are watched like the first job's ranks: the run
+//! ends when every process has exited, a spawned process that fails or aborts stops everything (naming it
+//! `spawned job K rank R (program, pid N)`), and Ctrl-C stops them all.
 //!
 //! Each rank starts a session of its own (`setsid`), as Hydra's ranks do: with the kernel's autogroup
 //! scheduling (Debian's default) every session is one scheduling group, so a job whose ranks shared the
@@ -53,6 +75,7 @@ pub mod control;
 pub mod hosts;
 mod output;
 mod signals;
+mod spawn;
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::DirBuilderExt;
@@ -66,10 +89,10 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use thiserror::Error;
 use vmf_pal::process::{set_parent_death_signal, ProcessId};
-use vmf_pmi::{serve_connection, JobKvs, PmiEvent};
+use vmf_pmi::{serve_connection, JobKvs, PmiEvent, SpawnCmd};
 use vmf_transport::shm::region::{scan_regions, FILE_PREFIX};
 
-/// Largest number of ranks [`run`] accepts.
+/// Largest number of ranks [`run`] accepts, and of processes (ranks and spawned processes) running at once.
 pub const MAX_RANKS: usize = 4096;
 /// Region directory used when none is given: `/dev/shm`.
 pub const DEFAULT_REGION_DIR: &str = "/dev/shm";
@@ -115,6 +138,9 @@ pub struct RunOptions {
     pub hosts: usize,
     /// Placement on hosts: block (consecutive ranks together) instead of round robin.
     pub map_block: bool,
+    /// The universe size the ranks are told (`MPI_UNIVERSE_SIZE`, PMI `get_universe_size`); None: not
+    /// known (answered as -1, as Hydra does without `-usize`). At least `np`, at most [`MAX_RANKS`].
+    pub universe_size: Option<usize>,
 }
 
 /// The directory holding vmfabric's `libmpich.so.12`: `lib/` beside the running executable.
@@ -142,6 +168,7 @@ impl RunOptions {
             bind: None,
             hosts: 0,
             map_block: false,
+            universe_size: None,
         }
     }
 }
@@ -205,6 +232,17 @@ pub fn run(opts: &RunOptions) -> Result<i32, LaunchError> {
             "no program to run was given".into(),
         ));
     }
+    let universe = match opts.universe_size {
+        // Not known unless given (MPICH's Hydra without -usize): MPI_UNIVERSE_SIZE is then not set.
+        None => 0,
+        Some(u) if u < opts.np || u > MAX_RANKS => {
+            return Err(LaunchError::InvalidOptions(format!(
+                "the universe size {u} is not within {}..={MAX_RANKS} (at least the number of ranks)",
+                opts.np
+            )))
+        }
+        Some(u) => u,
+    };
     prepare_region_dir(&opts.region_dir)?;
     let _ = clean(&opts.region_dir);
     let jobid = new_job_id()?;
@@ -256,6 +294,7 @@ pub fn run(opts: &RunOptions) -> Result<i32, LaunchError> {
     };
     let _ = info.save();
     let info = Arc::new(std::sync::Mutex::new(info));
+    let kvs = JobKvs::new(&format!("vmf-{jobid}"), opts.np).with_universe_size(universe);
     let rank_ctl: control::RankCtl =
         Arc::new(std::sync::Mutex::new((0..opts.np).map(|_| None).collect()));
     if let Err(e) = control::serve(info.clone(), rank_ctl.clone()) {
@@ -267,9 +306,13 @@ pub fn run(opts: &RunOptions) -> Result<i32, LaunchError> {
     let (tx, rx) = mpsc::channel();
     let mut job = Job {
         opts,
-        kvs: Arc::new(JobKvs::new(&format!("vmf-{jobid}"), opts.np)),
+        jobs: vec![PmiJob {
+            id: jobid.clone(),
+            kvs: Arc::new(kvs),
+        }],
         jobid,
-        ranks: Vec::with_capacity(opts.np),
+        universe,
+        procs: Vec::with_capacity(opts.np),
         pmi_socks: Vec::with_capacity(opts.np),
         pmi_threads: Vec::with_capacity(opts.np),
         fwd: output::Forwarders::new(),
@@ -277,6 +320,7 @@ pub fn run(opts: &RunOptions) -> Result<i32, LaunchError> {
         rx,
         topo,
         placement,
+        info,
         rank_ctl,
     };
     let res = job.start().map(|()| job.monitor());
@@ -343,24 +387,71 @@ fn remove_job_files(dir: &Path, jobid: &str) -> Vec<PathBuf> {
 }
 
 enum Msg {
-    Pmi(PmiEvent),
+    /// An event of the process with this index in `Job::procs`.
+    Pmi(usize, PmiEvent),
+    /// The PMI handler of the process with this index has ended.
     PmiDone(usize),
 }
 
+/// One PMI job of the run: the job `vmfabric run` started (index 0), or one started by a spawn request
+/// (index K: `VMF_JOB_ID` `<jobid>-sK`, key-value space `vmf-<jobid>-sK`).
+struct PmiJob {
+    /// The `VMF_JOB_ID` of its processes.
+    id: String,
+    kvs: Arc<JobKvs>,
+}
+
+/// One process of the run (a rank of one of its PMI jobs).
 struct RankProc {
     child: Child,
     pid: i32,
     status: Option<ExitStatus>,
+    /// Index of its PMI job in `Job::jobs`.
+    job: usize,
+    /// Its rank in that job.
+    rank: usize,
+    /// The program as named (messages about spawned processes name it).
+    program: String,
+    /// The emulated host it started on (0 without hosts).
+    host: usize,
+    /// Its PMI handler has ended.
+    pmi_done: bool,
+    /// When it closed its PMI connection without finalize.
+    disconnected: Option<Instant>,
+    /// Stopped by the launcher because the spawn request that started it failed: not a job failure.
+    discarded: bool,
+}
+
+/// A process to start.
+struct ProcSpec<'s> {
+    job: usize,
+    rank: usize,
+    size: usize,
+    /// The program as named (argv[0]).
+    program: &'s str,
+    /// Its resolved path; None: `program` is looked up in `PATH` when it is executed.
+    exe: Option<&'s Path>,
+    args: &'s [String],
+    host: usize,
+    /// Position among its job's processes on its host, and their number (for `--bind core`).
+    host_pos: (usize, usize),
+    /// Working directory; None: the launcher's.
+    wdir: Option<&'s Path>,
+    /// Processes of this launch running on this machine once it runs (`VMF_MACHINE_RANKS`).
+    machine_ranks: usize,
 }
 
 struct Job<'a> {
     topo: Option<hosts::Topology>,
+    /// Hosts of the ranks of job 0 at start (the registry has where they are now).
     placement: Vec<usize>,
+    info: Arc<std::sync::Mutex<control::JobInfo>>,
     rank_ctl: control::RankCtl,
     opts: &'a RunOptions,
     jobid: String,
-    kvs: Arc<JobKvs>,
-    ranks: Vec<RankProc>,
+    universe: usize,
+    jobs: Vec<PmiJob>,
+    procs: Vec<RankProc>,
     pmi_socks: Vec<UnixStream>,
     pmi_threads: Vec<JoinHandle<()>>,
     fwd: output::Forwarders,
@@ -385,6 +476,21 @@ fn describe(st: &ExitStatus) -> String {
     }
 }
 
+/// `LD_LIBRARY_PATH` for the processes: our library directory first, so programs built against MPICH find
+/// our libmpich.so.12.
+fn library_path() -> std::ffi::OsString {
+    let libdir = mpi_libdir();
+    match std::env::var_os("LD_LIBRARY_PATH") {
+        Some(old) if !old.is_empty() => {
+            let mut v = libdir.into_os_string();
+            v.push(":");
+            v.push(old);
+            v
+        }
+        _ => libdir.into_os_string(),
+    }
+}
+
 impl Job<'_> {
     fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> LaunchError {
         let what = what.into();
@@ -393,25 +499,72 @@ impl Job<'_> {
 
     fn start(&mut self) -> Result<(), LaunchError> {
         let me = ProcessId::current();
-        for rank in 0..self.opts.np {
+        let o = self.opts;
+        for rank in 0..o.np {
             if signals::pending() != 0 {
                 return Ok(()); // the monitor reports it
             }
-            self.spawn_rank(rank, me)?;
+            let host = self.placement[rank];
+            let on_host: Vec<usize> = (0..o.np).filter(|&r| self.placement[r] == host).collect();
+            let pos = on_host.iter().position(|&r| r == rank).unwrap_or(0);
+            let spec = ProcSpec {
+                job: 0,
+                rank,
+                size: o.np,
+                program: &o.program,
+                exe: None,
+                args: &o.args,
+                host,
+                host_pos: (pos, on_host.len()),
+                wdir: None,
+                machine_ranks: o.np,
+            };
+            self.start_proc(&spec, me)?;
         }
         Ok(())
     }
 
-    fn spawn_rank(&mut self, rank: usize, me: ProcessId) -> Result<(), LaunchError> {
+    /// How messages name process `idx`: `rank R` in the job `vmfabric run` started, `spawned job K rank R
+    /// (program)` in a spawned one.
+    fn who(&self, idx: usize) -> String {
+        let p = &self.procs[idx];
+        if p.job == 0 {
+            format!("rank {}", p.rank)
+        } else {
+            format!("spawned job {} rank {} ({})", p.job, p.rank, p.program)
+        }
+    }
+
+    /// [`who`](Self::who) with the pid.
+    fn who_pid(&self, idx: usize) -> String {
+        let p = &self.procs[idx];
+        if p.job == 0 {
+            format!("rank {} (pid {})", p.rank, p.pid)
+        } else {
+            format!(
+                "spawned job {} rank {} ({}, pid {})",
+                p.job, p.rank, p.program, p.pid
+            )
+        }
+    }
+
+    fn start_proc(&mut self, p: &ProcSpec, me: ProcessId) -> Result<(), LaunchError> {
         let o = self.opts;
+        let idx = self.procs.len();
+        let spawned = p.job > 0;
+        let label = if spawned {
+            format!("s{}.{}", p.job, p.rank)
+        } else {
+            p.rank.to_string()
+        };
         let (ours, theirs) = UnixStream::pair()
-            .map_err(Self::io(format!("create the PMI socket of rank {rank}")))?;
+            .map_err(Self::io(format!("create the PMI socket of rank {label}")))?;
         // The child's end must not land on 0..2 (which the child's stdio replaces): duplicate it to >= 3.
         // SAFETY: fcntl on a descriptor we own.
         let fd = unsafe { libc::fcntl(theirs.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 3) };
         if fd < 0 {
             return Err(LaunchError::Io {
-                what: format!("create the PMI socket of rank {rank}"),
+                what: format!("create the PMI socket of rank {label}"),
                 source: std::io::Error::last_os_error(),
             });
         }
@@ -419,84 +572,98 @@ impl Job<'_> {
         // SAFETY: fcntl just returned this new descriptor; we own it.
         let child_end = unsafe { OwnedFd::from_raw_fd(fd) };
 
-        let mut cmd = Command::new(&o.program);
-        let n = o.np.to_string();
+        let mut cmd = match p.exe {
+            Some(exe) => {
+                let mut c = Command::new(exe);
+                c.arg0(p.program);
+                c
+            }
+            None => Command::new(p.program),
+        };
+        let n = p.size.to_string();
         // The CPUs of this host's job (the launcher's affinity mask): ranks compare their count with the
         // number of ranks to know whether they are oversubscribed, even when pinned to one CPU each.
         let cpus = vmf_pal::process::allowed_cpus();
-        // `--bind core`: pinned before the program starts, where the fabric would pin it (by position
-        // among the ranks of its host); the fabric applies `--bind auto` itself once it knows its region.
-        let on_host: Vec<usize> = (0..o.np)
-            .filter(|&r| self.placement[r] == self.placement[rank])
-            .collect();
-        let pos = on_host.iter().position(|&r| r == rank).unwrap_or(0);
         // Ranks outnumbering the CPUs stay in the launcher's session, so in one autogroup: sched_yield
         // only hands the CPU to a task of the same scheduling group, and the waiting policy yields to the
         // rank that shares our CPU (4 ranks on 2 CPUs, a session each: barrier 2.6-4.2 us, allreduce 8 B
         // 3.7; one: 2.1 and 2.3-3.2).
-        let own_session = o.np <= cpus.len();
+        let own_session = p.machine_ranks <= cpus.len();
+        // `--bind core`: pinned before the program starts, where the fabric would pin it (by position
+        // among the ranks of its host); the fabric applies `--bind auto` itself once it knows its region.
         let bind_cpu = o
             .bind_cores
-            .then(|| vmf_pal::process::cpu_for_rank(pos, on_host.len(), &cpus))
+            .then(|| vmf_pal::process::cpu_for_rank(p.host_pos.0, p.host_pos.1, &cpus))
             .flatten();
         if let Some(b) = &o.bind {
             cmd.env("VMF_BIND", b);
         }
         cmd.env("VMF_HOST_CPUS", cpus.len().to_string());
         // Every rank of this launch runs on this machine (emulated hosts included), whatever joins them.
-        cmd.env("VMF_MACHINE_RANKS", o.np.to_string());
-        // Control socket (migration requests) and, with --hosts, the host this rank starts on.
-        let (ctl_ours, ctl_theirs) = UnixStream::pair().map_err(Self::io(format!(
-            "create the control socket of rank {rank}"
-        )))?;
-        // SAFETY: fcntl on a descriptor we own.
-        let ctl_fd = unsafe { libc::fcntl(ctl_theirs.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 3) };
-        drop(ctl_theirs);
-        if ctl_fd < 0 {
-            return Err(LaunchError::Io {
-                what: "create a control socket".into(),
-                source: std::io::Error::last_os_error(),
-            });
+        cmd.env("VMF_MACHINE_RANKS", p.machine_ranks.to_string());
+        // Control socket (migration requests; ranks of job 0 only) and, with --hosts, the host this rank
+        // starts on.
+        let mut ctl: Option<(UnixStream, OwnedFd, i32)> = None;
+        if !spawned {
+            let (ctl_ours, ctl_theirs) = UnixStream::pair().map_err(Self::io(format!(
+                "create the control socket of rank {label}"
+            )))?;
+            // SAFETY: fcntl on a descriptor we own.
+            let ctl_fd = unsafe { libc::fcntl(ctl_theirs.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 3) };
+            drop(ctl_theirs);
+            if ctl_fd < 0 {
+                return Err(LaunchError::Io {
+                    what: "create a control socket".into(),
+                    source: std::io::Error::last_os_error(),
+                });
+            }
+            // SAFETY: fcntl just returned this descriptor.
+            let ctl_child = unsafe { OwnedFd::from_raw_fd(ctl_fd) };
+            cmd.env("VMF_CTL_FD", ctl_fd.to_string());
+            ctl = Some((ctl_ours, ctl_child, ctl_fd));
+        } else {
+            cmd.env_remove("VMF_CTL_FD");
         }
-        // SAFETY: fcntl just returned this descriptor.
-        let ctl_child = unsafe { OwnedFd::from_raw_fd(ctl_fd) };
-        cmd.env("VMF_CTL_FD", ctl_fd.to_string());
+        let ctl_fd = ctl.as_ref().map(|c| c.2);
         let mut ns_fd: Option<i32> = None;
         let host_env = self.topo.as_ref().map(|t| {
-            let h = self.placement[rank];
-            let host = &t.hosts[h];
+            let host = &t.hosts[p.host];
             ns_fd = Some(host.ns_fd());
-            (host.dir.clone(), host.ip.clone(), h, hosts::table(&t.hosts))
+            (
+                host.dir.clone(),
+                host.ip.clone(),
+                p.host,
+                hosts::table(&t.hosts),
+            )
         });
-        // Programs built against MPICH find our libmpich.so.12 first.
-        let libdir = mpi_libdir();
-        let ld = match std::env::var_os("LD_LIBRARY_PATH") {
-            Some(old) if !old.is_empty() => {
-                let mut v = libdir.clone().into_os_string();
-                v.push(":");
-                v.push(old);
-                v
-            }
-            _ => libdir.clone().into_os_string(),
-        };
-        cmd.env("LD_LIBRARY_PATH", ld);
-        cmd.args(&o.args)
+        cmd.env("LD_LIBRARY_PATH", library_path());
+        if let Some(w) = p.wdir {
+            cmd.current_dir(w);
+        }
+        let pjob = &self.jobs[p.job];
+        cmd.args(p.args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .env_remove("PMI_PORT")
             .env_remove("PMI_ID")
             .env("PMI_FD", fd.to_string())
-            .env("PMI_RANK", rank.to_string())
+            .env("PMI_RANK", p.rank.to_string())
             .env("PMI_SIZE", &n)
-            .env("PMI_JOBID", self.kvs.kvsname())
-            .env("VMF_JOB_ID", &self.jobid)
+            .env("PMI_JOBID", pjob.kvs.kvsname())
+            .env("VMF_JOB_ID", &pjob.id)
             .env("VMF_LAUNCHER_PID", me.pid.to_string())
             .env("VMF_LAUNCHER_START", me.start_time.to_string())
             .env("VMF_REGION_DIR", &o.region_dir)
             .env("VMF_LOCAL_SIZE", &n)
             .env("MPI_LOCALNRANKS", &n)
-            .env("MPI_LOCALRANKID", rank.to_string());
+            .env("MPI_LOCALRANKID", p.rank.to_string());
+        if spawned {
+            // MPICH's PMI_Init reads it: the process has a parent job to connect to.
+            cmd.env("PMI_SPAWNED", "1");
+        } else {
+            cmd.env_remove("PMI_SPAWNED");
+        }
         if let Some((dir, ip, h, table)) = host_env {
             cmd.env("VMF_REGION_DIR", dir)
                 .env("VMF_TCP_ADDR", ip)
@@ -511,10 +678,13 @@ impl Job<'_> {
         // (fcntl, setns, setsid, prctl, sched_setaffinity, getppid, raise).
         unsafe {
             cmd.pre_exec(move || {
-                if libc::fcntl(fd, libc::F_SETFD, 0) < 0
-                    || libc::fcntl(ctl_fd, libc::F_SETFD, 0) < 0
-                {
+                if libc::fcntl(fd, libc::F_SETFD, 0) < 0 {
                     return Err(std::io::Error::last_os_error());
+                }
+                if let Some(c) = ctl_fd {
+                    if libc::fcntl(c, libc::F_SETFD, 0) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
                 }
                 if let Some(ns) = ns_fd {
                     if libc::setns(ns, libc::CLONE_NEWNET) != 0 {
@@ -545,29 +715,39 @@ impl Job<'_> {
                 _ => source.to_string(),
             };
             LaunchError::Spawn {
-                rank,
-                program: o.program.clone(),
+                rank: p.rank,
+                program: p.program.to_owned(),
                 why,
                 source,
             }
         })?;
         drop(child_end);
-        drop(ctl_child);
         let pid = child.id() as i32;
-        self.rank_ctl.lock().unwrap()[rank] = Some((ctl_ours, pid));
+        if let Some((ctl_ours, ctl_child, _)) = ctl {
+            drop(ctl_child);
+            self.rank_ctl.lock().unwrap()[p.rank] = Some((ctl_ours, pid));
+        }
         let stdout = child.stdout.take();
         let stderr = child.stderr.take();
-        self.ranks.push(RankProc {
+        self.procs.push(RankProc {
             child,
             pid,
             status: None,
+            job: p.job,
+            rank: p.rank,
+            program: p.program.to_owned(),
+            host: p.host,
+            pmi_done: false,
+            disconnected: None,
+            discarded: false,
         });
 
-        let prefix = o.tag_output.then(|| output::Framer::rank_prefix(rank));
+        // `[rank] `, `[sK.rank] ` for spawned job K.
+        let prefix = o.tag_output.then(|| output::Framer::rank_prefix(&label));
         if let Some(s) = stdout {
             self.fwd
                 .spawn(
-                    format!("vmf-out-{rank}"),
+                    format!("vmf-out-{label}"),
                     s,
                     prefix.clone(),
                     output::Sink::Stdout,
@@ -576,38 +756,219 @@ impl Job<'_> {
         }
         if let Some(s) = stderr {
             self.fwd
-                .spawn(format!("vmf-err-{rank}"), s, prefix, output::Sink::Stderr)
+                .spawn(format!("vmf-err-{label}"), s, prefix, output::Sink::Stderr)
                 .map_err(Self::io("start an output thread"))?;
         }
 
         self.pmi_socks.push(
             ours.try_clone()
-                .map_err(Self::io(format!("create the PMI socket of rank {rank}")))?,
+                .map_err(Self::io(format!("create the PMI socket of rank {label}")))?,
         );
-        let (kvs, tx) = (self.kvs.clone(), self.tx.clone());
+        let (kvs, tx, rank) = (pjob.kvs.clone(), self.tx.clone(), p.rank);
         let h = std::thread::Builder::new()
-            .name(format!("vmf-pmi-{rank}"))
+            .name(format!("vmf-pmi-{label}"))
             .spawn(move || {
                 let etx = tx.clone();
                 let _ = serve_connection(ours, rank, kvs, move |ev| {
-                    let _ = etx.send(Msg::Pmi(ev));
+                    let _ = etx.send(Msg::Pmi(idx, ev));
                 });
-                let _ = tx.send(Msg::PmiDone(rank));
+                let _ = tx.send(Msg::PmiDone(idx));
             })
             .map_err(Self::io("start a PMI thread"))?;
         self.pmi_threads.push(h);
         Ok(())
     }
 
-    /// Reap ranks that exited; returns the first failed one seen (rank, status).
+    /// Start the processes a spawn request of process `from` asks for, as a new PMI job; returns its index.
+    /// Nothing is started unless every command checks out (program, info keys, the process limit); if
+    /// starting one process fails, those already started are stopped.
+    fn spawn_job(
+        &mut self,
+        from: usize,
+        cmds: &[SpawnCmd],
+        preput: &[(String, String)],
+    ) -> Result<usize, String> {
+        let total = cmds
+            .iter()
+            .try_fold(0usize, |a, c| a.checked_add(c.maxprocs))
+            .unwrap_or(usize::MAX);
+        if total == 0 {
+            return Err("the request asks for no process".into());
+        }
+        let running = self.procs.iter().filter(|p| p.status.is_none()).count();
+        if running.saturating_add(total) > MAX_RANKS {
+            return Err(format!(
+                "{total} more processes would make {} running processes, more than the launcher's limit of {MAX_RANKS}",
+                running.saturating_add(total)
+            ));
+        }
+        let cwd = std::env::current_dir()
+            .map_err(|e| format!("the launcher's working directory is unusable: {e}"))?;
+        let ips: Vec<String> = self
+            .topo
+            .as_ref()
+            .map(|t| t.hosts.iter().map(|h| h.ip.clone()).collect())
+            .unwrap_or_default();
+        let prepared = cmds
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                spawn::prepare(c, &ips, &cwd).map_err(|why| {
+                    if cmds.len() > 1 {
+                        format!("command {}: {why}", i + 1)
+                    } else {
+                        why
+                    }
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        // By default the children start where the spawning process is now (it may have migrated).
+        let from_host = {
+            let p = &self.procs[from];
+            if p.job == 0 {
+                let info = self.info.lock().unwrap_or_else(|e| e.into_inner());
+                info.placement.get(p.rank).copied().unwrap_or(p.host)
+            } else {
+                p.host
+            }
+        };
+        let mut hosts_of = Vec::with_capacity(total);
+        let mut appnums = Vec::with_capacity(total);
+        for (i, c) in prepared.iter().enumerate() {
+            for j in 0..c.count {
+                hosts_of.push(c.hosts.as_ref().map_or(from_host, |h| h[j % h.len()]));
+                appnums.push(i as i64);
+            }
+        }
+        let k = self.jobs.len();
+        let id = format!("{}-s{k}", self.jobid);
+        let kvs = JobKvs::new(&format!("vmf-{id}"), total)
+            .with_universe_size(self.universe)
+            .with_appnums(appnums);
+        // Before any child starts: a child's `get PARENT_ROOT_PORT_NAME` needs no fence.
+        for (key, v) in preput {
+            kvs.put(key, v);
+        }
+        self.jobs.push(PmiJob {
+            id,
+            kvs: Arc::new(kvs),
+        });
+        let first = self.procs.len();
+        let me = ProcessId::current();
+        let mut rank = 0;
+        for c in &prepared {
+            for _ in 0..c.count {
+                let host = hosts_of[rank];
+                let pos = hosts_of[..rank].iter().filter(|&&h| h == host).count();
+                let on_host = hosts_of.iter().filter(|&&h| h == host).count();
+                let spec = ProcSpec {
+                    job: k,
+                    rank,
+                    size: total,
+                    program: &c.name,
+                    exe: Some(&c.exe),
+                    args: &c.args,
+                    host,
+                    host_pos: (pos, on_host),
+                    wdir: c.wdir.as_deref(),
+                    machine_ranks: running + total,
+                };
+                if let Err(e) = self.start_proc(&spec, me) {
+                    self.discard(first);
+                    self.jobs[k].kvs.shutdown("the spawn request failed");
+                    return Err(match e {
+                        LaunchError::Spawn { why, .. } => {
+                            format!("cannot start {} since {why}", c.name)
+                        }
+                        e => e.to_string(),
+                    });
+                }
+                rank += 1;
+            }
+        }
+        Ok(k)
+    }
+
+    /// Kill the processes from index `first` on, started for a spawn request that failed.
+    fn discard(&mut self, first: usize) {
+        for p in &mut self.procs[first..] {
+            p.discarded = true;
+            if p.status.is_none() {
+                let _ = p.child.kill();
+                p.status = p.child.wait().ok();
+            }
+        }
+    }
+
+    /// Act on one message. `ending`: the job is stopping, spawn requests are refused. Returns the exit
+    /// status when the message ends the job (an abort).
+    fn handle(&mut self, m: Msg, ending: bool) -> Option<i32> {
+        match m {
+            Msg::Pmi(idx, PmiEvent::Abort { code, .. }) if idx < self.procs.len() => {
+                return Some(self.aborted(idx, code))
+            }
+            Msg::Pmi(idx, PmiEvent::Disconnected { .. }) => {
+                if let Some(p) = self.procs.get_mut(idx) {
+                    p.disconnected = Some(Instant::now());
+                }
+            }
+            Msg::Pmi(
+                idx,
+                PmiEvent::Spawn {
+                    cmds,
+                    preput,
+                    reply,
+                    ..
+                },
+            ) => {
+                if ending || idx >= self.procs.len() {
+                    reply.send(Err("the job is ending".into()));
+                    return None;
+                }
+                let res = self.spawn_job(idx, &cmds, &preput);
+                match &res {
+                    Ok(k) if self.opts.verbose => eprintln!(
+                        "vmfabric: job {}: {} ranks of {} spawned by {}",
+                        self.jobs[*k].id,
+                        self.jobs[*k].kvs.size(),
+                        cmds.iter()
+                            .map(|c| c.exe.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                        self.who(idx)
+                    ),
+                    Err(why) if !self.opts.quiet => eprintln!(
+                        "vmfabric: warning: the spawn request of {} failed: {why}",
+                        self.who(idx)
+                    ),
+                    _ => {}
+                }
+                if !reply.send(res.map(|_| ())) && !self.opts.quiet {
+                    eprintln!(
+                        "vmfabric: warning: {} left before the answer to its spawn request",
+                        self.who(idx)
+                    );
+                }
+            }
+            Msg::PmiDone(idx) => {
+                if let Some(p) = self.procs.get_mut(idx) {
+                    p.pmi_done = true;
+                }
+            }
+            Msg::Pmi(..) => {}
+        }
+        None
+    }
+
+    /// Reap processes that exited; returns the first failed one seen (index, status).
     fn reap(&mut self) -> Option<(usize, ExitStatus)> {
         let mut failed = None;
-        for (r, p) in self.ranks.iter_mut().enumerate() {
+        for (i, p) in self.procs.iter_mut().enumerate() {
             if p.status.is_none() {
                 if let Ok(Some(st)) = p.child.try_wait() {
                     p.status = Some(st);
-                    if !st.success() && failed.is_none() {
-                        failed = Some((r, st));
+                    if !st.success() && !p.discarded && failed.is_none() {
+                        failed = Some((i, st));
                     }
                 }
             }
@@ -627,10 +988,11 @@ impl Job<'_> {
                 .rx
                 .recv_timeout(POLL.min(deadline.saturating_duration_since(Instant::now())))
             {
-                Ok(Msg::Pmi(PmiEvent::Abort { rank, code, .. })) => {
-                    return Some(self.aborted(rank, code))
+                Ok(m) => {
+                    if let Some(code) = self.handle(m, true) {
+                        return Some(code);
+                    }
                 }
-                Ok(_) => {}
                 Err(mpsc::RecvTimeoutError::Timeout) if Instant::now() >= deadline => return None,
                 Err(mpsc::RecvTimeoutError::Timeout) => {}
                 Err(mpsc::RecvTimeoutError::Disconnected) => return None,
@@ -651,67 +1013,65 @@ impl Job<'_> {
         Some(128 + sig)
     }
 
-    fn aborted(&mut self, rank: usize, code: i32) -> i32 {
-        eprintln!("vmfabric: rank {rank} called abort with code {code}; stopping the job");
+    fn aborted(&mut self, idx: usize, code: i32) -> i32 {
+        eprintln!(
+            "vmfabric: {} called abort with code {code}; stopping the job",
+            self.who(idx)
+        );
         self.stop(FAIL_GRACE);
         code
     }
 
-    /// Watch the ranks until the job ends; returns the exit status.
+    /// Watch the processes (the ranks and every process spawned since) until the job ends; returns the
+    /// exit status.
     fn monitor(&mut self) -> i32 {
-        let np = self.ranks.len();
-        let mut pmi_done = vec![false; np];
-        let mut disconnected: Vec<Option<Instant>> = vec![None; np];
         let mut all_exited_at: Option<Instant> = None;
         loop {
             if let Some(code) = self.check_signal() {
                 return code;
             }
             while let Ok(m) = self.rx.try_recv() {
-                match m {
-                    Msg::Pmi(PmiEvent::Abort { rank, code, .. }) => {
-                        return self.aborted(rank, code)
-                    }
-                    Msg::Pmi(PmiEvent::Disconnected { rank }) if rank < np => {
-                        disconnected[rank] = Some(Instant::now())
-                    }
-                    Msg::PmiDone(rank) if rank < np => pmi_done[rank] = true,
-                    _ => {}
+                if let Some(code) = self.handle(m, false) {
+                    return code;
                 }
             }
-            if let Some((rank, st)) = self.reap() {
+            if let Some((idx, st)) = self.reap() {
                 if let Some(code) = self.settle() {
                     return code;
                 }
-                let pid = self.ranks[rank].pid;
                 eprintln!(
-                    "vmfabric: rank {rank} (pid {pid}) {}; stopping the job",
+                    "vmfabric: {} {}; stopping the job",
+                    self.who_pid(idx),
                     describe(&st)
                 );
                 self.stop(FAIL_GRACE);
                 return status_code(&st);
             }
-            let all_exited = self.ranks.iter().all(|p| p.status.is_some());
+            let all_exited = self.procs.iter().all(|p| p.status.is_some());
             if !all_exited {
-                for (rank, t) in disconnected.iter().enumerate() {
-                    let Some(t) = t else { continue };
-                    let p = &self.ranks[rank];
+                all_exited_at = None;
+                for idx in 0..self.procs.len() {
+                    let p = &self.procs[idx];
+                    let Some(t) = p.disconnected else { continue };
+                    if p.discarded {
+                        continue;
+                    }
                     if p.status.is_some_and(|st| st.success()) {
                         // As Hydra does: the job stops, and its status stays 0 (OSU 7.4's osu_latency_mt
                         // returns from main without MPI_Finalize once its results are printed).
                         eprintln!(
-                            "vmfabric: rank {rank} (pid {}) exited with status 0 without calling MPI_Finalize; \
+                            "vmfabric: {} exited with status 0 without calling MPI_Finalize; \
                              stopping the job (status 0, as mpiexec.mpich)",
-                            p.pid
+                            self.who_pid(idx)
                         );
                         self.stop(FAIL_GRACE);
                         return 0;
                     }
                     if p.status.is_some() || t.elapsed() >= DISCONNECT_GRACE {
                         eprintln!(
-                            "vmfabric: rank {rank} (pid {}) closed its PMI connection without calling finalize; \
+                            "vmfabric: {} closed its PMI connection without calling finalize; \
                              stopping the job",
-                            p.pid
+                            self.who_pid(idx)
                         );
                         self.stop(FAIL_GRACE);
                         return 1;
@@ -720,21 +1080,21 @@ impl Job<'_> {
             } else {
                 let t = *all_exited_at.get_or_insert_with(Instant::now);
                 // Let the PMI handlers see the ends of their connections (an abort may still be in flight).
-                if pmi_done.iter().all(|&d| d) || t.elapsed() >= DISCONNECT_GRACE {
+                if self.procs.iter().all(|p| p.pmi_done || p.discarded)
+                    || t.elapsed() >= DISCONNECT_GRACE
+                {
                     while let Ok(m) = self.rx.try_recv() {
-                        match m {
-                            Msg::Pmi(PmiEvent::Abort { rank, code, .. }) => {
-                                return self.aborted(rank, code)
-                            }
-                            Msg::Pmi(PmiEvent::Disconnected { rank }) if rank < np => {
-                                disconnected[rank] = Some(Instant::now())
-                            }
-                            _ => {}
+                        if let Some(code) = self.handle(m, true) {
+                            return code;
                         }
                     }
-                    for (rank, t) in disconnected.iter().enumerate() {
-                        if t.is_some() {
-                            eprintln!("vmfabric: warning: rank {rank} exited without calling PMI finalize");
+                    for idx in 0..self.procs.len() {
+                        let p = &self.procs[idx];
+                        if p.disconnected.is_some() && !p.discarded {
+                            eprintln!(
+                                "vmfabric: warning: {} exited without calling PMI finalize",
+                                self.who(idx)
+                            );
                         }
                     }
                     return 0;
@@ -744,11 +1104,11 @@ impl Job<'_> {
         }
     }
 
-    /// SIGTERM every rank still running, SIGKILL those left after `grace`, and reap them all.
+    /// SIGTERM every process still running, SIGKILL those left after `grace`, and reap them all.
     fn stop(&mut self, grace: Duration) {
         let _ = self.reap();
         let mut any = false;
-        for p in self.ranks.iter().filter(|p| p.status.is_none()) {
+        for p in self.procs.iter().filter(|p| p.status.is_none()) {
             // SAFETY: kill on the pid of our own unreaped child (it cannot have been reused).
             unsafe { libc::kill(p.pid, libc::SIGTERM) };
             any = true;
@@ -759,21 +1119,29 @@ impl Job<'_> {
         let deadline = Instant::now() + grace;
         while Instant::now() < deadline {
             let _ = self.reap();
-            if self.ranks.iter().all(|p| p.status.is_some()) {
+            if self.procs.iter().all(|p| p.status.is_some()) {
                 return;
             }
             std::thread::sleep(POLL);
         }
-        for p in self.ranks.iter_mut().filter(|p| p.status.is_none()) {
+        for p in self.procs.iter_mut().filter(|p| p.status.is_none()) {
             let _ = p.child.kill();
             p.status = p.child.wait().ok();
         }
     }
 
-    /// Every path ends here: stop what still runs, end PMI, drain output, remove the job's regions.
+    /// Every path ends here: stop what still runs, end PMI, drain output, remove the regions of the job and
+    /// of every job it spawned (`vmf-<jobid>-sK.shm` share the prefix).
     fn teardown(&mut self) {
         self.stop(FAIL_GRACE);
-        self.kvs.shutdown("the job has ended");
+        for j in &self.jobs {
+            j.kvs.shutdown("the job has ended");
+        }
+        while let Ok(m) = self.rx.try_recv() {
+            if let Msg::Pmi(_, PmiEvent::Spawn { reply, .. }) = m {
+                reply.send(Err("the job has ended".into()));
+            }
+        }
         for s in &self.pmi_socks {
             let _ = s.shutdown(std::net::Shutdown::Both);
         }

@@ -29,8 +29,8 @@ impl Framer {
         }
     }
 
-    /// Tag used for rank `rank` with `--tag-output`: `[rank] `.
-    pub(crate) fn rank_prefix(rank: usize) -> String {
+    /// Tag used for rank `rank` with `--tag-output`: `[rank] ` (`[sK.rank] ` for spawned job K).
+    pub(crate) fn rank_prefix(rank: impl std::fmt::Display) -> String {
         format!("[{rank}] ")
     }
 

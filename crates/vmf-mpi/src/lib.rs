@@ -71,6 +71,8 @@ mod rma;
 mod io;
 /// The tool interface (ch. 15).
 mod mpi_t;
+/// Process creation and management (ch. 11.8-11.10; MPICH's spawn).
+mod spawn;
 mod bigcount;
 pub mod consts;
 mod mt;
@@ -433,6 +435,14 @@ pub(crate) struct State {
     pub file_eh: MPI_Errhandler,
     /// Data representations added with MPI_Register_datarep.
     pub datareps: Vec<io::view::Datarep>,
+    /// Ports opened with MPI_Open_port (`spawn/`).
+    pub ports: Vec<spawn::Port>,
+    /// Service names this process published.
+    pub names: Vec<String>,
+    /// Root-to-root connections of accepts and connects under way.
+    pub dyn_links: Vec<std::net::TcpStream>,
+    /// The intercommunicator to the parents (MPI_Comm_get_parent), or MPI_COMM_NULL.
+    pub parent: MPI_Comm,
 }
 
 /// Library lifecycle.

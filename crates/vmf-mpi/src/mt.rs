@@ -168,6 +168,22 @@ pub(crate) fn let_others_in() {
     DEPTH.store(depth, Ordering::Relaxed);
 }
 
+/// Run `f` without the library lock (a wait in the kernel for something outside the engine, e.g. a
+/// socket), then take the lock back at the same depth. The caller must re-read the library state after.
+pub(crate) fn unlocked<T>(f: impl FnOnce() -> T) -> T {
+    if !on() || OWNER.load(Ordering::Relaxed) != me() {
+        return f();
+    }
+    let depth = DEPTH.swap(0, Ordering::Relaxed);
+    OWNER.store(0, Ordering::Relaxed);
+    unlock_word();
+    let r = f();
+    lock_word();
+    OWNER.store(me(), Ordering::Relaxed);
+    DEPTH.store(depth, Ordering::Relaxed);
+    r
+}
+
 /// The engine's yield hook (installed when `MPI_THREAD_MULTIPLE` is granted).
 ///
 /// # Safety

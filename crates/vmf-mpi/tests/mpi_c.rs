@@ -41,6 +41,7 @@ const PROGRAMS: &[&str] = &[
     "threads",
     "io",
     "mpi_t",
+    "spawn",
 ];
 const MPICH_INC: &str = "/usr/include/x86_64-linux-gnu/mpich";
 
@@ -426,6 +427,79 @@ fn graph_topologies_and_their_neighbor_collectives_work() {
 fn intercomm_create_merge_p2p_and_collectives_work() {
     semantic("intercomm");
     semantic_wide("intercomm");
+}
+
+#[test]
+fn spawn_ports_names_join_and_errors_work() {
+    // MPI_Comm_spawn(_multiple) of this program, traffic and collectives with the children, ports and
+    // names between halves of the job, MPI_Comm_join, and the errors of bad programs, ports and names.
+    for kind in builds() {
+        for n in 1..=3 {
+            run_ok("vmfabric", kind, "spawn", n);
+        }
+    }
+    let bin = setup().build.join("ours").join("spawn");
+    for env in [
+        // all over TCP; the universe size the launcher was given
+        &[("VMF_SHM", "0")][..],
+        &[("VMF_UNIVERSE_SIZE", "6"), ("SPAWN_TEST_USIZE", "6")][..],
+    ] {
+        let o = job_env(2, &bin, env);
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(o.status.success() && out.contains("PASS"), "spawn with {env:?}:\n{out}\n{}", String::from_utf8_lossy(&o.stderr));
+    }
+}
+
+#[test]
+fn spawn_under_hydra_and_on_emulated_hosts_works() {
+    if have("mpiexec.mpich") {
+        run_ok("hydra", builds().last().unwrap(), "spawn", 2);
+    }
+    // Children start on the spawning rank's host; parents on two hosts reach them over TCP.
+    let s = setup();
+    let bin = s.build.join("ours").join("spawn");
+    let o = Command::new("timeout")
+        .arg("180")
+        .arg(s.rel.join("vmfabric"))
+        .args(["run", "--hosts", "2", "-n", "3"])
+        .arg(&bin)
+        .env("LD_LIBRARY_PATH", &s.libdir)
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success() && out.contains("PASS"), "spawn --hosts 2:\n{out}\n{}", String::from_utf8_lossy(&o.stderr));
+}
+
+#[test]
+fn two_separate_jobs_meet_through_a_published_name() {
+    let s = setup();
+    let service = format!("vmf-test-{}", std::process::id());
+    let run = |role: &str, n: &str, kind: &str| {
+        Command::new("timeout")
+            .arg("120")
+            .arg(s.rel.join("vmfabric"))
+            .args(["run", "--quiet", "-n", n])
+            .arg(s.build.join(kind).join("spawn"))
+            .args([role, &service])
+            .env("LD_LIBRARY_PATH", &s.libdir)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    // The server is built with our header, the client with MPICH's when installed.
+    let server = run("server", "2", "ours");
+    let client = run("client", "3", builds().last().unwrap());
+    for (what, c) in [("server", server), ("client", client)] {
+        let o = c.wait_with_output().unwrap();
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            o.status.success() && out.contains(&format!("PASS {what}")),
+            "{what}: {}\n{out}\n{}",
+            o.status,
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
 }
 
 #[test]

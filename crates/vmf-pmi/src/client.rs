@@ -1,5 +1,6 @@
 //! The rank side: [`PmiClient`].
 use crate::error::PmiError;
+use crate::spawn::{encode_request, SpawnCmd};
 use crate::wire::{check_token, Message, MAX_LINE};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -60,6 +61,7 @@ pub struct PmiClient {
     kvsname_max: usize,
     keylen_max: usize,
     vallen_max: usize,
+    spawned: bool,
     finalized: bool,
 }
 
@@ -71,6 +73,7 @@ impl std::fmt::Debug for PmiClient {
             .field("appnum", &self.appnum)
             .field("kvsname", &self.kvsname)
             .field("vallen_max", &self.vallen_max)
+            .field("spawned", &self.spawned)
             .finish_non_exhaustive()
     }
 }
@@ -97,6 +100,8 @@ impl PmiClient {
     /// process not started by a launcher).
     ///
     /// Only the first successful call in a process adopts the connection; later calls fail.
+    ///
+    /// [`spawned`](Self::spawned) is read from `PMI_SPAWNED`, as MPICH's simple PMI does.
     pub fn from_env() -> Result<Option<PmiClient>, PmiError> {
         let op = "connect to the PMI server";
         let fd = std::env::var("PMI_FD")
@@ -154,7 +159,15 @@ impl PmiClient {
             let id = std::env::var("PMI_ID").ok();
             Self::connect_tcp(&addr, id.as_deref(), rank, size)
         };
-        res.map(Some)
+        // MPICH's PMI_Init: atoi(getenv("PMI_SPAWNED")) != 0.
+        let spawned = std::env::var("PMI_SPAWNED")
+            .ok()
+            .and_then(|v| v.trim().parse::<i64>().ok())
+            .is_some_and(|v| v != 0);
+        res.map(|mut c| {
+            c.spawned = spawned;
+            Some(c)
+        })
     }
 
     /// Handshake over an already connected Unix stream, for a rank whose rank and size are known.
@@ -205,6 +218,7 @@ impl PmiClient {
             kvsname_max: 256,
             keylen_max: 256,
             vallen_max: 1024,
+            spawned: false,
             finalized: false,
         };
         if let Some(id) = pmi_id {
@@ -327,9 +341,17 @@ impl PmiClient {
         self.size
     }
 
-    /// The application number (0 for a single-program job).
+    /// The application number (the server's `get_appnum` answer, read at the handshake): 0 for a
+    /// single-program job, `i` for the processes of command `i` of a spawn request.
     pub fn appnum(&self) -> i64 {
         self.appnum
+    }
+
+    /// True when this process was started by a spawn request of another job (`PMI_SPAWNED` set to a
+    /// nonzero number; set by [`from_env`](Self::from_env) only). Its parent's preputs, e.g.
+    /// `PARENT_ROOT_PORT_NAME`, are in its key-value space from the start (no fence needed).
+    pub fn spawned(&self) -> bool {
+        self.spawned
     }
 
     /// Name of the job's key-value space.
@@ -410,12 +432,79 @@ impl PmiClient {
     }
 
     /// The universe size (how many processes the launcher could run).
-    pub fn universe_size(&mut self) -> Result<usize, PmiError> {
+    pub fn universe_size(&mut self) -> Result<Option<usize>, PmiError> {
         let op = "read the universe size";
         self.live(op)?;
         let r = self.call(op, &Message::new("get_universe_size"), "universe_size")?;
         self.check_rc(op, &r)?;
-        Self::num_field(op, &r, "size")
+        // Hydra (and vmfabric run without --universe-size) answer -1: not known.
+        let n: i64 = Self::num_field(op, &r, "size")?;
+        Ok((n > 0).then_some(n as usize))
+    }
+
+    /// Ask the launcher to start a new job (MPI_Comm_spawn_multiple): `sum(maxprocs)` processes running
+    /// `cmds`, with the `preput` pairs in the new job's key-value space before they start (MPICH passes the
+    /// root's port as `PARENT_ROOT_PORT_NAME`). Returns once the launcher has started them.
+    ///
+    /// Sends the multi-line request MPICH 4.0's simple PMI client sends (one `mcmd=spawn` ... `endcmd`
+    /// block per command; see [`SpawnCmd`]), so it works with vmfabric's launcher and with Hydra, and reads
+    /// the one `cmd=spawn_result` answer. Arguments, programs and info values may contain spaces and `=`
+    /// but no line breaks; preput keys and values follow [`put`](Self::put)'s rules. A nonzero `rc` is
+    /// [`PmiError::Failed`] with the server's `msg` (or `errmsg`).
+    pub fn spawn(
+        &mut self,
+        cmds: &[SpawnCmd],
+        preput: &[(String, String)],
+    ) -> Result<(), PmiError> {
+        let total: usize = cmds
+            .iter()
+            .map(|c| c.maxprocs)
+            .fold(0, usize::saturating_add);
+        let op = match cmds.first() {
+            Some(c) if cmds.len() == 1 => format!("spawn {total} process(es) of {}", c.exe),
+            _ => format!("spawn {total} process(es) of {} commands", cmds.len()),
+        };
+        self.live(&op)?;
+        let text =
+            encode_request(cmds, preput, self.keylen_max, self.vallen_max).map_err(|why| {
+                PmiError::InvalidArgument {
+                    op: op.clone(),
+                    why,
+                }
+            })?;
+        self.writer
+            .write_all(text.as_bytes())
+            .and_then(|_| self.writer.flush())
+            .map_err(|e| PmiError::Io {
+                op: op.clone(),
+                source: e,
+            })?;
+        let r = self.recv(&op)?;
+        let rc = r.rc().map_err(|why| PmiError::Malformed {
+            op: op.clone(),
+            why,
+            line: r.to_line(),
+        })?;
+        let msg = || {
+            r.get("msg")
+                .or_else(|| r.get("errmsg"))
+                .unwrap_or("no message")
+                .to_owned()
+        };
+        if r.cmd != "spawn_result" {
+            if rc != 0 {
+                return Err(PmiError::Failed { op, rc, msg: msg() });
+            }
+            return Err(PmiError::Unexpected {
+                op,
+                expected: "spawn_result".into(),
+                got: r.cmd,
+            });
+        }
+        if rc != 0 {
+            return Err(PmiError::Failed { op, rc, msg: msg() });
+        }
+        Ok(())
     }
 
     /// Ask the launcher to kill the whole job and exit with `code` (`cmd=abort exitcode=N`, as MPICH's

@@ -6,10 +6,13 @@
 //! `PMI_PORT`). Because words are separated by spaces, **keys and values may not contain whitespace, `=`
 //! or newlines**; such strings are rejected with [`PmiError::InvalidArgument`].
 //!
-//! * Rank side: [`PmiClient`] (`from_env`, `put`, `get`, `fence`, `abort`, `finalize`, ...). It works with
+//! * Rank side: [`PmiClient`] (`from_env`, `put`, `get`, `fence`, `spawn`, `abort`, `finalize`, ...). It works with
 //!   vmfabric's own launcher (`vmf-launch`) and with Hydra (`mpiexec`).
 //! * Launcher side: [`JobKvs`] (the job's key-value space and reusable barrier) and [`serve_connection`]
-//!   (one rank's handler), reporting [`PmiEvent`]s (abort, disconnect) to the launcher.
+//!   (one rank's handler), reporting [`PmiEvent`]s (abort, disconnect, spawn requests) to the launcher.
+//! * Dynamic processes: [`PmiClient::spawn`] sends MPICH's multi-line `mcmd=spawn` request ([`SpawnCmd`]);
+//!   the server hands it to the launcher as [`PmiEvent::Spawn`] and answers with what the launcher says
+//!   through the event's [`SpawnReply`].
 //!
 //! Every error is a [`PmiError`] whose message reads "Unable to <op> since <why>".
 //!
@@ -49,6 +52,7 @@
 mod client;
 mod error;
 mod server;
+mod spawn;
 pub mod wire;
 
 pub use client::PmiClient;
@@ -56,6 +60,12 @@ pub use error::PmiError;
 pub use server::{
     serve_connection, JobKvs, KvsStore, PmiEvent, KEYLEN_MAX, KVSNAME_MAX, VALLEN_MAX,
 };
+pub use spawn::{
+    SpawnCmd, SpawnReply, SpawnResult, SPAWN_MAX_ARGS, SPAWN_MAX_CMDS, SPAWN_MAX_PAIRS,
+    SPAWN_MAX_PROCS,
+};
 
+#[cfg(test)]
+mod spawn_tests;
 #[cfg(test)]
 mod tests;

@@ -2,10 +2,13 @@
 //! serves one rank's connection ([`serve_connection`]).
 use crate::client::read_raw_line;
 use crate::error::PmiError;
-use crate::wire::{check_token, sanitize, Message};
+use crate::spawn::{BlockReader, Collector, SpawnCmd, SpawnReply};
+use crate::wire::{check_token, sanitize, sanitize_text, Message};
 use std::collections::HashMap;
 use std::io::{BufReader, Read, Write};
+use std::sync::mpsc::RecvTimeoutError;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
 
 /// Longest key name reported by `get_maxes`.
 pub const KVSNAME_MAX: usize = 256;
@@ -42,7 +45,26 @@ pub enum PmiEvent {
         /// The rank.
         rank: usize,
     },
+    /// The rank asked for a new job (`mcmd=spawn`, MPI_Comm_spawn / MPI_Comm_spawn_multiple): start
+    /// `sum(maxprocs)` processes as one new job, with `preput` in its key-value space before they start
+    /// (processes of command `i` have application number `i`), then answer through `reply`. The rank's
+    /// connection handler waits for the answer and sends it as `cmd=spawn_result rc=0` (or `rc=-1 msg=..`).
+    /// The request has been validated (at least one command, every `maxprocs >= 1`, arguments and
+    /// key-value pairs complete, preputs valid key-value-space entries).
+    Spawn {
+        /// The rank.
+        rank: usize,
+        /// The commands, in order.
+        cmds: Vec<SpawnCmd>,
+        /// Key-value pairs for the new job's key-value space (MPICH: `PARENT_ROOT_PORT_NAME`).
+        preput: Vec<(String, String)>,
+        /// Where to answer.
+        reply: SpawnReply,
+    },
 }
+
+/// How often a handler waiting for the launcher's answer to a spawn request checks for shutdown.
+const SPAWN_POLL: Duration = Duration::from_millis(100);
 
 struct KvsInner {
     map: HashMap<String, String>,
@@ -60,6 +82,8 @@ struct KvsInner {
 pub struct JobKvs {
     kvsname: String,
     size: usize,
+    universe: usize,
+    appnums: Vec<i64>,
     inner: Mutex<KvsInner>,
     cv: Condvar,
 }
@@ -77,11 +101,18 @@ impl std::fmt::Debug for JobKvs {
 }
 
 impl JobKvs {
-    /// A store for a job of `size` ranks whose key-value space is called `kvsname`.
+    /// A store for a job of `size` ranks whose key-value space is called `kvsname`. Its universe size is
+    /// `size` and every rank's application number 0 until set with [`with_universe_size`] and
+    /// [`with_appnums`].
+    ///
+    /// [`with_universe_size`]: Self::with_universe_size
+    /// [`with_appnums`]: Self::with_appnums
     pub fn new(kvsname: &str, size: usize) -> JobKvs {
         JobKvs {
             kvsname: kvsname.to_owned(),
             size,
+            universe: size,
+            appnums: Vec::new(),
             inner: Mutex::new(KvsInner {
                 map: HashMap::new(),
                 arrived: 0,
@@ -96,6 +127,35 @@ impl JobKvs {
     fn lock(&self) -> MutexGuard<'_, KvsInner> {
         // A handler that panicked cannot leave the map inconsistent (single inserts); keep serving.
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Builder: the universe size `get_universe_size` answers (how many processes the launcher could run;
+    /// 0: not known, answered as -1 the way Hydra does without `-usize`).
+    pub fn with_universe_size(mut self, universe: usize) -> JobKvs {
+        self.universe = universe;
+        self
+    }
+
+    /// Builder: the application number of each rank (`get_appnum`); ranks beyond the list have 0. The ranks
+    /// started for command `i` of a spawn request have application number `i`.
+    pub fn with_appnums(mut self, appnums: Vec<i64>) -> JobKvs {
+        self.appnums = appnums;
+        self
+    }
+
+    /// The universe size.
+    pub fn universe_size(&self) -> usize {
+        self.universe
+    }
+
+    /// The application number of `rank`.
+    pub fn appnum(&self, rank: usize) -> i64 {
+        self.appnums.get(rank).copied().unwrap_or(0)
+    }
+
+    /// True once [`shutdown`](Self::shutdown) was called.
+    pub fn is_shut_down(&self) -> bool {
+        self.lock().failure.is_some()
     }
 
     /// The key-value space name.
@@ -176,11 +236,17 @@ impl JobKvs {
 }
 
 /// Serve one rank's PMI-1 connection until it closes (or the rank aborts). Answers `init` (version 1 only),
-/// `get_maxes` ([`KVSNAME_MAX`], [`KEYLEN_MAX`], [`VALLEN_MAX`]), `get_appnum` (0), `get_my_kvsname`, `put`,
-/// `get` (`rc=-1 msg=key_not_found` when missing), `barrier_in`, `get_universe_size` (the job size),
-/// `finalize` and, for PMI_PORT-style clients, `initack`. `abort` is reported as [`PmiEvent::Abort`] and
-/// ends the connection. Malformed lines and unknown commands are answered with `rc=-1` and serving
-/// continues.
+/// `get_maxes` ([`KVSNAME_MAX`], [`KEYLEN_MAX`], [`VALLEN_MAX`]), `get_appnum` ([`JobKvs::appnum`]),
+/// `get_my_kvsname`, `put`, `get` (`rc=-1 msg=key_not_found` when missing), `barrier_in`,
+/// `get_universe_size` ([`JobKvs::universe_size`]), `finalize` and, for PMI_PORT-style clients, `initack`.
+/// `abort` is reported as [`PmiEvent::Abort`] and ends the connection. Malformed lines and unknown commands
+/// are answered with `rc=-1` and serving continues.
+///
+/// Spawn requests (the multi-line `mcmd=spawn` ... `endcmd` blocks, see [`SpawnCmd`]) are collected until
+/// all `totspawns` blocks have arrived, validated (a bad request gets `cmd=spawn_result rc=-1 msg=..`) and
+/// reported as [`PmiEvent::Spawn`]; the handler then waits for the launcher's answer and sends
+/// `cmd=spawn_result rc=0` or `rc=-1 msg=..`. If the launcher drops the event unanswered, or the job is
+/// shut down while it waits, the rank gets an error answer.
 ///
 /// Always calls [`JobKvs::rank_closed`] before returning, and reports [`PmiEvent::Disconnected`] if the
 /// rank initialised but neither finalized nor aborted. Returns `Ok(())` at a clean end of stream (or after
@@ -199,6 +265,7 @@ where
         initialized: false,
         finalized: false,
         aborted: false,
+        spawn: Collector::default(),
     };
     let res = serve_loop(stream, rank, &kvs, &mut events, &mut st);
     kvs.rank_closed(rank);
@@ -212,6 +279,8 @@ struct ConnState {
     initialized: bool,
     finalized: bool,
     aborted: bool,
+    /// The blocks of a spawn request received so far.
+    spawn: Collector,
 }
 
 fn serve_loop<S: Read + Write, F: FnMut(PmiEvent)>(
@@ -232,12 +301,50 @@ fn serve_loop<S: Read + Write, F: FnMut(PmiEvent)>(
             None => return Ok(()),
             Some(l) => l,
         };
-        let msg = line.and_then(|l| Message::parse(&l));
-        let replies = match msg {
-            Err(why) => vec![Message::new("error")
-                .with("rc", -1)
-                .with("msg", sanitize(&format!("malformed_line:_{why}")))],
-            Ok(m) => answer(&m, rank, kvs, events, st),
+        let replies = if let Some(first) = line.as_ref().ok().filter(|l| l.starts_with("mcmd=")) {
+            let name = first.trim_end().trim_start_matches("mcmd=").to_owned();
+            let mut block = BlockReader::start(first);
+            loop {
+                match read_raw_line(&mut r).map_err(io)? {
+                    None => return Ok(()), // the rank went away in the middle of its request
+                    Some(l) => {
+                        if block.line(l) {
+                            break;
+                        }
+                    }
+                }
+            }
+            if name != "spawn" {
+                vec![Message::new("error").with("rc", -1).with(
+                    "msg",
+                    sanitize_text(&format!("unknown multi-line command mcmd={name}")),
+                )]
+            } else {
+                match st.spawn.push(block.finish()) {
+                    None => Vec::new(), // more blocks to come
+                    Some(Err(why)) => vec![spawn_failed(&why)],
+                    Some(Ok((cmds, preput))) => {
+                        vec![request_spawn(rank, cmds, preput, kvs, events)]
+                    }
+                }
+            }
+        } else {
+            let mut v = Vec::new();
+            if st.spawn.abandon() {
+                // The answer the client's unfinished request is owed, before this command's.
+                v.push(spawn_failed(
+                    "the spawn request was interrupted by another command before its last block",
+                ));
+            }
+            match line.and_then(|l| Message::parse(&l)) {
+                Err(why) => v.push(
+                    Message::new("error")
+                        .with("rc", -1)
+                        .with("msg", sanitize(&format!("malformed_line:_{why}"))),
+                ),
+                Ok(m) => v.extend(answer(&m, rank, kvs, events, st)),
+            }
+            v
         };
         if !replies.is_empty() {
             let text: String = replies.iter().map(Message::to_line).collect();
@@ -249,6 +356,48 @@ fn serve_loop<S: Read + Write, F: FnMut(PmiEvent)>(
         if st.aborted {
             return Ok(());
         }
+    }
+}
+
+fn spawn_failed(why: &str) -> Message {
+    Message::new("spawn_result")
+        .with("rc", -1)
+        .with("msg", sanitize_text(why))
+}
+
+/// Hand a valid spawn request to the launcher and wait for its answer.
+fn request_spawn<F: FnMut(PmiEvent)>(
+    rank: usize,
+    cmds: Vec<SpawnCmd>,
+    preput: Vec<(String, String)>,
+    kvs: &JobKvs,
+    events: &mut F,
+) -> Message {
+    let (reply, rx) = SpawnReply::channel();
+    events(PmiEvent::Spawn {
+        rank,
+        cmds,
+        preput,
+        reply,
+    });
+    let res = loop {
+        match rx.recv_timeout(SPAWN_POLL) {
+            Ok(r) => break r,
+            Err(RecvTimeoutError::Timeout) => {
+                if kvs.is_shut_down() {
+                    break Err("the job is ending".into());
+                }
+            }
+            Err(RecvTimeoutError::Disconnected) => {
+                break Err(
+                    "the launcher does not start processes (spawn is not supported here)".into(),
+                )
+            }
+        }
+    };
+    match res {
+        Ok(()) => Message::new("spawn_result").with("rc", 0),
+        Err(why) => spawn_failed(&why),
     }
 }
 
@@ -312,7 +461,11 @@ fn answer_one<F: FnMut(PmiEvent)>(
                 .with("keylen_max", KEYLEN_MAX)
                 .with("vallen_max", VALLEN_MAX),
         ),
-        "get_appnum" => Some(Message::new("appnum").with("rc", 0).with("appnum", 0)),
+        "get_appnum" => Some(
+            Message::new("appnum")
+                .with("rc", 0)
+                .with("appnum", kvs.appnum(rank)),
+        ),
         "get_my_kvsname" => Some(
             Message::new("my_kvsname")
                 .with("rc", 0)
@@ -321,7 +474,11 @@ fn answer_one<F: FnMut(PmiEvent)>(
         "get_universe_size" => Some(
             Message::new("universe_size")
                 .with("rc", 0)
-                .with("size", kvs.size()),
+                // 0: not known, which PMI (as Hydra) says with -1.
+                .with("size", match kvs.universe_size() {
+                    0 => -1,
+                    u => u as i64,
+                }),
         ),
         "put" => {
             let (Some(k), Some(v)) = (m.get("key"), m.get("value")) else {

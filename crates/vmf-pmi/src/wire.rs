@@ -144,6 +144,26 @@ pub fn sanitize(s: &str) -> String {
     }
 }
 
+/// Replace whitespace and control characters by `_` (used for the free-text `msg=` of spawn answers, which
+/// may keep `=`: both our parser and MPICH's take a value up to the next space).
+pub fn sanitize_text(s: &str) -> String {
+    let out: String = s
+        .chars()
+        .map(|c| {
+            if c.is_whitespace() || c.is_control() {
+                '_'
+            } else {
+                c
+            }
+        })
+        .collect();
+    if out.is_empty() {
+        "_".into()
+    } else {
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -189,5 +209,13 @@ mod tests {
         assert!(check_token("a\nb", 16, false).is_err());
         assert!(check_token("abcdef", 5, false).is_err());
         assert_eq!(sanitize("a b=c\n"), "a_b_c_");
+        assert_eq!(sanitize_text("a b=c\n"), "a_b=c_");
+        let m = Message::parse(
+            &Message::new("r")
+                .with("msg", sanitize_text("x= y"))
+                .to_line(),
+        )
+        .unwrap();
+        assert_eq!(m.get("msg"), Some("x=_y"));
     }
 }

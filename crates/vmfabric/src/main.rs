@@ -55,6 +55,10 @@ enum Cmd {
         /// Placement on hosts: round robin (rr) or consecutive blocks (block).
         #[arg(long, value_parser = ["rr", "block"], default_value = "rr")]
         map: String,
+        /// Universe size the ranks are told (MPI_UNIVERSE_SIZE: how many processes MPI_Comm_spawn may
+        /// usefully add); at least -n. Default: $VMF_UNIVERSE_SIZE, else not set (as under Hydra).
+        #[arg(long)]
+        universe_size: Option<usize>,
         /// Program and its arguments.
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
         command: Vec<String>,
@@ -122,8 +126,9 @@ fn main() {
             bind,
             hosts,
             map,
+            universe_size,
             command,
-        } => {
+        } => 'run: {
             let mut extra_env = Vec::new();
             if verbose {
                 extra_env.push(("VMF_VERBOSE".into(), "1".into()));
@@ -131,6 +136,21 @@ fn main() {
             if let Some(w) = wait {
                 extra_env.push(("VMF_WAIT".into(), w));
             }
+            let universe_size = match universe_size {
+                Some(u) => Some(u),
+                None => match std::env::var("VMF_UNIVERSE_SIZE") {
+                    Ok(v) if !v.trim().is_empty() => match v.trim().parse::<usize>() {
+                        Ok(u) => Some(u),
+                        Err(_) => {
+                            eprintln!(
+                                "vmfabric: Unable to start the job since VMF_UNIVERSE_SIZE={v} is not a number"
+                            );
+                            break 'run 2;
+                        }
+                    },
+                    _ => None,
+                },
+            };
             let opts = vmf_launch::RunOptions {
                 np,
                 program: command[0].clone(),
@@ -147,6 +167,7 @@ fn main() {
                 bind,
                 hosts,
                 map_block: map == "block",
+                universe_size,
             };
             match vmf_launch::run(&opts) {
                 Ok(c) => c,

@@ -131,7 +131,7 @@ pub(crate) fn add_comm(st: &mut State, c: Comm) -> MPI_Comm {
 /// Agree on a new context pair among the members of communicator `ci` (collective over it).
 pub(crate) fn new_ctx(st: &mut State, ci: usize) -> R<u32> {
     let c = st.comms[ci].as_ref().unwrap();
-    let (mem, me) = crate::intercomm::ctx_members(c);
+    let (mem, me) = crate::intercomm::ctx_members(st, c);
     let ctx = c.coll;
     let tag = st.comms[ci].as_mut().unwrap().next_coll_tag();
     let mut v = [ctx_propose(st)? as i32];
@@ -327,7 +327,7 @@ unsafe fn idup(
     let hints = dup_hints(st, ci, info)?;
     let mut n = twin(st, ci, hints, 0)?;
     let c = st.comms[ci].as_ref().unwrap();
-    let (mem, me) = crate::intercomm::ctx_members(c);
+    let (mem, me) = crate::intercomm::ctx_members(st, c);
     let ctx = c.coll;
     let tag = st.comms[ci].as_mut().unwrap().next_coll_tag();
     *newcomm = MPI_COMM_NULL;
@@ -914,7 +914,15 @@ mpi_api! {
     }
     fn MPI_Comm_disconnect / PMPI_Comm_disconnect(comm: *mut MPI_Comm) -> c_int {
         let h = if comm.is_null() { MPI_COMM_WORLD } else { *comm };
-        let r = (|| -> R { free_comm(state()?, comm) })();
+        // Collective: every member's communication on it is complete once all have arrived.
+        let r = (|| -> R {
+            if comm.is_null() {
+                return err(MPI_ERR_ARG, "comm is NULL");
+            }
+            crate::p2p::reap(state()?, true)?;
+            crate::coll::barrier(state()?, h)?;
+            free_comm(state()?, comm)
+        })();
         fin(h, "MPI_Comm_disconnect", r)
     }
     fn MPI_Comm_compare / PMPI_Comm_compare(comm1: MPI_Comm, comm2: MPI_Comm, result: *mut c_int) -> c_int {

@@ -36,15 +36,17 @@ pub(crate) fn intra_only(c: &Comm, what: &str) -> R {
 }
 
 /// Members over which a new context for communicator `c` is agreed, and this process's index among them:
-/// the group of an intracommunicator, both groups (by world rank) of an intercommunicator.
-pub(crate) fn ctx_members(c: &Comm) -> (Vec<usize>, usize) {
+/// the group of an intracommunicator, both groups of an intercommunicator (ordered by process identity,
+/// which every process of both groups sees alike even when they belong to different jobs).
+pub(crate) fn ctx_members(st: &State, c: &Comm) -> (Vec<usize>, usize) {
     let local: Vec<usize> = (0..c.size).map(|r| c.to_world(r)).collect();
     match &c.remote {
         None => (local, c.rank as usize),
         Some(rem) => {
             let me = local[c.rank as usize];
             let mut all: Vec<usize> = local.iter().chain(rem.iter()).copied().collect();
-            all.sort_unstable();
+            let e = st.fab.engine();
+            all.sort_unstable_by_key(|&w| e.identity(w));
             let i = all.iter().position(|&w| w == me).unwrap();
             (all, i)
         }
@@ -57,7 +59,7 @@ fn next_tag(st: &mut State, ci: usize) -> i32 {
 }
 
 /// Send `data` to each of `to` and receive `n` ints from each of `from` (world ranks), on `ctx`/`tag`.
-fn exchange(
+pub(crate) fn exchange(
     st: &mut State,
     ctx: u32,
     tag: i32,
@@ -108,7 +110,7 @@ fn exchange(
 
 /// Leader `lw` (world rank) of a group of world ranks `group` broadcasts `v` (length `n`; significant at
 /// the leader) on `ctx`/`tag`.
-fn leader_bcast(
+pub(crate) fn leader_bcast(
     st: &mut State,
     ctx: u32,
     tag: i32,
@@ -125,6 +127,38 @@ fn leader_bcast(
     } else {
         Ok(exchange(st, ctx, tag, &[], &[], &[lw], n)?.pop().unwrap())
     }
+}
+
+/// Processes as (job hash low, high, rank) triples.
+fn identities(st: &State, procs: &[usize]) -> Vec<i32> {
+    let e = st.fab.engine();
+    procs
+        .iter()
+        .flat_map(|&w| {
+            let (j, r) = e.identity(w);
+            [j as i32, (j >> 32) as i32, r as i32]
+        })
+        .collect()
+}
+
+fn job_of(t: &[i32]) -> u64 {
+    (t[0] as u32 as u64) | ((t[1] as u32 as u64) << 32)
+}
+
+/// The peer indices of (job hash low, high, rank) triples; a process this one has never met is an error.
+fn indices(st: &State, ids: &[i32]) -> R<Vec<usize>> {
+    let e = st.fab.engine();
+    ids.chunks(3)
+        .map(|t| {
+            e.index_of(job_of(t), t[2] as u32).ok_or_else(|| MpiErr {
+                code: MPI_ERR_COMM,
+                msg: format!(
+                    "the remote group holds rank {} of a job this process is not connected to",
+                    t[2]
+                ),
+            })
+        })
+        .collect()
 }
 
 pub(crate) unsafe fn create(
@@ -164,20 +198,23 @@ pub(crate) unsafe fn create(
     //    the rest of the local group does not wait for ever.
     let mut fail: Option<MpiErr> = None;
     let mut rec: Vec<i32> = Vec::new();
+    let mut peer = (0usize, 0u32, 0i32);
     if my_rank == local_leader {
         let r = (|| -> R<Vec<i32>> {
+            // peer_comm may be an intercommunicator: remote_leader then names its remote group.
             let (_, pc) = st.comm(peer_comm)?;
-            intra_only(pc, "MPI_Intercomm_create's peer_comm")?;
-            if remote_leader < 0 || remote_leader >= pc.size {
+            let psize = pc.remote.as_ref().map_or(pc.size as usize, |r| r.len());
+            if remote_leader < 0 || remote_leader as usize >= psize {
                 return err(
                     MPI_ERR_RANK,
-                    format!(
-                        "remote_leader {remote_leader} is not in peer_comm (size {})",
-                        pc.size
-                    ),
+                    format!("remote_leader {remote_leader} is not in peer_comm (size {psize})"),
                 );
             }
-            let (pw, pctx) = (pc.to_world(remote_leader), pc.coll);
+            let pw = match &pc.remote {
+                Some(r) => r[remote_leader as usize],
+                None => pc.to_world(remote_leader),
+            };
+            let pctx = pc.coll;
             if pw == me {
                 return err(
                     MPI_ERR_RANK,
@@ -185,6 +222,7 @@ pub(crate) unsafe fn create(
                 );
             }
             let ptag = 0x4000_0000 | (tag & 0x3fff_ffff);
+            peer = (pw, pctx, ptag);
             let hdr = exchange(st, pctx, ptag, &[pw], &[lmax, local.len() as i32], &[pw], 2)?
                 .pop()
                 .unwrap();
@@ -192,13 +230,19 @@ pub(crate) unsafe fn create(
             if nr <= 0 {
                 return err(MPI_ERR_OTHER, "the remote leader reported an empty group");
             }
-            let mine: Vec<i32> = local.iter().map(|&w| w as i32).collect();
-            let list = exchange(st, pctx, ptag, &[pw], &mine, &[pw], nr as usize)?
+            // Processes are named by identity (job hash, rank): indices differ between jobs.
+            let mine = identities(st, &local);
+            let list = exchange(st, pctx, ptag, &[pw], &mine, &[pw], 3 * nr as usize)?
                 .pop()
                 .unwrap();
-            if list.iter().any(|&w| w < 0 || local.contains(&(w as usize))) {
+            let e = st.fab.engine();
+            if list.chunks(3).any(|t| {
+                e.index_of(job_of(t), t[2] as u32)
+                    .is_some_and(|w| local.contains(&w))
+            }) {
                 return err(MPI_ERR_COMM, "the local and remote groups overlap (intercommunicator groups must be disjoint)");
             }
+            drop(e);
             let mut v = vec![lmax.max(rmax), nr];
             v.extend(list);
             Ok(v)
@@ -240,13 +284,24 @@ pub(crate) unsafe fn create(
         leader_w,
         me,
         if rec.len() > 2 { &rec[2..] } else { &[] },
-        hdr[1] as usize,
+        3 * hdr[1] as usize,
     )?;
+    // Groups of several jobs (dynamic processes): processes that have not met yet do now.
+    let my_job = st.fab.engine().identity(me).0;
+    let multi = local.iter().any(|&w| w >= st.fab.size())
+        || list.chunks(3).any(|t| job_of(t) != my_job);
+    if multi {
+        let st = state()?;
+        let lead = (my_rank == local_leader).then_some(peer);
+        crate::spawn::meet_over(st, local_comm, (lcoll, &local, leader_w, me), lead)?;
+    }
+    let st = state()?;
+    let remote = indices(st, &list)?;
     let ctx = hdr[0] as u32;
     crate::comm::ctx_agreed(st, ctx);
     let n = local.len() as i32;
     let mut c = Comm::new(ctx, my_rank, Some(local), n, eh);
-    c.remote = Some(list.iter().map(|&w| w as usize).collect());
+    c.remote = Some(remote);
     *newintercomm = add_comm(st, c);
     Ok(())
 }
@@ -336,11 +391,12 @@ unsafe fn intercomm_merge(intercomm: MPI_Comm, high: c_int, newintracomm: *mut M
         vec![0]
     };
     let theirs = leader_bcast(st, ctx, tag, &local, local[0], me, &theirs, 1)?;
-    // Group with high = false first; on a tie, the group whose leader has the lower world rank.
+    // Group with high = false first; on a tie, the group whose leader has the lower identity (job, rank).
     let mine_first = if mine[0] != theirs[0] {
         mine[0] == 0
     } else {
-        local[0] < remote[0]
+        let e = st.fab.engine();
+        e.identity(local[0]) < e.identity(remote[0])
     };
     let all: Vec<usize> = if mine_first {
         local.iter().chain(remote.iter()).copied().collect()

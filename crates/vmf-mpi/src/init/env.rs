@@ -306,10 +306,24 @@ pub(crate) fn start(required: c_int) -> R {
         files: Vec::new(),
         file_eh: MPI_ERRORS_RETURN,
         datareps: Vec::new(),
+        ports: Vec::new(),
+        names: Vec::new(),
+        dyn_links: Vec::new(),
+        parent: MPI_COMM_NULL,
     };
+    // What the launcher says (vmfabric run --universe-size, mpiexec -usize); without a launcher the job
+    // itself; unknown (the attribute is not set, as under MPICH) when a launcher does not say.
+    let universe = match st.fab.universe_size() {
+        Some(u) if u > 0 => u.max(size),
+        Some(_) => 0,
+        None if std::env::var_os("PMI_FD").is_none() && std::env::var_os("PMI_PORT").is_none() => size,
+        None => 0,
+    };
+    let appnum = st.fab.appnum().unwrap_or(0);
     // SAFETY: serialised calls (crate contract).
     unsafe {
-        ATTR_UNIVERSE_SIZE = size as c_int;
+        ATTR_UNIVERSE_SIZE = universe.min(c_int::MAX as usize) as c_int;
+        ATTR_APPNUM = appnum as c_int;
         if let Ok(a) = std::env::var("PMI_APPNUM")
             .unwrap_or_default()
             .parse::<c_int>()
@@ -340,6 +354,7 @@ pub(crate) fn stop_if_unused(dropping: usize) -> R {
     // SAFETY: serialised calls.
     let world_on = unsafe { *G.world.get() } == WORLD_ON;
     if !world_on && crate::session::live() <= dropping {
+        crate::spawn::finalize(st);
         st.fab.finalize().map_err(from_core)?;
         // SAFETY: serialised calls.
         unsafe { *G.phase.get() = PHASE_DONE };
@@ -362,7 +377,9 @@ fn do_init(required: c_int, provided: *mut c_int) -> R {
             *provided = state()?.thread_level;
         }
     }
-    Ok(())
+    // A process started by MPI_Comm_spawn connects to its parents now (collective over the children).
+    let _g = crate::mt::enter();
+    crate::spawn::connect_parent(state()?)
 }
 
 /// Address range ever handed out from the shared pool by MPI_Alloc_mem.
@@ -810,7 +827,8 @@ mpi_api! {
                 _ => return err(MPI_ERR_KEYVAL, format!("invalid or unsupported attribute key {keyval:#x}")),
             };
             *out = p;
-            *flag = 1;
+            // MPI_UNIVERSE_SIZE is set only when known (0: the launcher did not say).
+            *flag = (keyval != MPI_UNIVERSE_SIZE || *p > 0) as c_int;
             Ok(())
         })();
         fin(comm, "MPI_Comm_get_attr", r)

@@ -223,6 +223,13 @@ unsafe fn create(
     let (me, n) = (c.rank as usize, c.size as usize);
     let world: Vec<usize> = (0..n as i32).map(|r| c.to_world(r)).collect();
     let eh = c.eh;
+    if world.iter().any(|&w| w >= st.fab.size()) {
+        // Every member sees a process of another job among them, so all fail alike.
+        return err(
+            crate::io::MPI_ERR_UNSUPPORTED_OPERATION,
+            "one-sided windows over processes of several jobs (MPI_Comm_spawn, connect/accept, join) are not supported",
+        );
+    }
     // The window's own communicator: fences and post/complete messages never meet the program's.
     let ctx = new_ctx(st, ci)?;
     let mut wc = Comm::new(ctx, me as i32, Some(world.clone()), n as i32, MPI_ERRORS_RETURN);

@@ -8,6 +8,11 @@
 //!   `PROOF(MAC_C)`, with MAC = SipHash-2-4 keyed by the secret over the role, job, ranks and the nonces.
 //!   The HELLO's MAC keeps outsiders from occupying a handshake slot; the nonces make the exchange fresh.
 //!   A connection from outside the job is refused (logged once) and disturbs nothing.
+//! - **Processes of other jobs** (MPI dynamic processes: spawn, connect/accept, join) are added at run
+//!   time with [`TcpTransport::add_remote`]: they get peer indices after the job's own ranks, and their
+//!   handshakes name their own job and rank and are keyed by a secret both sides learnt when they met
+//!   (not the job secret). Such a peer may close its connection (it disconnected or finished); that is not
+//!   an error, and the next send connects anew.
 //! - **Framing**: `[u32 len][u16 a_len][u16 0][PktHeader][a][b]`, sent with one `writev` from the caller's
 //!   buffers. Sockets are nonblocking with `TCP_NODELAY`. A partial write leaves a backlog: the small head is
 //!   copied, the data part is copied for ordinary sends but only *referenced* for
@@ -117,6 +122,17 @@ struct Handshake {
     nonce_a: [u8; 16],
     started: Instant,
     from: String,
+    /// Incoming: the job hash the connecting side named in its HELLO (its own job).
+    job: u64,
+}
+
+/// A process of another job (see [`TcpTransport::add_remote`]): its job hash, its rank there, and the
+/// secret of our link.
+#[derive(Clone, Copy)]
+struct Remote {
+    job: u64,
+    rank: u32,
+    secret: [u8; 16],
 }
 
 struct Backlog {
@@ -177,6 +193,10 @@ pub struct TcpTransport {
     /// Poll the sockets by reading them (see [`DIRECT_POLL_MAX`]); decided when the epoll set is rebuilt.
     direct_poll: bool,
     polls: u32,
+    /// Ranks of this job (peer indices below it); peers from `world` on are processes of other jobs.
+    world: usize,
+    /// Per peer index from `world` on: who it is.
+    remotes: Vec<Remote>,
 }
 
 fn setup(e: impl std::fmt::Display) -> TransportError {
@@ -220,7 +240,58 @@ impl TcpTransport {
             polls: 0,
             retiring: vec![false; n],
             old_listeners: Vec::new(),
+            world: n,
+            remotes: Vec::new(),
         })
+    }
+
+    /// Make a process of another job reachable (MPI dynamic processes): rank `rank` of the job whose hash
+    /// is `job`, listening at `addr`, authenticated with `secret` (which that process holds for us too).
+    /// Returns its peer index (at least the job size; the same index again for a process already known,
+    /// whose address is then updated and whose secret is kept).
+    pub fn add_remote(&mut self, job: u64, rank: u32, secret: [u8; 16], addr: SocketAddr) -> usize {
+        if job == self.cfg.job && (rank as usize) < self.world {
+            self.set_peer_addr(rank as usize, addr);
+            return rank as usize;
+        }
+        if let Some(i) = self.remotes.iter().position(|r| r.job == job && r.rank == rank) {
+            self.addrs[self.world + i] = Some(addr);
+            return self.world + i;
+        }
+        self.remotes.push(Remote { job, rank, secret });
+        self.addrs.push(Some(addr));
+        self.conns.push(None);
+        self.outgoing.push(None);
+        self.ready.push(false);
+        self.retiring.push(false);
+        self.addrs.len() - 1
+    }
+
+    /// Who peer `peer` is: (job hash, rank in that job).
+    pub fn identity(&self, peer: usize) -> (u64, u32) {
+        match peer.checked_sub(self.world).and_then(|i| self.remotes.get(i)) {
+            Some(r) => (r.job, r.rank),
+            None => (self.cfg.job, peer as u32),
+        }
+    }
+
+    /// The peer index of rank `rank` of job `job`, if known.
+    pub fn index_of(&self, job: u64, rank: u32) -> Option<usize> {
+        if job == self.cfg.job {
+            return ((rank as usize) < self.world).then_some(rank as usize);
+        }
+        self.remotes
+            .iter()
+            .position(|r| r.job == job && r.rank == rank)
+            .map(|i| self.world + i)
+    }
+
+    /// The secret and the rank named in handshakes with `peer`.
+    fn cred(&self, peer: usize) -> ([u8; 16], u32) {
+        match peer.checked_sub(self.world).and_then(|i| self.remotes.get(i)) {
+            Some(r) => (r.secret, r.rank),
+            None => (self.cfg.secret, peer as u32),
+        }
     }
 
     /// The address peers connect to.
@@ -317,21 +388,22 @@ impl TcpTransport {
         })?;
         stream.set_nodelay(true).map_err(setup)?;
         let nc = nonce();
+        let (secret, dst) = self.cred(peer);
         let mut hello = Vec::with_capacity(HELLO_LEN);
         hello.extend_from_slice(HELLO_MAGIC);
         hello.extend_from_slice(&TCP_VERSION.to_le_bytes());
         hello.extend_from_slice(&0u32.to_le_bytes());
         hello.extend_from_slice(&self.cfg.job.to_le_bytes());
         hello.extend_from_slice(&(self.me as u32).to_le_bytes());
-        hello.extend_from_slice(&(peer as u32).to_le_bytes());
+        hello.extend_from_slice(&dst.to_le_bytes());
         hello.extend_from_slice(&nc);
         // The HELLO itself proves membership, so outsiders cannot even occupy a pending handshake slot.
         let mh = mac(
-            &self.cfg.secret,
+            &secret,
             b'H',
             self.cfg.job,
             self.me as u32,
-            peer as u32,
+            dst,
             &nc,
             &[0; 16],
         );
@@ -350,6 +422,7 @@ impl TcpTransport {
             nonce_a: [0; 16],
             started: Instant::now(),
             from: addr.to_string(),
+            job: self.cfg.job,
         });
         self.epoll_dirty = true;
         Ok(())
@@ -429,6 +502,7 @@ impl TcpTransport {
                 nonce_a: [0; 16],
                 started: Instant::now(),
                 from: from.to_string(),
+                job: 0,
             });
             self.epoll_dirty = true;
             n += 1;
@@ -482,7 +556,7 @@ impl TcpTransport {
     /// Ok(true): the handshake at `i` finished and was removed; Ok(false): waiting; Err: refuse.
     fn step_incoming(&mut self, i: usize) -> Result<bool, String> {
         let me = self.me as u32;
-        let nranks = self.conns.len();
+        let nranks = self.world;
         let h = &mut self.incoming[i];
         if let HsState::WaitHello = h.state {
             if !Self::hs_fill(h, HELLO_LEN)? {
@@ -501,24 +575,36 @@ impl TcpTransport {
                     "protocol version {ver}, this build speaks {TCP_VERSION}"
                 ));
             }
-            if job != self.cfg.job || dst != me || src as usize >= nranks || src == me {
+            // A rank of this job, or a process of another job this one has met (dynamic processes).
+            let peer = if job == self.cfg.job {
+                (dst == me && (src as usize) < nranks && src != me).then_some(src as usize)
+            } else {
+                (dst == me)
+                    .then(|| self.remotes.iter().position(|r| r.job == job && r.rank == src))
+                    .flatten()
+                    .map(|k| self.world + k)
+            };
+            let Some(peer) = peer else {
                 return Err("it does not belong to this job".into());
-            }
-            h.nonce_c.copy_from_slice(&b[32..48]);
-            let mh = u64::from_le_bytes(b[48..56].try_into().unwrap());
-            if mh != mac(&self.cfg.secret, b'H', job, src, dst, &h.nonce_c, &[0; 16]) {
+            };
+            let (secret, _) = self.cred(peer);
+            let h = &mut self.incoming[i];
+            h.nonce_c.copy_from_slice(&h.buf[32..48]);
+            let mh = u64::from_le_bytes(h.buf[48..56].try_into().unwrap());
+            if mh != mac(&secret, b'H', job, src, dst, &h.nonce_c, &[0; 16]) {
                 return Err("authentication failed (wrong job secret)".into());
             }
             h.nonce_a = nonce();
-            h.peer = Some(src as usize);
-            // Simultaneous connect: the lower rank's connection wins.
+            h.peer = Some(peer);
+            h.job = job;
+            // Simultaneous connect: the connection of the lower (job, rank) wins.
             // ...and while an older connection with this peer is still open (after a migration the mover
             // reconnects once the old one is retired; it retries until then).
-            let reject = (self.outgoing[src as usize].is_some() && (me as usize) < src as usize)
-                || self.conns[src as usize].is_some();
+            let reject = (self.outgoing[peer].is_some() && (self.cfg.job, me) < (job, src))
+                || self.conns[peer].is_some();
             let h = &mut self.incoming[i];
             let m = mac(
-                &self.cfg.secret,
+                &secret,
                 b'A',
                 job,
                 src,
@@ -545,16 +631,10 @@ impl TcpTransport {
         if !Self::hs_fill(h, PROOF_LEN)? {
             return Ok(false);
         }
-        let src = h.peer.unwrap();
-        let want = mac(
-            &self.cfg.secret,
-            b'C',
-            self.cfg.job,
-            src as u32,
-            me,
-            &h.nonce_c,
-            &h.nonce_a,
-        );
+        let (src, job) = (h.peer.unwrap(), h.job);
+        let (secret, src_rank) = self.cred(src);
+        let h = &self.incoming[i];
+        let want = mac(&secret, b'C', job, src_rank, me, &h.nonce_c, &h.nonce_a);
         if &h.buf[..8] != PROOF_MAGIC
             || u64::from_le_bytes(h.buf[8..16].try_into().unwrap()) != want
         {
@@ -600,17 +680,21 @@ impl TcpTransport {
                     return Err(lost(why));
                 }
             }
+            let (secret, dst) = match peer.checked_sub(self.world) {
+                Some(k) => (self.remotes[k].secret, self.remotes[k].rank),
+                None => (self.cfg.secret, peer as u32),
+            };
             let b = &h.buf;
             let reject = u32::from_le_bytes(b[8..12].try_into().unwrap()) != 0;
             let mut na = [0u8; 16];
             na.copy_from_slice(&b[16..32]);
             let got = u64::from_le_bytes(b[32..40].try_into().unwrap());
             let want = mac(
-                &self.cfg.secret,
+                &secret,
                 b'A',
                 self.cfg.job,
                 self.me as u32,
-                peer as u32,
+                dst,
                 &h.nonce_c,
                 &na,
             );
@@ -627,11 +711,11 @@ impl TcpTransport {
                 continue;
             }
             let proof = mac(
-                &self.cfg.secret,
+                &secret,
                 b'C',
                 self.cfg.job,
                 self.me as u32,
-                peer as u32,
+                dst,
                 &h.nonce_c,
                 &na,
             );
@@ -805,8 +889,12 @@ impl TcpTransport {
         let len = u32::from_le_bytes(p[..4].try_into().unwrap()) as usize;
         let a_len = u16::from_le_bytes(p[4..6].try_into().unwrap()) as usize;
         // SAFETY: at least FRAME_HDR + HDR_SIZE bytes are buffered.
-        let hdr = unsafe { PktHeader::read_from(p[FRAME_HDR..].as_ptr()) };
-        if len < HDR_SIZE + a_len || hdr.src as usize != peer || Kind::from_u8(hdr.kind).is_none() {
+        let mut hdr = unsafe { PktHeader::read_from(p[FRAME_HDR..].as_ptr()) };
+        let src = match peer.checked_sub(self.world) {
+            Some(k) => self.remotes[k].rank as usize,
+            None => peer,
+        };
+        if len < HDR_SIZE + a_len || hdr.src as usize != src || Kind::from_u8(hdr.kind).is_none() {
             return Err(TransportError::Corrupt {
                 peer,
                 what: format!(
@@ -815,6 +903,8 @@ impl TcpTransport {
                 ),
             });
         }
+        // The core knows a process of another job by its peer index here.
+        hdr.src = peer as u32;
         Ok(Some((len, a_len, hdr)))
     }
 
@@ -831,6 +921,14 @@ impl TcpTransport {
         }
         loop {
             match recv(c.stream.as_raw_fd(), &mut c.rx[c.rx_end..]) {
+                Ok(0) if peer >= self.world && c.rx_end == c.rx_start && c.backlog.is_none() => {
+                    // A process of another job disconnected or finished: forget the connection (a
+                    // later send connects anew).
+                    self.conns[peer] = None;
+                    self.ready[peer] = false;
+                    self.epoll_dirty = true;
+                    return Ok(false);
+                }
                 Ok(0) => {
                     return Err(TransportError::ConnectionLost {
                         peer,
@@ -1409,6 +1507,46 @@ mod tests {
             assert!(got_a && got_b);
             assert!(a.connected(1) && b.connected(0));
         }
+    }
+
+    #[test]
+    fn processes_of_two_jobs_meet_with_a_link_secret_and_part_quietly() {
+        // Job 42 rank 1 and job 77 rank 0 (each a job of two ranks) become peers 2 of each other.
+        let mut a = TcpTransport::new(1, 2, cfg(7)).unwrap();
+        let mut c = TcpConfig { job: 77, ..cfg(8) };
+        c.secret = [8; 16];
+        let mut b = TcpTransport::new(0, 2, c).unwrap();
+        let link = [5u8; 16];
+        let pa = a.add_remote(77, 0, link, b.local_addr());
+        let pb = b.add_remote(42, 1, link, a.local_addr());
+        assert_eq!((pa, pb), (2, 2));
+        assert_eq!(a.add_remote(77, 0, [0; 16], b.local_addr()), 2, "a process met again keeps its index");
+        assert_eq!((a.identity(2), b.identity(2)), ((77, 0), (42, 1)));
+        assert_eq!((a.index_of(77, 0), a.index_of(77, 1), a.index_of(42, 0)), (Some(2), None, Some(0)));
+        // Headers carry the sender's own rank; the receiver sees its peer index.
+        let h = PktHeader::new(Kind::Eager, 1, 9, 0, 0, 2);
+        send_all(&mut a, &mut b, 2, &h, b"hi");
+        let (hh, p) = recv_one(&mut b);
+        assert_eq!((hh.src, hh.tag, p.as_slice()), (2, 9, &b"hi"[..]));
+        let h = PktHeader::new(Kind::Eager, 0, 4, 0, 0, 2);
+        send_all(&mut b, &mut a, 2, &h, b"yo");
+        assert_eq!(recv_one(&mut a).0.src, 2);
+        // A process of job 77 that does not hold the link secret is refused.
+        let mut evil = TcpTransport::new(1, 2, TcpConfig { job: 77, ..cfg(8) }).unwrap();
+        evil.add_remote(42, 1, [6; 16], a.local_addr());
+        let h = PktHeader::new(Kind::Eager, 1, 0, 0, 0, 1);
+        for _ in 0..2_000 {
+            if let Ok(true) = evil.try_send(2, &h, &[], b"x") {
+                panic!("an impostor got through");
+            }
+            a.progress().unwrap();
+        }
+        // The other process leaving is not an error; a later send connects anew.
+        drop(b);
+        for _ in 0..1000 {
+            assert!(a.poll().unwrap().is_none());
+        }
+        assert!(!a.connected(2));
     }
 
     #[test]
