@@ -22,10 +22,13 @@ demo: build
 	$(BIN) run -n 4 $(BIN) bench demo --sizes 8,64,512,4K,16K,64K,256K,1M,4M --iters 5000
 
 # The whole suite: unit, concurrency and multi-process integration tests, then MPICH's own test suite
-# (its C programs, built with Debian's MPICH wrappers, run over vmfabric: scripts/mpich-testsuite.sh).
+# (its C programs, built with Debian's MPICH wrappers, run over vmfabric: scripts/mpich-testsuite.sh), then
+# mpi4py's (built against MPICH, run over vmfabric at 1 and 2 ranks: scripts/mpi4py-testsuite.sh;
+# VMF_MPI4PY=0 skips it).
 test: build
 	$(CARGO) test --release --workspace -- --test-threads=2
 	bash scripts/mpich-testsuite.sh
+	bash scripts/mpi4py-testsuite.sh
 
 # Side-by-side with MPICH and Open MPI; results under bench/results/.
 bench: build

@@ -86,6 +86,9 @@ TARGETS = [
      "io-write", 1073741824, "ge_best", 1.0, "vmfabric-mpi"),
     ("io_read1g", "MPI-IO: collective read of 1 GiB (4 ranks, strided view) >= 1.0x best of {others}",
      "io-read", 1073741824, "ge_best", 1.0, "vmfabric-mpi"),
+    # mpi4py (issue 22): its own ping-pong benchmark, the same mpi4py build over vmfabric and over MPICH.
+    ("mpi4py_pp8", "mpi4py.bench pingpong: 8 B latency <= 0.8x MPICH", "mpi4py-pp", 8, "le_ref", 0.8,
+     "vmfabric-mpi", "mpich"),
     ("rma_passive_shm", "RMA passive target (shared memory): get 8 B while the target computes <= 2x idle target",
      "rma-busyget", 8, "le_self", 2.0, "vmfabric-mpi", "rma-get"),
     ("rma_passive_tcp", "RMA passive target (TCP): get 8 B while the target computes <= 2x idle target",

@@ -40,34 +40,33 @@ parts = [
     "`bench/results/overcommit_cpu.png`.\n",
     summary.replace("# vmfabric benchmark summary", "## Point to point, TCP and migration").replace("\n## ", "\n### "),
 ]
-# A one-sided run made on its own (bench/run.sh with only the RMA section, results in bench/results/rma/)
-# when the main run has none.
-rma = read(os.path.join("rma", "summary.md"))
-if rma and "## rma-" not in summary:
-    keep = [sec for sec in rma.split("\n## ") if sec.startswith(("rma-", "Targets", "Runs"))]
-    targets = []
+def own_run(sub, prefix, title, env, what, word, extra=()):
+    """A section of bench/run.sh run on its own (results in bench/results/SUB/) when the main run has none:
+    its tables, and of its targets those whose text names WORD."""
+    text = read(os.path.join(sub, "summary.md"))
+    if not text or ("## " + prefix) in summary:
+        return
+    keep = [sec for sec in text.split("\n## ") if sec.startswith((prefix, "Targets") + tuple(extra))]
     for i, sec in enumerate(keep):
         if sec.startswith("Targets"):
             lines = sec.split("\n")
-            keep[i] = "\n".join([lines[0]] + [l for l in lines[1:] if "RMA" in l or not l.startswith("- **")])
-    parts.append("## One-sided (RMA)\n\nThe one-sided section of `bench/run.sh` run on its own (`BENCH_RESULTS_DIR=bench/results/rma "
-                 "BENCH_MODES=' ' BENCH_COLLS=' ' BENCH_HOSTS=0 BENCH_OVERCOMMIT=0 BENCH_SKIP_CACHELINE=1 bash bench/run.sh`): "
-                 "`bench/c/mpi_rma.c` on an MPI_Win_allocate window under lock_all, one operation then MPI_Win_flush; "
-                 "busy rows: the target computes without calling MPI.\n\n" + rma.split("\n", 1)[1].split("\n## ", 1)[0].strip() + "\n\n### "
+            keep[i] = "\n".join([lines[0]] + [l for l in lines[1:] if word in l or not l.startswith("- **")])
+    parts.append("## %s\n\nThis section of `bench/run.sh` run on its own (`BENCH_RESULTS_DIR=bench/results/%s BENCH_MODES=' ' "
+                 "BENCH_COLLS=' ' BENCH_HOSTS=0 BENCH_OVERCOMMIT=0 BENCH_SKIP_CACHELINE=1 %sbash bench/run.sh`): %s\n\n"
+                 % (title, sub, env, what) + text.split("\n", 1)[1].split("\n## ", 1)[0].strip() + "\n\n### "
                  + "\n### ".join(keep))
-# Likewise the MPI-IO section (results in bench/results/io/).
-io = read(os.path.join("io", "summary.md"))
-if io and "## io-" not in summary:
-    keep = [sec for sec in io.split("\n## ") if sec.startswith(("io-", "Targets"))]
-    for i, sec in enumerate(keep):
-        if sec.startswith("Targets"):
-            lines = sec.split("\n")
-            keep[i] = "\n".join([lines[0]] + [l for l in lines[1:] if "MPI-IO" in l or not l.startswith("- **")])
-    parts.append("## MPI-IO\n\nThe MPI-IO section of `bench/run.sh` run on its own (`BENCH_RESULTS_DIR=bench/results/io "
-                 "BENCH_MODES=' ' BENCH_COLLS=' ' BENCH_HOSTS=0 BENCH_OVERCOMMIT=0 BENCH_SKIP_CACHELINE=1 BENCH_RMA=0 bash bench/run.sh`): "
-                 "`bench/c/mpi_io.c`, 4 ranks on 2 cores write then read one 1 GiB file collectively through a strided view "
-                 "(16 KiB blocks, MPI_File_write_at_all / read_at_all; the file in the page cache of the local disk).\n\n"
-                 + io.split("\n", 1)[1].split("\n## ", 1)[0].strip() + "\n\n### " + "\n### ".join(keep))
+
+
+own_run("rma", "rma-", "One-sided (RMA)", "BENCH_IO=0 BENCH_MPI4PY=0 ",
+        "`bench/c/mpi_rma.c` on an MPI_Win_allocate window under lock_all, one operation then MPI_Win_flush; "
+        "busy rows: the target computes without calling MPI.", "RMA", ("Runs",))
+own_run("io", "io-", "MPI-IO", "BENCH_RMA=0 BENCH_MPI4PY=0 ",
+        "`bench/c/mpi_io.c`, 4 ranks on 2 cores write then read one 1 GiB file collectively through a strided view "
+        "(16 KiB blocks, MPI_File_write_at_all / read_at_all; the file in the page cache of the local disk).", "MPI-IO")
+own_run("mpi4py", "mpi4py-", "mpi4py", "BENCH_RMA=0 BENCH_IO=0 ",
+        "`python -m mpi4py.bench pingpong -m 8 -n 8 -l 200000`, mpi4py 4.1.2 built once against Debian's MPICH "
+        "(`scripts/mpi4py-testsuite.sh`) and run over vmfabric and over MPICH, 2 ranks, in 5 interleaved rounds "
+        "(mpi4py initialises MPI_THREAD_MULTIPLE).", "mpi4py")
 if over:
     parts.append(over.replace("\n# ", "\n## ", 1).replace("\n## ", "\n### ") if not over.startswith("#") else "## " + over.lstrip("#").lstrip().replace("\n## ", "\n### "))
 with open(out, "w") as f:

@@ -23,6 +23,7 @@
 #   BENCH_HOSTS=0             skip TCP-between-hosts and migration benchmarks (need root)
 #   BENCH_RMA=0               skip the one-sided benchmarks (BENCH_RMA_ROUNDS=R rounds, default 3)
 #   BENCH_IO=0                skip the MPI-IO benchmarks (BENCH_IO_ROUNDS=R, BENCH_IO_MB=file size in MiB)
+#   BENCH_MPI4PY=0            skip mpi4py's ping-pong (BENCH_MPI4PY_ROUNDS=R, default 5)
 #   BENCH_OVERCOMMIT=0        skip the overcommit sweep (bench/overcommit.sh, which
 #                             has its own knobs: BENCH_OVERCOMMIT_QUICK=1, ...)
 set -euo pipefail
@@ -495,6 +496,38 @@ if [ "${BENCH_IO:-1}" != 0 ]; then
     ROUNDS="$ALL_ROUNDS"
 else
     log "BENCH_IO=0: MPI-IO benchmarks skipped"
+fi
+
+# ---------------------------------------------------------------- mpi4py
+# `python -m mpi4py.bench pingpong` (mpi4py's own benchmark, 8-byte messages, 200000 iterations) with the
+# mpi4py that scripts/mpi4py-testsuite.sh builds against Debian's MPICH, over vmfabric and over MPICH, in
+# BENCH_MPI4PY_ROUNDS interleaved rounds (default 5). BENCH_MPI4PY=0 skips it.
+if [ "${BENCH_MPI4PY:-1}" != 0 ] && [ "$HAVE_MPICH" = 1 ]; then
+    if M4PY="$(bash scripts/mpi4py-testsuite.sh --setup 2>/dev/null | tail -1)" && [ -x "$M4PY" ]; then
+        pp_run() { # IMPL ROUND
+            local impl="$1" rnd="$2" out="$ROUNDS_DIR/$1-mpi4py-pp.r$2.json"
+            local cmd=(env -u LD_LIBRARY_PATH mpiexec.mpich -n 2 "${X_MPICH[@]}")
+            [ "$impl" = vmfabric-mpi ] && cmd=(env LD_LIBRARY_PATH="$ROOT/target/release/lib" "$VMF" run --quiet -n 2 "${X_VMF[@]}")
+            [ -n "$(skip_reason "${impl%-mpi}")" ] && return 0
+            run_one "$impl" mpi4py-pp "$rnd" bash -c 'set -o pipefail; py=$1 out=$2; shift 2; "$@" | "$py" bench/mpi4py_pp.py "$out"' _ "$PY" "$out" \
+                "${cmd[@]}" "$M4PY" -m mpi4py.bench pingpong -m 8 -n 8 -s 10000 -l 200000 --no-header
+            return 0
+        }
+        for round in $(seq 1 "${BENCH_MPI4PY_ROUNDS:-5}"); do
+            order=(vmfabric-mpi mpich)
+            [ $((round % 2)) = 0 ] && order=(mpich vmfabric-mpi)
+            for impl in "${order[@]}"; do pp_run "$impl" "$round"; done
+        done
+        ALL_ROUNDS="$ROUNDS"; ROUNDS="${BENCH_MPI4PY_ROUNDS:-5}"
+        for impl in vmfabric-mpi mpich; do
+            ls "$ROUNDS_DIR/$impl-mpi4py-pp".r*.json >/dev/null 2>&1 && merge "$impl" mpi4py-pp "$RESULTS/$impl-mpi4py-pp.json"
+        done
+        ROUNDS="$ALL_ROUNDS"
+    else
+        warn "mpi4py could not be built (scripts/mpi4py-testsuite.sh --setup): its ping-pong is skipped"
+    fi
+else
+    log "BENCH_MPI4PY=0 (or no MPICH): mpi4py ping-pong skipped"
 fi
 
 # ---------------------------------------------------------------- hosts: TCP and live migration

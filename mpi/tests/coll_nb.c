@@ -120,6 +120,28 @@ int main(int argc, char **argv)
     for (int k = 0; k < 32; k++) MPI_Ibarrier(dup, &many[k]);
     MPI_Waitall(32, many, MPI_STATUSES_IGNORE);
     MPI_Comm_free(&dup);
+    /* A rank that starts a nonblocking collective before entering a blocking one meets ranks that enter the
+     * blocking one first (mpi4py's Iagree test does this; MPICH keeps separate tags, so both orders work):
+     * the root's Iallreduce cannot complete before the others start theirs. */
+    if (N > 1) {
+        for (int root = 0; root < N; root++) {
+            int v = R == root ? 0xb : 0xd, out = 0;
+            MPI_Request q;
+            MPI_Barrier(MPI_COMM_WORLD);
+            if (R == root) {
+                MPI_Iallreduce(&v, &out, 1, MPI_INT, MPI_BAND, MPI_COMM_WORLD, &q);
+                int done = 1;
+                MPI_Test(&q, &done, MPI_STATUS_IGNORE);
+                CHECK(!done);
+                MPI_Barrier(MPI_COMM_WORLD);
+            } else {
+                MPI_Barrier(MPI_COMM_WORLD);
+                MPI_Iallreduce(&v, &out, 1, MPI_INT, MPI_BAND, MPI_COMM_WORLD, &q);
+            }
+            MPI_Wait(&q, MPI_STATUS_IGNORE);
+            CHECK(out == (0xb & 0xd));
+        }
+    }
     if (R == 0) printf("PASS coll_nb\n");
     MPI_Finalize();
     return 0;

@@ -158,6 +158,8 @@ pub(crate) struct Comm {
     pub world: Option<Vec<usize>>,
     pub eh: c_int,
     pub coll_seq: i32,
+    /// Sequence of this communicator's nonblocking and persistent collectives (`next_nbc_tag`).
+    pub nbc_seq: i32,
     /// Name (MPI_Comm_set_name).
     pub name: String,
     /// User attributes: (keyval, value), in the order they were set.
@@ -183,6 +185,7 @@ impl Comm {
             world,
             eh,
             coll_seq: 0,
+            nbc_seq: 0,
             name: String::new(),
             attrs: Vec::new(),
             topo: None,
@@ -192,12 +195,22 @@ impl Comm {
         }
     }
 
-    /// Take the next collective tag (sequence number of this communicator's collectives). The tags
-    /// wrap below the partitioned range (p2p.rs).
+    /// Take the next collective tag (sequence number of this communicator's blocking collectives). The
+    /// tags wrap below the nonblocking range.
     pub fn next_coll_tag(&mut self) -> i32 {
         let t = self.coll_seq;
-        self.coll_seq = (t + 1) & 0x1fff_ffff;
+        self.coll_seq = (t + 1) & 0x0fff_ffff;
         t
+    }
+
+    /// Take the next tag of a nonblocking or persistent collective: a sequence of their own, as MPICH
+    /// keeps, so that a process that starts a nonblocking collective and then enters a blocking one
+    /// meets a process that does them the other way round (mpi4py's Iagree test does; both orders work
+    /// on MPICH). The tags wrap below the partitioned range (p2p.rs).
+    pub fn next_nbc_tag(&mut self) -> i32 {
+        let t = self.nbc_seq;
+        self.nbc_seq = (t + 1) & 0x0fff_ffff;
+        0x1000_0000 | t
     }
 }
 

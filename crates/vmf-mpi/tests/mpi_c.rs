@@ -397,6 +397,14 @@ fn shm_pool_alloc_mem_and_shared_memory_collectives_work() {
 #[test]
 fn coll_nb_nonblocking_collectives_work() {
     semantic("coll_nb");
+    // Blocking collectives over point-to-point too (shared-memory ones take no tags), so a nonblocking
+    // collective started before a blocking one must not meet it.
+    let bin = setup().build.join("ours").join("coll_nb");
+    for n in [2, 3] {
+        let o = job_env(n, &bin, &[("VMF_SHM_COLL", "0")]);
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(o.status.success() && out.contains("PASS"), "coll_nb VMF_SHM_COLL=0 {n} ranks:\n{out}\n{}", String::from_utf8_lossy(&o.stderr));
+    }
 }
 
 #[test]

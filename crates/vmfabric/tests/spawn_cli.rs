@@ -43,7 +43,10 @@ ask "cmd=finalize" >/dev/null
 "#;
 
 fn run(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let d = tmp("regions");
+    // One region directory per call: the tests run in parallel.
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let k = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let d = tmp(&format!("regions{k}"));
     let mut c = Command::new(bin());
     c.arg("run")
         .arg("--region-dir")
@@ -66,7 +69,9 @@ fn run(args: &[&str], env: &[(&str, &str)]) -> Output {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    child.wait_with_output().unwrap()
+    let o = child.wait_with_output().unwrap();
+    let _ = std::fs::remove_dir_all(&d);
+    o
 }
 
 #[test]

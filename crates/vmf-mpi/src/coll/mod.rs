@@ -869,7 +869,12 @@ unsafe fn go(comm: MPI_Comm, req: *mut MPI_Request, nonblocking: bool, b: Build)
     if nonblocking && req.is_null() {
         return err(MPI_ERR_ARG, "request pointer is NULL");
     }
-    let (mut s, c) = begin(st, ci);
+    let (mut s, c) = if nonblocking {
+        let tag = st.comms[ci].as_mut().unwrap().next_nbc_tag();
+        begin_tagged(st, ci, tag)
+    } else {
+        begin(st, ci)
+    };
     b(st, &mut s, &c)?;
     if !nonblocking {
         return finish(st, s);

@@ -74,7 +74,7 @@ pub(crate) unsafe fn init(
         .filter(|&t| crate::datatype::is_derived(t) && crate::datatype::get(st, t).is_ok())
         .collect();
     types.iter().for_each(|&t| crate::datatype::hold(st, t));
-    let tag = st.comms[ci].as_mut().unwrap().next_coll_tag();
+    let tag = st.comms[ci].as_mut().unwrap().next_nbc_tag();
     st.pcolls[i] = Some(Box::new(PColl {
         build,
         types,

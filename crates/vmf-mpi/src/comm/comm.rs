@@ -329,7 +329,7 @@ unsafe fn idup(
     let c = st.comms[ci].as_ref().unwrap();
     let (mem, me) = crate::intercomm::ctx_members(st, c);
     let ctx = c.coll;
-    let tag = st.comms[ci].as_mut().unwrap().next_coll_tag();
+    let tag = st.comms[ci].as_mut().unwrap().next_nbc_tag();
     *newcomm = MPI_COMM_NULL;
     let mine = ictx_propose(st)? as i32;
     *request = coll::iallreduce_max_group(st, ci, (ctx, tag), &mem, me, mine, move |st, v| {
