@@ -19,7 +19,7 @@ cache="${VMF_CACHE:-$HOME/.cache/vmfabric}"
 top="$cache/mpich-$ver"
 suite="$top/test/mpi"
 dirs=("$@")
-[ ${#dirs[@]} -gt 0 ] || dirs=(attr coll comm datatype errhan f77 f90 group info init io mpi_t pt2pt rma spawn threads threads/spawn topo f77/io f90/io errors/io)
+[ ${#dirs[@]} -gt 0 ] || dirs=(attr coll comm datatype errhan f77 f90 group info init io mpi_t pt2pt rma spawn threads threads/spawn topo f77/io f90/io errors/io f77/spawn f90/spawn)
 vmf="$here/target/release/vmfabric"
 [ -x "$vmf" ] || { echo "mpich-testsuite: build first (make build)" >&2; exit 1; }
 

@@ -40,7 +40,7 @@ SPECIAL = {"MPI_Init", "MPI_Init_thread", "MPI_Buffer_detach", "MPI_Pcontrol", "
            "MPI_Comm_set_attr", "MPI_Attr_get", "MPI_Attr_put", "MPI_Type_get_attr", "MPI_Type_set_attr",
            "MPI_Win_get_attr", "MPI_Win_set_attr", "MPI_Info_create_env",
            "MPI_Comm_create_keyval", "MPI_Type_create_keyval", "MPI_Win_create_keyval", "MPI_Keyval_create",
-           "MPI_Grequest_start", "MPI_Info_get_string"}
+           "MPI_Grequest_start", "MPI_Info_get_string", "MPI_Comm_spawn", "MPI_Comm_spawn_multiple"}
 # Deprecated MPI-1 functions whose Fortran form has INTEGER where C has MPI_Aint: not bound (removed in MPI-3).
 SKIP_NAMES = {"MPI_Type_hvector": "Fortran INTEGER stride vs C MPI_Aint (removed in MPI-3)",
               "MPI_Type_hindexed": "Fortran INTEGER displacements vs C MPI_Aint (removed in MPI-3)",
@@ -234,6 +234,45 @@ void {p}mpi_info_get_string_(MPI_Fint *info, char *key, MPI_Fint *buflen, char *
     free(key_c);
 }}
 """,
+    # COMMAND and ARGV are CHARACTER*(*); ARGV ends with a blank entry, MPI_ARGV_NULL is /MPIPRIVC/'s.
+    "MPI_Comm_spawn": """
+void {p}mpi_comm_spawn_(char *command, char *argv, MPI_Fint *maxprocs, MPI_Fint *info, MPI_Fint *root,
+                       MPI_Fint *comm, MPI_Fint *intercomm, MPI_Fint *errcodes, MPI_Fint *ierr,
+                       size_t command_len, size_t argv_len)
+{{
+    char *cmd = vmf_str_in(command, command_len, 1);
+    int bad = 0;
+    char **av = vmf_argv_in(argv, 1, argv_len, 0, &bad);
+    if (!cmd || bad) {{ *ierr = MPI_ERR_NO_MEM; free(cmd); vmf_argv_free(av); return; }}
+    *ierr = {P}MPI_Comm_spawn(cmd, av, *maxprocs, *info, *root, *comm, intercomm, vmf_errcodes(errcodes));
+    free(cmd);
+    vmf_argv_free(av);
+}}
+""",
+    # ARRAY_OF_COMMANDS(COUNT) and ARRAY_OF_ARGV(COUNT, *) (column-major: argument j of command i at
+    # i + j * COUNT), each command's arguments ending with a blank entry; MPI_ARGVS_NULL is /MPIPRIVC/'s.
+    "MPI_Comm_spawn_multiple": """
+void {p}mpi_comm_spawn_multiple_(MPI_Fint *count, char *commands, char *argvs, MPI_Fint *maxprocs,
+                                MPI_Fint *infos, MPI_Fint *root, MPI_Fint *comm, MPI_Fint *intercomm,
+                                MPI_Fint *errcodes, MPI_Fint *ierr, size_t commands_len, size_t argvs_len)
+{{
+    int n = *count > 0 ? *count : 0, bad = 0;
+    char **cmds = calloc((size_t)n + 1, sizeof *cmds);
+    char ***avs = argvs == &mpiprivc_[0] ? NULL : calloc((size_t)n + 1, sizeof *avs);
+    if (!cmds || (argvs != &mpiprivc_[0] && !avs)) bad = 1;
+    for (int i = 0; !bad && i < n; i++) {{
+        cmds[i] = vmf_str_in(commands + (size_t)i * commands_len, commands_len, 1);
+        if (!cmds[i]) bad = 1;
+        if (avs) avs[i] = vmf_argv_in(argvs + (size_t)i * argvs_len, (size_t)n, argvs_len, 1, &bad);
+    }}
+    if (bad) *ierr = MPI_ERR_NO_MEM;
+    else *ierr = {P}MPI_Comm_spawn_multiple(*count, cmds, avs, maxprocs, infos, *root, *comm, intercomm,
+                                            vmf_errcodes(errcodes));
+    for (int i = 0; cmds && i < n; i++) {{ free(cmds[i]); if (avs) vmf_argv_free(avs[i]); }}
+    free(cmds);
+    free(avs);
+}}
+""",
     "MPI_Info_create_env": """
 void {p}mpi_info_create_env_(MPI_Fint *info, MPI_Fint *ierr) {{ *ierr = {P}MPI_Info_create_env(0, NULL, info); }}
 """,
@@ -395,6 +434,31 @@ static char *vmf_str_in(const char *s, size_t len, int trim_leading)
     char *c = malloc(e - b + 1);
     if (c) { memcpy(c, s + b, e - b); c[e - b] = 0; }
     return c;
+}
+/* A Fortran argument list for MPI_Comm_spawn: entries of `len` characters `stride` entries apart (leading and
+ * trailing blanks dropped, as MPICH does), ended by a
+ * blank entry; MPI_ARGV_NULL (the second byte of /MPIPRIVC/) is NULL. Sets *bad when out of memory. */
+static char **vmf_argv_in(const char *a, size_t stride, size_t len, int multiple, int *bad)
+{
+    if (len == 0 || a == &mpiprivc_[1] || (multiple && a == &mpiprivc_[0])) return NULL;
+    size_t n = 0;
+    for (;;) {
+        const char *e = a + n * stride * len;
+        size_t k = len;
+        while (k > 0 && e[k - 1] == ' ') k--;
+        if (k == 0) break;
+        n++;
+    }
+    char **v = calloc(n + 1, sizeof *v);
+    if (!v) { *bad = 1; return NULL; }
+    for (size_t i = 0; i < n; i++)
+        if (!(v[i] = vmf_str_in(a + i * stride * len, len, 1))) *bad = 1;
+    return v;
+}
+static void vmf_argv_free(char **v)
+{
+    for (size_t i = 0; v && v[i]; i++) free(v[i]);
+    free(v);
 }
 /* Output strings: the C function writes into a buffer of at least its MPI_MAX_* size (or the Fortran length
  * if larger); the result is copied and blank-padded, unless the C function did not write (e.g. Info_get with
