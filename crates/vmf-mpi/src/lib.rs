@@ -105,6 +105,29 @@ macro_rules! mpi_api {
 }
 pub(crate) use mpi_api;
 
+/// Like [`mpi_api!`], for functions that take the library lock themselves only where they need it (or
+/// never): MPI_Wtime, and MPI_Comm_rank/size on the predefined communicators, which mpi4py's ping-pong
+/// calls every iteration.
+macro_rules! mpi_api_nolock {
+    ($( fn $mpi:ident / $pmpi:ident ( $($a:ident : $t:ty),* $(,)? ) -> $r:ty $body:block )*) => {$(
+        /// MPI entry point (implementation).
+        ///
+        /// # Safety
+        /// Called from C with the arguments the MPI standard describes for this function: every pointer
+        /// must be valid for the accesses the standard documents. Any thread may call it.
+        #[no_mangle]
+        pub unsafe extern "C" fn $pmpi($($a: $t),*) -> $r $body
+
+        /// MPI entry point (profiling interface name; calls the `PMPI_` version).
+        ///
+        /// # Safety
+        /// As for the `PMPI_` version.
+        #[no_mangle]
+        pub unsafe extern "C" fn $mpi($($a: $t),*) -> $r { $pmpi($($a),*) }
+    )*};
+}
+pub(crate) use mpi_api_nolock;
+
 /// An MPI error: a class (or user code) and a message saying what was wrong.
 #[derive(Debug, Clone)]
 pub struct MpiErr {

@@ -377,6 +377,8 @@ fn do_init(required: c_int, provided: *mut c_int) -> R {
             *provided = state()?.thread_level;
         }
     }
+    let st = state()?;
+    set_world_fast(Some((st.fab.rank(), st.fab.size())));
     // A process started by MPI_Comm_spawn connects to its parents now (collective over the children).
     let _g = crate::mt::enter();
     crate::spawn::connect_parent(state()?)
@@ -417,6 +419,7 @@ mpi_api! {
                 return err(MPI_ERR_OTHER, "MPI_Finalize without MPI_Init");
             }
             crate::comm::free_self_attrs(state()?)?;
+            set_world_fast(None);
             *G.world.get() = WORLD_DONE;
             // Sessions still open keep the library running; the last one stops it.
             stop_if_unused(0)
@@ -462,18 +465,7 @@ mpi_api! {
         fin(MPI_COMM_WORLD, "MPI_Is_thread_main", r)
     }
 
-    fn MPI_Wtime / PMPI_Wtime() -> c_double {
-        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-        libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts);
-        ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
-    }
 
-    fn MPI_Wtick / PMPI_Wtick() -> c_double {
-        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-        libc::clock_getres(libc::CLOCK_MONOTONIC, &mut ts);
-        let t = ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9;
-        if t > 0.0 { t } else { 1e-9 }
-    }
 
     fn MPI_Get_processor_name / PMPI_Get_processor_name(name: *mut c_char, resultlen: *mut c_int) -> c_int {
         if name.is_null() || resultlen.is_null() {
@@ -772,31 +764,7 @@ mpi_api! {
         MPI_SUCCESS
     }
 
-    fn MPI_Comm_rank / PMPI_Comm_rank(comm: MPI_Comm, rank: *mut c_int) -> c_int {
-        let r = (|| -> R {
-            let st = state()?;
-            let c = st.comm(comm)?.1;
-            if rank.is_null() {
-                return err(MPI_ERR_ARG, "rank is NULL");
-            }
-            *rank = c.rank;
-            Ok(())
-        })();
-        fin(comm, "MPI_Comm_rank", r)
-    }
 
-    fn MPI_Comm_size / PMPI_Comm_size(comm: MPI_Comm, size: *mut c_int) -> c_int {
-        let r = (|| -> R {
-            let st = state()?;
-            let c = st.comm(comm)?.1;
-            if size.is_null() {
-                return err(MPI_ERR_ARG, "size is NULL");
-            }
-            *size = c.size;
-            Ok(())
-        })();
-        fin(comm, "MPI_Comm_size", r)
-    }
 
     fn MPI_Comm_get_attr / PMPI_Comm_get_attr(comm: MPI_Comm, keyval: c_int, attribute_val: *mut c_void, flag: *mut c_int) -> c_int {
         let r = (|| -> R {
@@ -834,4 +802,81 @@ mpi_api! {
         fin(comm, "MPI_Comm_get_attr", r)
     }
 
+}
+
+/// (rank, size) in MPI_COMM_WORLD and MPI_COMM_SELF while the world model runs, for the lock-free
+/// MPI_Comm_rank/size: both are fixed from MPI_Init to MPI_Finalize. 0 while not running.
+static WORLD_RANK_SIZE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Record (or, with None, forget) this process's place in MPI_COMM_WORLD.
+pub(crate) fn set_world_fast(v: Option<(usize, usize)>) {
+    let x = v.map_or(0, |(r, n)| (1 << 63) | ((r as u64) << 32) | n as u64);
+    WORLD_RANK_SIZE.store(x, std::sync::atomic::Ordering::Release);
+}
+
+/// (rank, size) of `comm` without the library lock when it is MPI_COMM_WORLD or MPI_COMM_SELF and the
+/// world model runs; None otherwise (the caller takes the ordinary path).
+#[inline]
+fn world_fast(comm: MPI_Comm) -> Option<(c_int, c_int)> {
+    let x = WORLD_RANK_SIZE.load(std::sync::atomic::Ordering::Acquire);
+    if x == 0 {
+        return None;
+    }
+    match comm {
+        MPI_COMM_WORLD => Some((((x >> 32) & 0x7fff_ffff) as c_int, (x & 0xffff_ffff) as c_int)),
+        MPI_COMM_SELF => Some((0, 1)),
+        _ => None,
+    }
+}
+
+mpi_api_nolock! {
+    fn MPI_Wtime / PMPI_Wtime() -> c_double {
+        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts);
+        ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+    }
+    fn MPI_Wtick / PMPI_Wtick() -> c_double {
+        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        libc::clock_getres(libc::CLOCK_MONOTONIC, &mut ts);
+        let t = ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9;
+        if t > 0.0 { t } else { 1e-9 }
+    }
+    fn MPI_Comm_rank / PMPI_Comm_rank(comm: MPI_Comm, rank: *mut c_int) -> c_int {
+        if let Some((r, _)) = world_fast(comm) {
+            if !rank.is_null() {
+                *rank = r;
+                return MPI_SUCCESS;
+            }
+        }
+        let _mt = crate::mt::enter();
+        let r = (|| -> R {
+            let st = state()?;
+            let c = st.comm(comm)?.1;
+            if rank.is_null() {
+                return err(MPI_ERR_ARG, "rank is NULL");
+            }
+            *rank = c.rank;
+            Ok(())
+        })();
+        fin(comm, "MPI_Comm_rank", r)
+    }
+    fn MPI_Comm_size / PMPI_Comm_size(comm: MPI_Comm, size: *mut c_int) -> c_int {
+        if let Some((_, n)) = world_fast(comm) {
+            if !size.is_null() {
+                *size = n;
+                return MPI_SUCCESS;
+            }
+        }
+        let _mt = crate::mt::enter();
+        let r = (|| -> R {
+            let st = state()?;
+            let c = st.comm(comm)?.1;
+            if size.is_null() {
+                return err(MPI_ERR_ARG, "size is NULL");
+            }
+            *size = c.size;
+            Ok(())
+        })();
+        fin(comm, "MPI_Comm_size", r)
+    }
 }
