@@ -105,7 +105,7 @@ pub struct ConfigError {
     /// The value given.
     pub value: String,
     /// Why it was rejected.
-    pub why: &'static str,
+    pub why: String,
 }
 
 /// Effective configuration.
@@ -209,12 +209,29 @@ impl Config {
                 Some(_) => Err(ConfigError {
                     name: n,
                     value: v,
-                    why: "it is out of range",
+                    why: format!("it is out of range ({min}..={max} bytes)"),
                 }),
                 None => Err(ConfigError {
                     name: n,
                     value: v,
-                    why: "it is not a size (e.g. 65536, 64K, 1M)",
+                    why: "it is not a size (e.g. 65536, 64K, 1M)".into(),
+                }),
+            }
+        };
+        // A count or a duration in `unit` (seconds, milliseconds...): a plain whole number.
+        let number = |n: &'static str, min: u64, max: u64, unit: &str| -> Result<u64, ConfigError> {
+            let v = get(n);
+            match v.trim().parse::<u64>() {
+                Ok(x) if x >= min && x <= max => Ok(x),
+                Ok(_) => Err(ConfigError {
+                    name: n,
+                    value: v,
+                    why: format!("it is out of range ({min}..={max} {unit})"),
+                }),
+                Err(_) => Err(ConfigError {
+                    name: n,
+                    value: v,
+                    why: format!("it is not a whole number of {unit} ({min}..={max})"),
                 }),
             }
         };
@@ -225,7 +242,7 @@ impl Config {
                 _ => Err(ConfigError {
                     name: n,
                     value: get(n),
-                    why: "it is not 0 or 1",
+                    why: "it is not 0 or 1".into(),
                 }),
             }
         };
@@ -234,7 +251,7 @@ impl Config {
             return Err(ConfigError {
                 name: "SHM_RING_SIZE",
                 value: get("SHM_RING_SIZE"),
-                why: "it is not a power of two",
+                why: "it is not a power of two".into(),
             });
         }
         Ok(Config {
@@ -253,7 +270,7 @@ impl Config {
                 Some(size("SHM_CMA_MIN", 0, u64::MAX >> 1)? as usize)
             },
             shm_chunk: size("SHM_CHUNK", 4096, 1 << 30)? as usize,
-            shm_max_local: size("SHM_MAX_LOCAL", 1, 65536)? as u32,
+            shm_max_local: number("SHM_MAX_LOCAL", 1, 65536, "ranks")? as u32,
             shm: flag("SHM")?,
             tcp: flag("TCP")?,
             tcp_addr: match get("TCP_ADDR").as_str() {
@@ -261,7 +278,7 @@ impl Config {
                 v => Some(v.parse().map_err(|_| ConfigError {
                     name: "TCP_ADDR",
                     value: v.into(),
-                    why: "it is not an IP address",
+                    why: "it is not an IP address".into(),
                 })?),
             },
             tcp_eager_limit: size("TCP_EAGER_LIMIT", 0, 64 << 20)? as usize,
@@ -275,13 +292,13 @@ impl Config {
                     return Err(ConfigError {
                         name: "WAIT",
                         value: get("WAIT"),
-                        why: "it is not spin, yield, block or adaptive",
+                        why: "it is not spin, yield, block or adaptive".into(),
                     })
                 }
             },
-            wait_spin_max_us: size("WAIT_SPIN_MAX_US", 1, 10_000_000)?,
-            wait_yield_us: size("WAIT_YIELD_US", 0, 10_000_000)?,
-            wait_peer_spin_us: size("WAIT_PEER_SPIN_US", 0, 10_000_000)?,
+            wait_spin_max_us: number("WAIT_SPIN_MAX_US", 1, 10_000_000, "microseconds")?,
+            wait_yield_us: number("WAIT_YIELD_US", 0, 10_000_000, "microseconds")?,
+            wait_peer_spin_us: number("WAIT_PEER_SPIN_US", 0, 10_000_000, "microseconds")?,
             bind: match get("BIND").as_str() {
                 "auto" => Bind::Auto,
                 "core" => Bind::Core,
@@ -290,26 +307,26 @@ impl Config {
                     return Err(ConfigError {
                         name: "BIND",
                         value: get("BIND"),
-                        why: "it is not auto, core or none",
+                        why: "it is not auto, core or none".into(),
                     })
                 }
             },
-            spin_count: size("SPIN_COUNT", 0, u32::MAX as u64)? as u32,
+            spin_count: number("SPIN_COUNT", 0, u32::MAX as u64, "polls")? as u32,
             host_cpus: if get("HOST_CPUS") == "auto" {
                 None
             } else {
-                Some(size("HOST_CPUS", 1, 1 << 20)? as usize)
+                Some(number("HOST_CPUS", 1, 1 << 20, "CPUs")? as usize)
             },
             machine_ranks: if get("MACHINE_RANKS") == "auto" {
                 None
             } else {
-                Some(size("MACHINE_RANKS", 1, 1 << 24)? as usize)
+                Some(number("MACHINE_RANKS", 1, 1 << 24, "ranks")? as usize)
             },
-            init_timeout_s: size("INIT_TIMEOUT", 1, 86400)?,
-            liveness_ms: size("LIVENESS_MS", 1, 60_000)?,
+            init_timeout_s: number("INIT_TIMEOUT", 1, 86400, "seconds")?,
+            liveness_ms: number("LIVENESS_MS", 1, 60_000, "milliseconds")?,
             rma_memfd: flag("RMA_MEMFD")?,
             rma_share_create_max: size("RMA_SHARE_CREATE_MAX", 0, 1 << 40)?,
-            rma_agent_spin_us: size("RMA_AGENT_SPIN_US", 0, 10_000_000)?,
+            rma_agent_spin_us: number("RMA_AGENT_SPIN_US", 0, 10_000_000, "microseconds")?,
             verbose: flag("VERBOSE")?,
             values,
         })
@@ -402,6 +419,21 @@ mod tests {
         assert_eq!(s.pool_per_slot, 16 << 20);
         assert!(c.ring_size_for(2) == 1 << 20);
         assert!(c.ring_size_for(16) >= 64 << 10);
+    }
+
+    #[test]
+    fn counts_and_durations_say_what_they_are() {
+        let e = Config::from_lookup(|k| (k == "VMF_INIT_TIMEOUT").then(|| "-1".into())).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "Unable to read VMF_INIT_TIMEOUT=\"-1\" since it is not a whole number of seconds (1..=86400)"
+        );
+        let e = Config::from_lookup(|k| (k == "VMF_LIVENESS_MS").then(|| "0".into())).unwrap_err();
+        assert!(e.to_string().ends_with("it is out of range (1..=60000 milliseconds)"), "{e}");
+        let e = Config::from_lookup(|k| (k == "VMF_SHM_CHUNK").then(|| "1K".into())).unwrap_err();
+        assert!(e.to_string().ends_with("it is out of range (4096..=1073741824 bytes)"), "{e}");
+        let c = Config::from_lookup(|k| (k == "VMF_INIT_TIMEOUT").then(|| " 90 ".into())).unwrap();
+        assert_eq!(c.init_timeout_s, 90);
     }
 
     #[test]

@@ -199,6 +199,11 @@ pub struct Fabric {
     coll_tag: Cell<i32>,
 }
 
+/// The rank the launcher gave this process (`PMI_RANK`), before the fabric is up (for error messages).
+pub fn launcher_rank() -> Option<usize> {
+    std::env::var("PMI_RANK").ok()?.trim().parse().ok()
+}
+
 fn setup(rank: usize, why: impl std::fmt::Display) -> Error {
     Error::Setup {
         rank,
@@ -211,8 +216,9 @@ impl Fabric {
     /// Join the job described by the launcher's environment (PMI_FD / PMI_PORT, PMI_RANK, PMI_SIZE and the
     /// `VMF_*` tunables). Without a launcher the process is a job of one rank.
     pub fn init() -> Result<Fabric> {
-        let cfg = Config::from_env().map_err(|e| setup(0, e))?;
-        let mut pmi = PmiClient::from_env().map_err(|e| setup(0, e))?;
+        let r0 = launcher_rank().unwrap_or(0);
+        let cfg = Config::from_env().map_err(|e| setup(r0, e))?;
+        let mut pmi = PmiClient::from_env().map_err(|e| setup(r0, e))?;
         let (rank, size) = pmi.as_ref().map_or((0, 1), |p| (p.rank(), p.size()));
         let job = match std::env::var("VMF_JOB_ID") {
             Ok(j) if !j.is_empty() => sanitize(&j),

@@ -243,7 +243,8 @@ pub fn run(opts: &RunOptions) -> Result<i32, LaunchError> {
         }
         Some(u) => u,
     };
-    prepare_region_dir(&opts.region_dir)?;
+    // Directories made for the job are removed when it ends (dropped last, after the teardown).
+    let _made = prepare_region_dir(&opts.region_dir)?;
     let _ = clean(&opts.region_dir);
     let jobid = new_job_id()?;
     let topo = if opts.hosts > 0 {
@@ -348,19 +349,42 @@ pub fn clean(dir: &Path) -> Vec<PathBuf> {
     removed
 }
 
-fn prepare_region_dir(dir: &Path) -> Result<(), LaunchError> {
+/// Directories the launcher made for a region directory that did not exist (innermost first); removed,
+/// if empty, when dropped, so a mistyped `VMF_REGION_DIR` leaves nothing behind.
+struct MadeDirs(Vec<PathBuf>);
+
+impl Drop for MadeDirs {
+    fn drop(&mut self) {
+        for d in &self.0 {
+            if std::fs::remove_dir(d).is_err() {
+                break; // not empty (something else put files there): keep it and its parents
+            }
+        }
+    }
+}
+
+fn prepare_region_dir(dir: &Path) -> Result<MadeDirs, LaunchError> {
     let bad = |why: String| LaunchError::RegionDir {
         dir: dir.to_path_buf(),
         why,
     };
     match std::fs::metadata(dir) {
-        Ok(m) if m.is_dir() => Ok(()),
+        Ok(m) if m.is_dir() => Ok(MadeDirs(Vec::new())),
         Ok(_) => Err(bad("it is not a directory".into())),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .map_err(|e| bad(format!("it does not exist and cannot be created: {e}"))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            // Note which of its ancestors are missing too, to remove exactly what is made here.
+            let made: Vec<PathBuf> = dir
+                .ancestors()
+                .take_while(|a| !a.as_os_str().is_empty() && !a.exists())
+                .map(Path::to_path_buf)
+                .collect();
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(|e| bad(format!("it does not exist and cannot be created: {e}")))?;
+            Ok(MadeDirs(made))
+        }
         Err(e) => Err(bad(e.to_string())),
     }
 }

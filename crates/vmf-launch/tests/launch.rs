@@ -387,16 +387,15 @@ fn bad_program_and_region_dir_fail() {
         "{e}"
     );
     assert!(!e.to_string().contains('\n'));
-    // The missing region directory was created, private.
-    use std::os::unix::fs::PermissionsExt;
-    assert_eq!(
-        std::fs::metadata(&o.region_dir)
-            .unwrap()
-            .permissions()
-            .mode()
-            & 0o777,
-        0o700
-    );
+    // A missing region directory is made for the job, private, and removed with the parents made for it
+    // when the job ends (also when it could not start).
+    assert!(!d.join("new").exists());
+    let mut o = sh(1, "stat -c %a \"$VMF_REGION_DIR\" > \"$OUT\"", &d);
+    o.region_dir = d.join("new/nested");
+    o.extra_env.push(("OUT".into(), d.join("mode").to_string_lossy().into_owned()));
+    assert_eq!(run(&o).unwrap(), 0);
+    assert_eq!(std::fs::read_to_string(d.join("mode")).unwrap().trim(), "700");
+    assert!(!d.join("new").exists());
     let file = d.join("a-file");
     std::fs::write(&file, b"").unwrap();
     let mut o = sh(1, "exit 0", &d);

@@ -764,8 +764,10 @@ pub(crate) fn raise(comm: MPI_Comm, name: &str, e: MpiErr) -> c_int {
 /// MPI_ERRORS_ARE_FATAL: print the error, the rank and the call, then end the whole job.
 #[cold]
 pub(crate) fn fatal(name: &str, e: &MpiErr) -> ! {
+    // Before the fabric exists (an error in MPI_Init) the rank is the one the launcher gave.
     let rank = state_opt()
         .map(|s| s.fab.rank().to_string())
+        .or_else(|| vmf_core::launcher_rank().map(|r| r.to_string()))
         .unwrap_or_else(|| "?".into());
     let msg = format!(
         "vmfabric MPI: fatal error in {name} on rank {rank}: {} ({})",

@@ -49,9 +49,10 @@ enum Cmd {
         /// Default: VMF_BIND if set, else auto.
         #[arg(long, value_parser = ["auto", "core", "none"])]
         bind: Option<String>,
-        /// Place ranks on this many emulated hosts (network namespaces joined by a bridge; needs root).
-        #[arg(long, default_value_t = 0)]
-        hosts: usize,
+        /// Place ranks on this many emulated hosts (network namespaces joined by a bridge; needs root). Hosts
+        /// beyond the ranks start empty (destinations for `vmfabric migrate`).
+        #[arg(long, value_parser = clap::value_parser!(u16).range(1..=250))]
+        hosts: Option<u16>,
         /// Placement on hosts: round robin (rr) or consecutive blocks (block).
         #[arg(long, value_parser = ["rr", "block"], default_value = "rr")]
         map: String,
@@ -165,7 +166,7 @@ fn main() {
                     .or_else(|| std::env::var("VMF_BIND").ok())
                     .is_some_and(|b| b == "core"),
                 bind,
-                hosts,
+                hosts: hosts.map_or(0, usize::from),
                 map_block: map == "block",
                 universe_size,
             };

@@ -937,3 +937,16 @@ fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
 }
+
+#[test]
+fn bad_host_counts_are_refused_with_a_clear_message() {
+    for (args, want) in [
+        (&["--hosts", "0"][..], "invalid value '0' for '--hosts <HOSTS>': 0 is not in 1..=250"),
+        (&["--hosts", "251"][..], "invalid value '251' for '--hosts <HOSTS>': 251 is not in 1..=250"),
+    ] {
+        let o = Command::new(bin()).arg("run").args(args).args(["-n", "2", "true"]).output().unwrap();
+        let se = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{se}");
+        assert!(se.contains(want), "{se}");
+    }
+}
