@@ -30,6 +30,8 @@ pub const PARAMS: &[Param] = &[
     Param { name: "TCP_ADDR", default: "auto", doc: "address this rank listens on and publishes; auto: the first non-loopback IPv4 address of this host, else 127.0.0.1" },
     Param { name: "TCP_EAGER_LIMIT", default: "64K", doc: "largest message (bytes) sent eagerly over TCP; larger ones use rendezvous and are read straight into the receive buffer" },
     Param { name: "TCP_CHUNK", default: "256K", doc: "bytes per data frame of a TCP rendezvous (written straight from the send buffer)" },
+    Param { name: "TCP_HANDSHAKE_MS", default: "2000", doc: "an incoming TCP connection that has not authenticated within this many milliseconds is closed" },
+    Param { name: "TCP_PENDING_MAX", default: "64", doc: "at most this many incoming TCP connections authenticate at once per rank; more are closed at once" },
     Param { name: "SHM_POOL", default: "16M", doc: "shared pool (bytes) per co-resident rank, for MPI_Alloc_mem (large sends from it are copied by the receiver straight out of the region) and shared-memory collectives; 0: none" },
     Param { name: "SHM_COLL", default: "1", doc: "1: small blocking MPI collectives among ranks of one region go through per-communicator areas of the shared pool; 0: always point-to-point schedules" },
     Param { name: "SHM_MAX_LOCAL", default: "256", doc: "most ranks that may share one region" },
@@ -146,6 +148,10 @@ pub struct Config {
     pub tcp_eager_limit: usize,
     /// TCP_CHUNK.
     pub tcp_chunk: usize,
+    /// TCP_HANDSHAKE_MS.
+    pub tcp_handshake_ms: u64,
+    /// TCP_PENDING_MAX.
+    pub tcp_pending_max: usize,
     /// WAIT.
     pub wait: WaitPolicy,
     /// WAIT_SPIN_MAX_US.
@@ -283,6 +289,8 @@ impl Config {
             },
             tcp_eager_limit: size("TCP_EAGER_LIMIT", 0, 64 << 20)? as usize,
             tcp_chunk: size("TCP_CHUNK", 4096, 1 << 30)? as usize,
+            tcp_handshake_ms: number("TCP_HANDSHAKE_MS", 1, 600_000, "milliseconds")?,
+            tcp_pending_max: number("TCP_PENDING_MAX", 1, 65536, "connections")? as usize,
             wait: match get("WAIT").as_str() {
                 "spin" => WaitPolicy::Spin,
                 "yield" => WaitPolicy::Yield,

@@ -543,7 +543,12 @@ impl Engine {
             eager_limit = eager_limit.min(maxp - SYNC_PREFIX);
             chunk = chunk.min(maxp - DataInfo::SIZE);
         }
-        if let Some(t) = &tcp {
+        let mut tcp = tcp;
+        if let Some(t) = tcp.as_mut() {
+            t.set_accept_limits(
+                Duration::from_millis(cfg.tcp_handshake_ms),
+                cfg.tcp_pending_max,
+            );
             for (r, p) in peers.iter_mut().enumerate() {
                 if p.route == Route::None && t.reaches(r) {
                     p.route = Route::Tcp;
@@ -633,8 +638,12 @@ impl Engine {
                 job: self.job_hash,
                 max_frame: self.cfg.tcp_eager_limit.max(64 << 10) + 4096,
             };
-            let t = TcpTransport::new(self.me, self.n, tc)
+            let mut t = TcpTransport::new(self.me, self.n, tc)
                 .map_err(|e| self.terr(self.me, Op::Init, e))?;
+            t.set_accept_limits(
+                Duration::from_millis(self.cfg.tcp_handshake_ms),
+                self.cfg.tcp_pending_max,
+            );
             if let Some(shm) = self.shm.as_mut() {
                 if shm.doorbell_fd().is_none() {
                     // Sleep in epoll on both transports from now on.
@@ -2410,6 +2419,13 @@ impl Engine {
     /// Report the first co-resident peer that died without detaching.
     pub fn check_liveness(&mut self, op: Op) -> Result<()> {
         self.last_liveness = Instant::now();
+        if self.tcp_peers == 0 {
+            // Nobody polls the listener of a rank without TCP peers: accept and time out strangers here,
+            // so they hold no descriptor (and do not keep waking the sleep in epoll).
+            if let Some(t) = self.tcp.as_mut() {
+                let _ = t.progress();
+            }
+        }
         if let Some(shm) = &self.shm {
             if let Some((peer, pid)) = shm.find_dead_peer() {
                 let e = Error::PeerDead {

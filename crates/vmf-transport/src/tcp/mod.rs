@@ -44,7 +44,12 @@ const PROOF_LEN: usize = 16;
 /// Version of the TCP handshake and framing.
 pub const TCP_VERSION: u32 = 1;
 const RX_BUF: usize = 256 << 10;
+/// How long our own connection attempt may wait for the peer's answer (a peer that is slow to start).
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default limit for an incoming connection to authenticate (`VMF_TCP_HANDSHAKE_MS`).
+pub const DEFAULT_ACCEPT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Default bound on incoming connections still authenticating (`VMF_TCP_PENDING_MAX`).
+pub const DEFAULT_PENDING_MAX: usize = 64;
 const TAG_LISTENER: u64 = 1 << 62;
 const TAG_HANDSHAKE: u64 = 2 << 62;
 const TAG_EXTRA: u64 = 3 << 62;
@@ -195,6 +200,12 @@ pub struct TcpTransport {
     polls: u32,
     /// Ranks of this job (peer indices below it); peers from `world` on are processes of other jobs.
     world: usize,
+    /// An incoming connection that has not authenticated within this is closed.
+    accept_timeout: Duration,
+    /// At most this many incoming connections authenticate at once; more are closed at once.
+    pending_max: usize,
+    /// Connections closed by those two limits (a count for tests and diagnostics).
+    strangers_closed: u64,
     /// Per peer index from `world` on: who it is.
     remotes: Vec<Remote>,
 }
@@ -242,7 +253,23 @@ impl TcpTransport {
             old_listeners: Vec::new(),
             world: n,
             remotes: Vec::new(),
+            accept_timeout: DEFAULT_ACCEPT_TIMEOUT,
+            pending_max: DEFAULT_PENDING_MAX,
+            strangers_closed: 0,
         })
+    }
+
+    /// Close incoming connections that have not authenticated within `timeout`, and accept at most
+    /// `pending_max` (at least 1) that authenticate at once: a stranger that connects and says nothing, or
+    /// many of them, cannot hold descriptors of this rank.
+    pub fn set_accept_limits(&mut self, timeout: Duration, pending_max: usize) {
+        self.accept_timeout = timeout;
+        self.pending_max = pending_max.max(1);
+    }
+
+    /// Incoming connections closed because they did not authenticate in time or too many were pending.
+    pub fn strangers_closed(&self) -> u64 {
+        self.strangers_closed
     }
 
     /// Make a process of another job reachable (MPI dynamic processes): rank `rank` of the job whose hash
@@ -491,6 +518,13 @@ impl TcpTransport {
             }
         }
         for (s, from) in accepted {
+            if self.incoming.len() >= self.pending_max {
+                // Bounded: a flood of connections that never authenticate costs no descriptors.
+                self.strangers_closed += 1;
+                self.log_refused(&from.to_string(), "too many connections are still authenticating");
+                drop(s);
+                continue;
+            }
             let _ = s.set_nonblocking(true);
             let _ = s.set_nodelay(true);
             self.incoming.push(Handshake {
@@ -530,9 +564,10 @@ impl TcpTransport {
                     n += 1; // finished (established or rejected): removed inside
                 }
                 Ok(false) => {
-                    if self.incoming[i].started.elapsed() > HANDSHAKE_TIMEOUT {
+                    if self.incoming[i].started.elapsed() > self.accept_timeout {
                         let h = self.incoming.swap_remove(i);
-                        self.log_refused(&h.from, "handshake timed out");
+                        self.strangers_closed += 1;
+                        self.log_refused(&h.from, "it did not authenticate in time");
                         self.epoll_dirty = true;
                     } else {
                         i += 1;
@@ -1547,6 +1582,35 @@ mod tests {
             assert!(a.poll().unwrap().is_none());
         }
         assert!(!a.connected(2));
+    }
+
+    #[test]
+    fn silent_strangers_are_bounded_and_closed_after_the_accept_timeout() {
+        let (mut a, mut b) = pair();
+        a.set_accept_limits(Duration::from_millis(100), 4);
+        // Ten connections that never say anything: at most four wait to authenticate, the rest are
+        // closed at once; the four are closed when the timeout passes.
+        let raw: Vec<TcpStream> = (0..10).map(|_| TcpStream::connect(a.local_addr()).unwrap()).collect();
+        let t0 = Instant::now();
+        while a.strangers_closed() < 6 && t0.elapsed() < Duration::from_secs(5) {
+            a.progress().unwrap();
+            assert!(a.incoming.len() <= 4);
+        }
+        assert_eq!(a.strangers_closed(), 6);
+        while a.strangers_closed() < 10 && t0.elapsed() < Duration::from_secs(5) {
+            a.progress().unwrap();
+        }
+        assert_eq!(a.strangers_closed(), 10);
+        assert!(a.incoming.is_empty());
+        for mut s in raw {
+            s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+            let mut x = [0u8; 1];
+            assert_eq!(s.read(&mut x).unwrap(), 0, "a stranger's connection was left open");
+        }
+        // The job's own peer still connects.
+        let h = PktHeader::new(Kind::Eager, 1, 3, 0, 0, 2);
+        send_all(&mut b, &mut a, 0, &h, b"ok");
+        assert_eq!(recv_one(&mut a).1, b"ok");
     }
 
     #[test]
