@@ -1173,6 +1173,8 @@ impl Engine {
     /// but a fitting eager message for this receive, ranks outnumber cores (waiting must yield), or the
     /// message takes long — and the caller then posts the receive normally. Every 32 idle looks, a full
     /// progress pass keeps other channels moving (a sender blocked on us must never wait for this loop).
+    /// When several threads share the engine (MPI_THREAD_MULTIPLE), every 64 idle looks the yield hook
+    /// lets the others in, and the loop gives up if they posted or queued what this receive could match.
     ///
     /// # Safety
     /// `buf..buf+cap` must be valid for writes.
@@ -1190,7 +1192,6 @@ impl Engine {
             || self.fatal.is_some()
             || self.mig.is_some()
             || self.waiter.oversubscribed
-            || self.yield_hook.is_some()
             || !self.posted.is_empty()
         {
             return Ok(None);
@@ -1216,9 +1217,17 @@ impl Engine {
                 }
             };
             let Some(inc) = inc else {
-                if polls % 512 == 0 {
-                    self.progress()?;
-                    if queued(self) || !self.posted.is_empty() {
+                // Under MPI_THREAD_MULTIPLE let the other threads in now and then (they may take what
+                // this receive waits for: then the general path below finds it).
+                let shared = self.yield_hook.is_some() && polls % 64 == 0;
+                if shared {
+                    self.hook(HookPoint::Poll);
+                }
+                if polls % 512 == 0 || shared {
+                    if polls % 512 == 0 {
+                        self.progress()?;
+                    }
+                    if queued(self) || !self.posted.is_empty() || self.fatal.is_some() || self.mig.is_some() {
                         return Ok(None);
                     }
                 }
