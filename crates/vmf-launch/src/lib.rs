@@ -243,6 +243,7 @@ pub fn run(opts: &RunOptions) -> Result<i32, LaunchError> {
         }
         Some(u) => u,
     };
+    check_ranks_per_host(opts)?;
     // Directories made for the job are removed when it ends (dropped last, after the teardown).
     let _made = prepare_region_dir(&opts.region_dir)?;
     let _ = clean(&opts.region_dir);
@@ -347,6 +348,37 @@ pub fn clean(dir: &Path) -> Vec<PathBuf> {
         }
     }
     removed
+}
+
+/// Refuse, before anything starts, a job that puts more ranks on one host than its shared region has slots
+/// (`VMF_SHM_MAX_LOCAL`, default 256, as the ranks will read it): otherwise every rank beyond would fail at
+/// start-up with a PMI error of its own, burying the cause.
+fn check_ranks_per_host(opts: &RunOptions) -> Result<(), LaunchError> {
+    let var = "VMF_SHM_MAX_LOCAL";
+    let given = opts
+        .extra_env
+        .iter()
+        .rev()
+        .find(|(k, _)| k == var)
+        .map(|(_, v)| v.clone())
+        .or_else(|| std::env::var(var).ok());
+    // A value the ranks cannot parse is reported by the ranks, naming the variable.
+    let Some(limit) = given.map_or(Some(256), |v| v.trim().parse::<usize>().ok()) else {
+        return Ok(());
+    };
+    // Round robin and block placement both put at most ceil(np / hosts) ranks on a host.
+    let most = opts.np.div_ceil(opts.hosts.max(1));
+    if most > limit {
+        let on = if opts.hosts > 0 {
+            format!("on one of the {} emulated hosts", opts.hosts)
+        } else {
+            "on this host".to_string()
+        };
+        return Err(LaunchError::InvalidOptions(format!(
+            "{most} ranks {on} exceed the {limit} ranks one shared region holds ({var}); raise {var} or spread the ranks over more hosts (--hosts)"
+        )));
+    }
+    Ok(())
 }
 
 /// Directories the launcher made for a region directory that did not exist (innermost first); removed,

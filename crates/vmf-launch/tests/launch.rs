@@ -572,3 +572,23 @@ fn ranks_die_with_killed_launcher_works() {
     }
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+#[test]
+fn more_ranks_on_a_host_than_region_slots_fail_before_starting() {
+    let d = tmp("slots");
+    let mut o = sh(300, "exit 0", &d);
+    let e = run(&o).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "Unable to start the job since 300 ranks on this host exceed the 256 ranks one shared region holds \
+         (VMF_SHM_MAX_LOCAL); raise VMF_SHM_MAX_LOCAL or spread the ranks over more hosts (--hosts)"
+    );
+    // Nothing was started or made.
+    assert!(!d.join("regions").exists());
+    o.np = 3;
+    o.extra_env.push(("VMF_SHM_MAX_LOCAL".into(), "2".into()));
+    assert!(run(&o).unwrap_err().to_string().contains("3 ranks on this host exceed the 2 ranks"));
+    o.extra_env.push(("VMF_SHM_MAX_LOCAL".into(), "3".into()));
+    assert_eq!(run(&o).unwrap(), 0);
+    std::fs::remove_dir_all(&d).unwrap();
+}
