@@ -208,6 +208,22 @@ struct Peer {
     awaiting_ack: bool,
 }
 
+impl Peer {
+    /// A peer reached over `route`, with nothing sent or received yet.
+    fn new(route: Route) -> Peer {
+        Peer {
+            route,
+            tx_seq: 0,
+            rx_seq: 0,
+            pending: VecDeque::new(),
+            holding: false,
+            held: VecDeque::new(),
+            next_route: None,
+            awaiting_ack: false,
+        }
+    }
+}
+
 /// Counters of one rank's engine since it started (a snapshot; all monotonic except the `unexpected_now`
 /// level). Read by the MPI tool interface's performance variables ([`Engine::counters`]). Counting is plain
 /// integer increments on the paths that count: no atomics, locks, allocation or system calls.
@@ -519,18 +535,7 @@ impl Engine {
         shm: Option<ShmTransport>,
         tcp: Option<TcpTransport>,
     ) -> Engine {
-        let mut peers: Vec<Peer> = (0..n)
-            .map(|_| Peer {
-                route: Route::None,
-                tx_seq: 0,
-                rx_seq: 0,
-                pending: VecDeque::new(),
-                holding: false,
-                held: VecDeque::new(),
-                next_route: None,
-                awaiting_ack: false,
-            })
-            .collect();
+        let mut peers: Vec<Peer> = (0..n).map(|_| Peer::new(Route::None)).collect();
         let mut eager_limit = cfg.shm_eager_limit;
         let mut chunk = cfg.shm_chunk;
         if let Some(s) = &shm {
@@ -680,16 +685,7 @@ impl Engine {
             .unwrap()
             .add_remote(job, rank, secret, addr);
         if idx == self.peers.len() {
-            self.peers.push(Peer {
-                route: Route::Tcp,
-                tx_seq: 0,
-                rx_seq: 0,
-                pending: VecDeque::new(),
-                holding: false,
-                held: VecDeque::new(),
-                next_route: None,
-                awaiting_ack: false,
-            });
+            self.peers.push(Peer::new(Route::Tcp));
             self.locs.push(migrate::Loc {
                 addr: Some(addr),
                 ..Default::default()

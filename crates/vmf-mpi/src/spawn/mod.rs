@@ -345,13 +345,13 @@ fn meet(
     let tag = st.comms[ci].as_mut().unwrap().next_coll_tag();
     // The root meets the other side; a failure there is broadcast so the group does not wait for ever.
     let mut fail = None;
-    let mut fd = -1;
+    let mut link = Link(-1);
     let mut hdr = vec![-1i32, 0];
     let mut body = Vec::new();
     if my_rank == root {
         match talk(st, lmax, &cards) {
             Ok((f, m)) => {
-                fd = f;
+                link.0 = f;
                 let mut b = m.secret.to_vec();
                 b.extend_from_slice(&m.cards);
                 body = to_ints(&b);
@@ -400,8 +400,8 @@ fn meet(
     crate::coll::barrier(st, comm)?;
     let mut ok = vec![1i32];
     if my_rank == root {
-        let r = send_frame(fd, b"ready", what)
-            .and_then(|_| recv_frame(fd, Some(Instant::now() + PEER_TIMEOUT), what));
+        let r = send_frame(link.0, b"ready", what)
+            .and_then(|_| recv_frame(link.0, Some(Instant::now() + PEER_TIMEOUT), what));
         if r.is_err() {
             ok = vec![0];
         }
@@ -576,33 +576,48 @@ fn connect_root(st: &mut State, port: &str, lmax: u32, cards: &[u8]) -> R<(RawFd
     ))
 }
 
-/// Forget the root-to-root connection `fd` (the exchange is over).
-fn drop_link(fd: RawFd) {
-    if let Ok(st) = state() {
-        st.dyn_links.retain(|s| s.as_raw_fd() != fd);
+/// The root-to-root connection `fd` of a [`meet`], forgotten (closed) when the meeting ends, however.
+struct Link(RawFd);
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        if let Ok(st) = state() {
+            st.dyn_links.retain(|s| s.as_raw_fd() != self.0);
+        }
     }
 }
 
 pub(crate) fn accept(port: &str, root: c_int, comm: MPI_Comm) -> R<MPI_Comm> {
-    let mut fd = -1;
-    let r = meet(comm, root, "MPI_Comm_accept", &mut |st, lmax, cards| {
-        let x = accept_root(st, port, lmax, cards)?;
-        fd = x.0;
-        Ok(x)
-    });
-    drop_link(fd);
-    r
+    meet(comm, root, "MPI_Comm_accept", &mut |st, lmax, cards| {
+        accept_root(st, port, lmax, cards)
+    })
 }
 
 pub(crate) fn connect(port: &str, root: c_int, comm: MPI_Comm) -> R<MPI_Comm> {
-    let mut fd = -1;
-    let r = meet(comm, root, "MPI_Comm_connect", &mut |st, lmax, cards| {
-        let x = connect_root(st, port, lmax, cards)?;
-        fd = x.0;
-        Ok(x)
-    });
-    drop_link(fd);
-    r
+    meet(comm, root, "MPI_Comm_connect", &mut |st, lmax, cards| {
+        connect_root(st, port, lmax, cards)
+    })
+}
+
+/// MPI_Comm_accept / MPI_Comm_connect from C: the port name is significant only at the root.
+unsafe fn port_call(
+    port_name: *const c_char,
+    root: c_int,
+    comm: MPI_Comm,
+    newcomm: *mut MPI_Comm,
+    how: fn(&str, c_int, MPI_Comm) -> R<MPI_Comm>,
+) -> R {
+    if newcomm.is_null() {
+        return err(MPI_ERR_ARG, "newcomm is NULL");
+    }
+    let is_root = state()?.comm(comm)?.1.rank == root;
+    let name = if is_root {
+        cstr(port_name, "port_name")?
+    } else {
+        String::new()
+    };
+    *newcomm = how(&name, root, comm)?;
+    Ok(())
 }
 
 /// MPI_Comm_join over the connected socket `fd` (both sides alike).
@@ -947,31 +962,10 @@ mpi_api! {
         fin(MPI_COMM_WORLD, "MPI_Close_port", r)
     }
     fn MPI_Comm_accept / PMPI_Comm_accept(port_name: *const c_char, _info: MPI_Info, root: c_int, comm: MPI_Comm, newcomm: *mut MPI_Comm) -> c_int {
-        let r = (|| -> R {
-            if newcomm.is_null() {
-                return err(MPI_ERR_ARG, "newcomm is NULL");
-            }
-            // The port name is significant only at the root.
-            let st = state()?;
-            let is_root = st.comm(comm)?.1.rank == root;
-            let name = if is_root { cstr(port_name, "port_name")? } else { String::new() };
-            *newcomm = accept(&name, root, comm)?;
-            Ok(())
-        })();
-        fin(comm, "MPI_Comm_accept", r)
+        fin(comm, "MPI_Comm_accept", port_call(port_name, root, comm, newcomm, accept))
     }
     fn MPI_Comm_connect / PMPI_Comm_connect(port_name: *const c_char, _info: MPI_Info, root: c_int, comm: MPI_Comm, newcomm: *mut MPI_Comm) -> c_int {
-        let r = (|| -> R {
-            if newcomm.is_null() {
-                return err(MPI_ERR_ARG, "newcomm is NULL");
-            }
-            let st = state()?;
-            let is_root = st.comm(comm)?.1.rank == root;
-            let name = if is_root { cstr(port_name, "port_name")? } else { String::new() };
-            *newcomm = connect(&name, root, comm)?;
-            Ok(())
-        })();
-        fin(comm, "MPI_Comm_connect", r)
+        fin(comm, "MPI_Comm_connect", port_call(port_name, root, comm, newcomm, connect))
     }
     fn MPI_Comm_join / PMPI_Comm_join(fd: c_int, intercomm: *mut MPI_Comm) -> c_int {
         let r = (|| -> R {
