@@ -31,6 +31,7 @@ pub const PARAMS: &[Param] = &[
     Param { name: "TCP_EAGER_LIMIT", default: "64K", doc: "largest message (bytes) sent eagerly over TCP; larger ones use rendezvous and are read straight into the receive buffer" },
     Param { name: "TCP_CHUNK", default: "256K", doc: "bytes per data frame of a TCP rendezvous (written straight from the send buffer)" },
     Param { name: "TCP_HANDSHAKE_MS", default: "2000", doc: "an incoming TCP connection that has not authenticated within this many milliseconds is closed" },
+    Param { name: "MIG_TRACE", default: "0", doc: "1: print every step of live migrations (Moved, MovedAck, Ready, TCP connections made and retired) to stderr, with CLOCK_MONOTONIC times, to diagnose a migration" },
     Param { name: "TCP_PENDING_MAX", default: "64", doc: "at most this many incoming TCP connections authenticate at once per rank; more are closed at once" },
     Param { name: "SHM_POOL", default: "16M", doc: "shared pool (bytes) per co-resident rank, for MPI_Alloc_mem (large sends from it are copied by the receiver straight out of the region) and shared-memory collectives; 0: none" },
     Param { name: "SHM_COLL", default: "1", doc: "1: small blocking MPI collectives among ranks of one region go through per-communicator areas of the shared pool; 0: always point-to-point schedules" },
@@ -138,6 +139,8 @@ pub struct Config {
     pub shm_pool: u64,
     /// SHM_COLL.
     pub shm_coll: bool,
+    /// MIG_TRACE (read where the trace is printed; validated here).
+    pub mig_trace: bool,
     /// SHM.
     pub shm: bool,
     /// TCP.
@@ -270,6 +273,7 @@ impl Config {
             shm_duplex: flag("SHM_DUPLEX")?,
             shm_pool: size("SHM_POOL", 0, 1 << 40)?,
             shm_coll: flag("SHM_COLL")?,
+            mig_trace: flag("MIG_TRACE")?,
             shm_cma_min: if get("SHM_CMA_MIN") == "auto" {
                 None
             } else {

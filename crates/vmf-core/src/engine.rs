@@ -189,8 +189,9 @@ struct Pending {
     data_len: usize,
     /// Standard-mode eager send to complete once written.
     complete: Option<ReqId>,
-    /// Retire the TCP connection to this peer once this packet is written (last one on an old channel).
-    retire_tcp: bool,
+    /// The last packet on an old channel (a `MovedAck`): once it is written, retire the TCP connection
+    /// to this peer, or forget its old shared-memory slot.
+    retire_old: bool,
 }
 
 /// Per-peer state.
@@ -1111,7 +1112,7 @@ impl Engine {
             data,
             data_len,
             complete,
-            retire_tcp: false,
+            retire_old: false,
         };
         p.a[..a.len()].copy_from_slice(a);
         if holding {
@@ -1888,7 +1889,7 @@ impl Engine {
                 // SAFETY: the data pointer belongs to an incomplete request (buffer still valid).
                 let b = unsafe { slice(p.data, p.data_len) };
                 let done = p.complete;
-                let retire = p.retire_tcp;
+                let retire = p.retire_old;
                 if !self.try_packet(peer, &mut hdr, &a[..a_len], b)? {
                     break;
                 }
@@ -1898,8 +1899,18 @@ impl Engine {
                     self.complete(id);
                 }
                 if retire {
-                    if let Some(t) = self.tcp.as_mut() {
-                        t.retire(peer);
+                    match self.peers[peer].route {
+                        Route::Tcp => {
+                            if let Some(t) = self.tcp.as_mut() {
+                                t.retire(peer);
+                            }
+                        }
+                        Route::Shm => {
+                            if let Some(s) = self.shm.as_mut() {
+                                s.remove_peer(peer);
+                            }
+                        }
+                        _ => {}
                     }
                 }
                 n += 1;

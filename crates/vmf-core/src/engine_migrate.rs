@@ -28,6 +28,14 @@ use vmf_transport::shm::region::{Region, RegionSizing, RegionSource};
 
 static REQUESTED: AtomicBool = AtomicBool::new(false);
 
+fn trace_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("VMF_MIG_TRACE").is_ok_and(|v| v == "1"))
+}
+macro_rules! mtrace {
+    ($($a:tt)*) => { if trace_on() { eprintln!("[mig {:.6}] {}", monotonic_ns() as f64 / 1e9, format!($($a)*)); } };
+}
+
 extern "C" fn on_signal(_: libc::c_int) {
     REQUESTED.store(true, Ordering::Relaxed);
 }
@@ -251,6 +259,7 @@ impl Engine {
         }
         let t0 = Instant::now();
         let t0_ns = monotonic_ns();
+        mtrace!("{me}: migrate to host {host} starts");
         let spec = ctx.hosts[host].clone();
         // A previous migration (ours or a peer's) must have fully settled here: no peer still held
         // waiting for its Ready, or our Moved would queue behind it and mix with later traffic.
@@ -336,7 +345,8 @@ impl Engine {
                 continue;
             }
             let hdr = PktHeader::new(Kind::Moved, me as u32, 0, 0, 0, 0);
-            self.send_packet(p, hdr, info.as_bytes(), std::ptr::null(), 0, None)?;
+            let sent = self.send_packet(p, hdr, info.as_bytes(), std::ptr::null(), 0, None)?;
+            mtrace!("{me}: Moved -> {p} on {:?} sent={sent}", self.peers[p].route);
             self.peers[p].holding = true;
             self.peers[p].awaiting_ack = true;
             self.peers[p].next_route = Some(if self.locs[p].uuid == new_uuid {
@@ -359,6 +369,11 @@ impl Engine {
             e.peers.iter().all(|p| p.pending.is_empty())
         })?;
         let old = self.shm.replace(new_shm);
+        // The old transport's doorbell socket closes with it: out of the TCP wait set (the next sleep
+        // names the new one).
+        if let Some(t) = self.tcp.as_mut() {
+            t.set_extra_fd(None);
+        }
         let m = self.mig.as_mut().unwrap();
         m.old_shm = old;
         m.swapped = true;
@@ -385,6 +400,7 @@ impl Engine {
         let ctx = self.mig_ctx.as_mut().unwrap();
         ctx.current = host;
         drop(back.0.take()); // stay in the new namespace
+        mtrace!("{me}: migrate to host {host} done");
         Ok(t0.elapsed())
     }
 
@@ -444,16 +460,23 @@ impl Engine {
                 if new_route == Route::Tcp && self.tcp.is_none() {
                     return Err(self.corrupt(peer, "moved out of reach (no TCP transport)".into()));
                 }
-                // The answer is the last packet on the old channel; a TCP connection is retired after it.
+                // The answer is the last packet on the old channel, which is retired after it: a TCP
+                // connection is closed, and the old shared-memory slot forgotten at once — the mover
+                // leaves it when every answer is in, and another rank may take it right away.
                 let old_route = self.peers[peer].route;
                 let hdr = PktHeader::new(Kind::MovedAck, self.me as u32, 0, 0, 0, 0);
                 let sent = self.send_packet(peer, hdr, &[], std::ptr::null(), 0, None)?;
-                if old_route == Route::Tcp {
-                    if sent {
-                        self.tcp.as_mut().unwrap().retire(peer);
-                    } else if let Some(p) = self.peers[peer].pending.back_mut() {
-                        p.retire_tcp = true;
+                mtrace!("{}: Moved from {peer}; MovedAck on {old_route:?} sent={sent}", self.me);
+                match (old_route, sent) {
+                    (Route::Tcp, true) => self.tcp.as_mut().unwrap().retire(peer),
+                    // The Moved being handled came from that slot's ring: forget after its release.
+                    (Route::Shm, true) => self.shm.as_mut().unwrap().forget_after_release(peer),
+                    (Route::Tcp | Route::Shm, false) => {
+                        if let Some(p) = self.peers[peer].pending.back_mut() {
+                            p.retire_old = true;
+                        }
                     }
+                    _ => {}
                 }
                 self.peers[peer].holding = true;
                 self.peers[peer].next_route = Some(new_route);
@@ -478,6 +501,14 @@ impl Engine {
                 if !ok {
                     return Err(self.corrupt(peer, "MovedAck without a migration".into()));
                 }
+                mtrace!("{}: MovedAck from {peer} swapped={}", self.me, self.mig.as_ref().unwrap().swapped);
+                let m = self.mig.as_mut().unwrap();
+                // The peer's last packet on a TCP connection, which it closes after: retire it now, even
+                // when the answer itself must wait for the new transport, or its end would read as a
+                // lost connection.
+                if m.old_routes[peer] == Route::Tcp {
+                    self.tcp.as_mut().unwrap().retire(peer);
+                }
                 let m = self.mig.as_mut().unwrap();
                 if m.swapped {
                     self.on_moved_ack(peer)?;
@@ -497,6 +528,7 @@ impl Engine {
                     }
                 }
                 let old_route = self.peers[peer].route;
+                mtrace!("{}: Ready from {peer}: {old_route:?} -> {new_route:?}", self.me);
                 if old_route == Route::Shm && new_route != Route::Shm {
                     if let Some(s) = self.shm.as_mut() {
                         s.remove_peer(peer);
@@ -513,12 +545,8 @@ impl Engine {
     /// The mover's side of an answer: switch this peer to the new channel, say Ready there, release.
     fn on_moved_ack(&mut self, peer: usize) -> Result<()> {
         let me = self.me;
-        let old_route = self.mig.as_ref().unwrap().old_routes[peer];
         let new_route = self.peers[peer].next_route.take().unwrap_or(Route::Tcp);
         self.peers[peer].awaiting_ack = false;
-        if old_route == Route::Tcp {
-            self.tcp.as_mut().unwrap().retire(peer);
-        }
         if new_route == Route::Shm {
             let slot = self.locs[peer].slot;
             self.shm
@@ -537,7 +565,8 @@ impl Engine {
         }
         self.switch_route(peer, new_route);
         let hdr = PktHeader::new(Kind::Ready, me as u32, 0, 0, 0, 0);
-        self.send_packet(peer, hdr, &[], std::ptr::null(), 0, None)?;
+        let sent = self.send_packet(peer, hdr, &[], std::ptr::null(), 0, None)?;
+        mtrace!("{me}: Ready -> {peer} on {new_route:?} sent={sent}");
         self.release_held(peer);
         self.mig.as_mut().unwrap().acks_left -= 1;
         Ok(())

@@ -33,6 +33,9 @@ struct ShmPeer {
     dx: Option<DuplexEnd>,
     proc_id: ProcessId,
     same_kernel: bool,
+    /// The ring from a peer that moved away, kept only until the record being handled (its last one) is
+    /// released; then the entry goes (see [`ShmTransport::forget_after_release`]).
+    retiring: Option<Consumer>,
 }
 
 /// How senders find out that a receiver sleeps.
@@ -139,6 +142,7 @@ impl ShmTransport {
             dx: None,
             proc_id,
             same_kernel,
+            retiring: None,
         });
         self.undiscovered.push(peer);
         Ok(())
@@ -148,6 +152,26 @@ impl ShmTransport {
     pub fn remove_peer(&mut self, peer: usize) {
         if let Some(p) = self.peers.get_mut(peer) {
             *p = None;
+        }
+        self.rx_list.retain(|&r| r != peer);
+        self.undiscovered.retain(|&r| r != peer);
+        self.cursor = 0;
+    }
+
+    /// Forget `peer`, which moved away and whose last record (its `Moved`) is being handled now: nothing
+    /// more is read from or written to its slot, and the entry goes once that record is released. The
+    /// slot may be taken by another rank as soon as the peer has our answer, so a stale entry must never
+    /// read what the next occupant writes there.
+    pub fn forget_after_release(&mut self, peer: usize) {
+        let Some(Some(p)) = self.peers.get_mut(peer) else {
+            return;
+        };
+        p.tx = None;
+        p.dx = None;
+        p.retiring = p.rx.take();
+        if p.retiring.is_none() {
+            self.remove_peer(peer);
+            return;
         }
         self.rx_list.retain(|&r| r != peer);
         self.undiscovered.retain(|&r| r != peer);
@@ -657,6 +681,9 @@ impl Transport for ShmTransport {
                 ShmToken::Ring(rec) => {
                     if let Some(rx) = p.rx.as_mut() {
                         rx.release(rec);
+                    } else if let Some(mut rx) = p.retiring.take() {
+                        rx.release(rec);
+                        self.peers[inc.peer] = None;
                     }
                 }
                 ShmToken::Box(rec) => {

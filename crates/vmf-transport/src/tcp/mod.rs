@@ -34,6 +34,14 @@ use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::{Duration, Instant};
 
+fn trace_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("VMF_MIG_TRACE").is_ok_and(|v| v == "1"))
+}
+macro_rules! ttrace {
+    ($($a:tt)*) => { if trace_on() { eprintln!("[tcp] {}", format!($($a)*)); } };
+}
+
 const FRAME_HDR: usize = 8;
 const HELLO_MAGIC: &[u8; 8] = b"VMFTCPH1";
 const REPLY_MAGIC: &[u8; 8] = b"VMFTCPR1";
@@ -336,13 +344,22 @@ impl TcpTransport {
     /// connects anew, to the address given by [`TcpTransport::set_peer_addr`]).
     pub fn retire(&mut self, peer: usize) {
         if let Some(Some(c)) = self.conns.get_mut(peer) {
+            ttrace!("{}: retire conn to {peer} fd {} backlog {}", self.me, c.stream.as_raw_fd(), c.backlog.is_some());
             if c.backlog.is_none() {
-                self.conns[peer] = None;
+                self.drop_conn(peer);
             } else {
                 self.retiring[peer] = true;
+                self.epoll_dirty = true;
             }
-            self.epoll_dirty = true;
         }
+    }
+
+    /// Close the connection to `peer`. Its readiness goes with it: a flag left set for a connection that
+    /// is gone would keep [`Transport::poll_placed`] from asking the kernel about the others.
+    fn drop_conn(&mut self, peer: usize) {
+        self.conns[peer] = None;
+        self.ready[peer] = false;
+        self.epoll_dirty = true;
     }
 
     /// Listen on a new address (after moving to another network namespace); the old listener is kept
@@ -414,6 +431,7 @@ impl TcpTransport {
             }
         })?;
         stream.set_nodelay(true).map_err(setup)?;
+        ttrace!("{}: connect to {peer} at {addr}", self.me);
         let nc = nonce();
         let (secret, dst) = self.cred(peer);
         let mut hello = Vec::with_capacity(HELLO_LEN);
@@ -471,6 +489,7 @@ impl TcpTransport {
     }
 
     fn establish(&mut self, peer: usize, stream: TcpStream) {
+        ttrace!("{}: establish conn to {peer} fd {} {:?}->{:?}", self.me, stream.as_raw_fd(), stream.local_addr(), stream.peer_addr());
         self.retiring[peer] = false;
         // Large socket buffers: a rendezvous frame of several MiB then needs few wake-ups.
         let sz: libc::c_int = 4 << 20;
@@ -654,6 +673,7 @@ impl TcpTransport {
             reply.extend_from_slice(&h.nonce_a);
             reply.extend_from_slice(&m.to_le_bytes());
             send_all(h.stream.as_raw_fd(), &reply).map_err(|e| e.to_string())?;
+            ttrace!("{me}: hello from {peer}: reject={reject} out={} conn={}", self.outgoing[peer].is_some(), self.conns[peer].is_some());
             if reject {
                 self.incoming.swap_remove(i);
                 self.epoll_dirty = true;
@@ -677,6 +697,7 @@ impl TcpTransport {
         }
         let h = self.incoming.swap_remove(i);
         self.epoll_dirty = true;
+        ttrace!("{me}: proof from {src}: conn={} out={}", self.conns[src].is_some(), self.outgoing[src].is_some());
         if self.conns[src].is_none() {
             // Our own attempt, if any, loses (the peer will reject it).
             self.outgoing[src] = None;
@@ -693,6 +714,7 @@ impl TcpTransport {
             };
             let lost = |why: String| TransportError::ConnectionLost { peer, why };
             if self.conns[peer].is_some() {
+                ttrace!("{}: outgoing to {peer} dropped: conn exists", self.me);
                 self.outgoing[peer] = None; // the peer's connection won
                 self.epoll_dirty = true;
                 continue;
@@ -740,6 +762,7 @@ impl TcpTransport {
                 )));
             }
             if reject {
+                ttrace!("{}: outgoing to {peer} rejected", self.me);
                 self.outgoing[peer] = None;
                 self.epoll_dirty = true;
                 n += 1;
@@ -787,7 +810,7 @@ impl TcpTransport {
                 self.epoll_dirty = true;
                 if self.retiring[peer] {
                     self.retiring[peer] = false;
-                    self.conns[peer] = None;
+                    self.drop_conn(peer);
                 }
                 return Ok(1);
             }
@@ -959,9 +982,7 @@ impl TcpTransport {
                 Ok(0) if peer >= self.world && c.rx_end == c.rx_start && c.backlog.is_none() => {
                     // A process of another job disconnected or finished: forget the connection (a
                     // later send connects anew).
-                    self.conns[peer] = None;
-                    self.ready[peer] = false;
-                    self.epoll_dirty = true;
+                    self.drop_conn(peer);
                     return Ok(false);
                 }
                 Ok(0) => {
@@ -1207,6 +1228,16 @@ impl TcpTransport {
         self.epoll_dirty = true;
     }
 
+    /// Replace the extra descriptor of the wait set (the shared-memory doorbell socket), e.g. with `None`
+    /// when the transport that owned it is about to close it: a closed descriptor's number is soon reused
+    /// by a connection, which must not be registered as the doorbell.
+    pub fn set_extra_fd(&mut self, fd: Option<RawFd>) {
+        if self.extra_fd != fd {
+            self.extra_fd = fd;
+            self.epoll_dirty = true;
+        }
+    }
+
     /// True if bytes are buffered and unparsed for any connection (so sleeping would be wrong).
     pub fn has_buffered(&self) -> bool {
         self.conns
@@ -1348,6 +1379,7 @@ impl Transport for TcpTransport {
         for k in 0..n {
             let peer = (self.cursor + k) % n;
             let Some(c) = self.conns[peer].as_ref() else {
+                self.ready[peer] = false;
                 continue;
             };
             let has = c.rx_end > c.rx_start || c.direct.is_some();
