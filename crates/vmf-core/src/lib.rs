@@ -371,8 +371,10 @@ impl Fabric {
                     let s = unsafe {
                         <std::os::unix::net::UnixStream as std::os::fd::FromRawFd>::from_raw_fd(fd)
                     };
-                    ctx.ctl = Some(s);
                     engine::migrate::install_signal_handler().map_err(|e| setup(rank, e))?;
+                    // Now the launcher may signal us (before, SIGUSR2 would have killed the process).
+                    let _ = std::io::Write::write_all(&mut &s, b"ready\n");
+                    ctx.ctl = Some(s);
                 }
                 mig_ctx = Some(ctx);
             }

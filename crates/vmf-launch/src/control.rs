@@ -126,7 +126,9 @@ pub fn control_name(job: &str) -> String {
 }
 
 /// The ranks' control sockets and pids, shared with the control thread.
-pub type RankCtl = Arc<Mutex<Vec<Option<(UnixStream, i32)>>>>;
+/// Per rank: its control socket, its pid, and whether it said `ready` (its SIGUSR2 handler is in place:
+/// the signal kills a process that has none, so no request is made before).
+pub type RankCtl = Arc<Mutex<Vec<Option<(UnixStream, i32, bool)>>>>;
 
 /// Serve the control socket of `info.job` until the process ends (a detached thread).
 pub fn serve(info: Arc<Mutex<JobInfo>>, ranks: RankCtl) -> std::io::Result<()> {
@@ -182,15 +184,23 @@ fn migrate(info: &Arc<Mutex<JobInfo>>, ranks: &RankCtl, rank: usize, host: usize
     // Every rank must be alive: a migration involves all of them.
     for (r, e) in g.iter().enumerate() {
         // SAFETY: signal 0 only checks existence.
-        if let Some((_, pid)) = e {
+        if let Some((_, pid, _)) = e {
             if unsafe { libc::kill(*pid, 0) } != 0 {
                 return format!("error: rank {r} (pid {pid}) is dead");
             }
         }
     }
-    let Some(Some((sock, pid))) = g.get_mut(rank) else {
+    let Some(Some((sock, pid, ready))) = g.get_mut(rank) else {
         return format!("error: rank {rank} has no control channel");
     };
+    if !*ready {
+        if !read_ready(sock) {
+            return format!(
+                "error: rank {rank} is still starting (it has not initialised the fabric yet); try again in a moment"
+            );
+        }
+        *ready = true;
+    }
     if sock
         .write_all(format!("migrate {host}\n").as_bytes())
         .is_err()
@@ -202,10 +212,14 @@ fn migrate(info: &Arc<Mutex<JobInfo>>, ranks: &RankCtl, rank: usize, host: usize
     let _ = sock.set_read_timeout(Some(Duration::from_secs(60)));
     let mut reply = String::new();
     let mut rd = BufReader::new(&*sock);
-    if rd.read_line(&mut reply).is_err() || reply.is_empty() {
-        return format!(
-            "error: rank {rank} did not answer within 60 s (it must call into the fabric to move)"
-        );
+    match rd.read_line(&mut reply) {
+        Ok(0) => return format!("error: rank {rank} ended before answering"),
+        Ok(_) => {}
+        Err(_) => {
+            return format!(
+                "error: rank {rank} did not answer within 60 s (it must call into the fabric to move)"
+            )
+        }
     }
     let reply = reply.trim().to_string();
     if reply.starts_with("ok") {
@@ -216,6 +230,23 @@ fn migrate(info: &Arc<Mutex<JobInfo>>, ranks: &RankCtl, rank: usize, host: usize
         let _ = i.save();
     }
     reply
+}
+
+/// Consume the rank's `ready` line if it has written it (without waiting for it).
+fn read_ready(sock: &UnixStream) -> bool {
+    use std::io::Read;
+    let mut b = [0u8; 6];
+    let _ = sock.set_nonblocking(true);
+    let first = (&*sock).read(&mut b);
+    let _ = sock.set_nonblocking(false);
+    match first {
+        Ok(6) => &b == b"ready\n",
+        Ok(k) if k > 0 => {
+            let _ = sock.set_read_timeout(Some(Duration::from_secs(5)));
+            (&*sock).read_exact(&mut b[k..]).is_ok() && &b == b"ready\n"
+        }
+        _ => false,
+    }
 }
 
 /// Send a migration request to a running job (what `vmfabric migrate` does). Returns the answer line.

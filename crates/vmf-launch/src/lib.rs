@@ -264,23 +264,6 @@ pub fn run(opts: &RunOptions) -> Result<i32, LaunchError> {
             h => r % h,
         })
         .collect();
-    if !opts.quiet {
-        eprintln!(
-            "vmfabric: job {jobid}: {} ranks{}",
-            opts.np,
-            if opts.hosts > 0 {
-                format!(" on {} emulated hosts", opts.hosts)
-            } else {
-                String::new()
-            }
-        );
-    }
-    if opts.verbose {
-        eprintln!(
-            "vmfabric: job {jobid}: region dir {}",
-            opts.region_dir.display()
-        );
-    }
     let info = control::JobInfo {
         job: jobid.clone(),
         launcher: ProcessId::current(),
@@ -302,6 +285,24 @@ pub fn run(opts: &RunOptions) -> Result<i32, LaunchError> {
     if let Err(e) = control::serve(info.clone(), rank_ctl.clone()) {
         eprintln!(
             "vmfabric: warning: no control socket for job {jobid} ({e}); migrate will not reach it"
+        );
+    }
+    // Announced once `vmfabric migrate` can reach the job.
+    if !opts.quiet {
+        eprintln!(
+            "vmfabric: job {jobid}: {} ranks{}",
+            opts.np,
+            if opts.hosts > 0 {
+                format!(" on {} emulated hosts", opts.hosts)
+            } else {
+                String::new()
+            }
+        );
+    }
+    if opts.verbose {
+        eprintln!(
+            "vmfabric: job {jobid}: region dir {}",
+            opts.region_dir.display()
         );
     }
     let _signals = signals::Guard::install();
@@ -781,7 +782,7 @@ impl Job<'_> {
         let pid = child.id() as i32;
         if let Some((ctl_ours, ctl_child, _)) = ctl {
             drop(ctl_child);
-            self.rank_ctl.lock().unwrap()[p.rank] = Some((ctl_ours, pid));
+            self.rank_ctl.lock().unwrap()[p.rank] = Some((ctl_ours, pid, false));
         }
         let stdout = child.stdout.take();
         let stderr = child.stderr.take();
