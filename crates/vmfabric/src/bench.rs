@@ -40,6 +40,9 @@ pub struct BenchArgs {
     /// migrate: how many migrations.
     #[arg(long, default_value_t = 20)]
     migrations: usize,
+    /// migrate: the traffic during the migrations.
+    #[arg(long, value_enum, default_value = "all-to-all")]
+    traffic: crate::migrate_bench::Traffic,
     /// Message sizes in bytes, comma separated (K/M suffixes allowed).
     #[arg(long, value_delimiter = ',')]
     sizes: Option<Vec<String>>,
@@ -81,7 +84,7 @@ pub fn run(a: BenchArgs) -> i32 {
         return crate::overcommit::run(a.over, a.json);
     }
     if a.kind == Kind::Migrate {
-        return crate::migrate_bench::run(a.migrations, a.json);
+        return crate::migrate_bench::run(a.migrations, a.traffic, a.json);
     }
     let sizes: Vec<usize> = match &a.sizes {
         None => DEFAULT_SIZES.to_vec(),

@@ -1,12 +1,20 @@
-//! `vmfabric bench migrate`: every pair streams sequence-numbered, checksummed messages of mixed sizes
+//! `vmfabric bench migrate`: ranks stream sequence-numbered, checksummed messages of mixed sizes
 //! (8 B to 5 MiB) while ranks are moved between emulated hosts; everything received is verified.
 //!
-//! Run inside a multi-host job: `vmfabric run --hosts 3 -n 4 vmfabric bench migrate`. Rounds are all-to-all
-//! exchanges (one message per ordered pair, received in order per source with one tag, so MPI's
-//! non-overtaking rule is what is checked); after every few rounds the next rank in turn moves to the next
-//! host (so every rank eventually returns to its original host) while the others are already sending to it.
-//! The pause of a migration is the time from its start until the first message over a new channel is
-//! delivered to the moving rank.
+//! Run inside a multi-host job: `vmfabric run --hosts 3 -n 4 vmfabric bench migrate`. Every round is one
+//! or two exchanges in the shape `--traffic` names (each message per ordered pair carries its own sequence
+//! number and is received in order per source with one tag, so MPI's non-overtaking rule is what is
+//! checked):
+//! - `all-to-all`: one message per ordered pair;
+//! - `ring`: each rank sends to the next and receives from the previous;
+//! - `collective`: everyone sends to rank 0, then rank 0 sends to everyone (a gather and a broadcast,
+//!   all traffic through one root, as a collective loop does);
+//! - `mixed`: the three in turn.
+//!
+//! After every few rounds the next rank in turn moves to the next host (so every rank eventually returns
+//! to its original host) while the others are already sending to it. The pause of a migration is the
+//! time from its start until the first message over a new channel is delivered to a peer.
+use clap::ValueEnum;
 use std::time::Instant;
 use vmf_core::{Error, Fabric, SendMode};
 
@@ -36,6 +44,46 @@ fn fill(buf: &mut [u8], src: usize, seq: u64) {
     }
 }
 
+/// Traffic during the migrations.
+#[derive(Copy, Clone, PartialEq, Eq, ValueEnum, Debug, Default)]
+pub enum Traffic {
+    /// One message per ordered pair every round.
+    #[default]
+    AllToAll,
+    /// Each rank sends to the next and receives from the previous.
+    Ring,
+    /// Gather to rank 0, then broadcast from it.
+    Collective,
+    /// The three in turn.
+    Mixed,
+}
+
+impl Traffic {
+    fn name(self) -> &'static str {
+        match self {
+            Traffic::AllToAll => "all-to-all",
+            Traffic::Ring => "ring",
+            Traffic::Collective => "collective",
+            Traffic::Mixed => "mixed",
+        }
+    }
+
+    /// The exchanges of `round` for rank `me` of `n`: (destinations, sources) per phase.
+    fn phases(self, round: usize, me: usize, n: usize) -> Vec<(Vec<usize>, Vec<usize>)> {
+        let others: Vec<usize> = (0..n).filter(|&p| p != me).collect();
+        let t = match self {
+            Traffic::Mixed => [Traffic::AllToAll, Traffic::Ring, Traffic::Collective][round % 3],
+            t => t,
+        };
+        match t {
+            Traffic::Ring => vec![(vec![(me + 1) % n], vec![(me + n - 1) % n])],
+            Traffic::Collective if me == 0 => vec![(vec![], others.clone()), (others, vec![])],
+            Traffic::Collective => vec![(vec![0], vec![]), (vec![], vec![0])],
+            _ => vec![(others.clone(), others)],
+        }
+    }
+}
+
 #[derive(Default, Debug, Clone, Copy)]
 struct Counts {
     messages: u64,
@@ -46,7 +94,7 @@ struct Counts {
     corrupt: u64,
 }
 
-pub fn run(migrations: usize, json: Option<std::path::PathBuf>) -> i32 {
+pub fn run(migrations: usize, traffic: Traffic, json: Option<std::path::PathBuf>) -> i32 {
     let f = match Fabric::init() {
         Ok(f) => f,
         Err(e) => {
@@ -58,7 +106,7 @@ pub fn run(migrations: usize, json: Option<std::path::PathBuf>) -> i32 {
         eprintln!("vmfabric bench migrate: run it in a multi-host job: vmfabric run --hosts 3 -n 4 vmfabric bench migrate");
         return 2;
     }
-    match measure(&f, migrations, json.as_deref()) {
+    match measure(&f, migrations, traffic, json.as_deref()) {
         Ok(ok) => {
             let _ = f.finalize();
             if ok {
@@ -74,7 +122,12 @@ pub fn run(migrations: usize, json: Option<std::path::PathBuf>) -> i32 {
     }
 }
 
-fn measure(f: &Fabric, migrations: usize, json: Option<&std::path::Path>) -> Result<bool, Error> {
+fn measure(
+    f: &Fabric,
+    migrations: usize,
+    traffic: Traffic,
+    json: Option<&std::path::Path>,
+) -> Result<bool, Error> {
     let (me, n) = (f.rank(), f.size());
     let hosts = f.host_count();
     let interval = 3;
@@ -90,57 +143,10 @@ fn measure(f: &Fabric, migrations: usize, json: Option<&std::path::Path>) -> Res
     let mut done_migrations = 0;
     for round in 0..rounds {
         let size = SIZES[round % SIZES.len()].max(HDR);
-        for p in (0..n).filter(|&p| p != me) {
-            let b = &mut sbufs[p];
-            b.resize(size, 0);
-            fill(&mut b[HDR..], me, next_seq[p]);
-            let ck = checksum(&b[HDR..]);
-            b[..8].copy_from_slice(&next_seq[p].to_le_bytes());
-            b[8..16].copy_from_slice(&(me as u64).to_le_bytes());
-            b[16..24].copy_from_slice(&ck.to_le_bytes());
-            next_seq[p] += 1;
-            rbufs[p].resize(size, 0);
-        }
-        {
-            let mut e = f.engine();
-            let mut ids = Vec::with_capacity(2 * n);
-            for p in (0..n).filter(|&p| p != me) {
-                // SAFETY: buffers outlive the requests (completed below).
-                unsafe {
-                    ids.push(e.irecv(rbufs[p].as_mut_ptr(), size, p as i64, tag, 0)?);
-                    ids.push(e.isend(
-                        sbufs[p].as_ptr(),
-                        size,
-                        p as i64,
-                        tag,
-                        0,
-                        SendMode::Standard,
-                    )?);
-                }
-            }
-            e.wait_until(vmf_core::Op::Wait, |e| ids.iter().all(|&id| e.is_done(id)))?;
-            for id in ids {
-                e.take(id)?;
-            }
-        }
-        for p in (0..n).filter(|&p| p != me) {
-            let b = &rbufs[p];
-            let seq = u64::from_le_bytes(b[..8].try_into().unwrap());
-            let src = u64::from_le_bytes(b[8..16].try_into().unwrap()) as usize;
-            let ck = u64::from_le_bytes(b[16..24].try_into().unwrap());
-            c.messages += 1;
-            c.bytes += b.len() as u64;
-            if src != p || ck != checksum(&b[HDR..]) {
-                c.corrupt += 1;
-            }
-            if seq == expect[p] {
-                expect[p] += 1;
-            } else if seq < expect[p] {
-                c.duplicated += 1;
-            } else {
-                c.reordered += 1;
-                c.lost += seq - expect[p];
-                expect[p] = seq + 1;
+        for (dests, srcs) in traffic.phases(round, me, n) {
+            exchange(f, &dests, &srcs, size, tag, &mut next_seq, &mut sbufs, &mut rbufs)?;
+            for &p in &srcs {
+                verify(&rbufs[p], p, &mut expect[p], &mut c);
             }
         }
         // Migrations: every `interval` rounds the next rank moves to the next host.
@@ -209,11 +215,12 @@ fn measure(f: &Fabric, migrations: usize, json: Option<&std::path::Path>) -> Res
         let e = by_migration.entry(t0).or_insert(f64::MAX);
         *e = e.min(p);
     }
-    let mut all_pauses: Vec<f64> = by_migration.into_values().collect();
+    let all_pauses: Vec<f64> = by_migration.into_values().collect();
     if me != 0 {
         return Ok(true);
     }
-    let in_order = all_pauses.clone();
+    let in_order = all_pauses;
+    let mut all_pauses = in_order.clone();
     all_pauses.sort_by(|a, b| a.partial_cmp(b).unwrap());
     let pct = |q: f64| -> f64 {
         if all_pauses.is_empty() {
@@ -228,8 +235,9 @@ fn measure(f: &Fabric, migrations: usize, json: Option<&std::path::Path>) -> Res
         && all.corrupt == 0
         && all_pauses.len() == migrations;
     println!(
-        "migrate: {n} ranks on {hosts} hosts, {} migrations, {} messages ({:.1} MiB) in {:.2} s: lost {}, duplicated {}, \
+        "migrate ({}): {n} ranks on {hosts} hosts, {} migrations, {} messages ({:.1} MiB) in {:.2} s: lost {}, duplicated {}, \
          reordered {}, corrupt {}; pause median {:.3} ms, p99 {:.3} ms{}",
+        traffic.name(),
         all_pauses.len(),
         all.messages,
         all.bytes as f64 / (1u64 << 20) as f64,
@@ -243,11 +251,77 @@ fn measure(f: &Fabric, migrations: usize, json: Option<&std::path::Path>) -> Res
         if ok { "" } else { "  FAILED" }
     );
     if let Some(path) = json {
-        let doc = serde_json::json!({"benchmark": "migrate", "migrations": all_pauses.len(), "messages": all.messages,
+        let doc = serde_json::json!({"benchmark": "migrate", "traffic": traffic.name(), "migrations": all_pauses.len(), "messages": all.messages,
             "bytes": all.bytes, "lost": all.lost, "duplicated": all.duplicated, "reordered": all.reordered,
             "corrupt": all.corrupt, "pause_ms_median": pct(0.5), "pause_ms_p99": pct(0.99),
             "pauses_ms": in_order, "ranks": n, "hosts": hosts, "wall_s": wall.as_secs_f64()});
         let _ = std::fs::write(path, serde_json::to_string_pretty(&doc).unwrap() + "\n");
     }
     Ok(ok)
+}
+
+/// One exchange: a message to each of `dests` (with the next sequence number of that pair), one from
+/// each of `srcs`, all in flight at once.
+#[allow(clippy::too_many_arguments)]
+fn exchange(
+    f: &Fabric,
+    dests: &[usize],
+    srcs: &[usize],
+    size: usize,
+    tag: i32,
+    next_seq: &mut [u64],
+    sbufs: &mut [Vec<u8>],
+    rbufs: &mut [Vec<u8>],
+) -> Result<(), Error> {
+    let me = f.rank();
+    for &p in dests {
+        let b = &mut sbufs[p];
+        b.resize(size, 0);
+        fill(&mut b[HDR..], me, next_seq[p]);
+        let ck = checksum(&b[HDR..]);
+        b[..8].copy_from_slice(&next_seq[p].to_le_bytes());
+        b[8..16].copy_from_slice(&(me as u64).to_le_bytes());
+        b[16..24].copy_from_slice(&ck.to_le_bytes());
+        next_seq[p] += 1;
+    }
+    for &p in srcs {
+        rbufs[p].resize(size, 0);
+    }
+    let mut e = f.engine();
+    let mut ids = Vec::with_capacity(dests.len() + srcs.len());
+    // SAFETY: buffers outlive the requests (completed below).
+    unsafe {
+        for &p in srcs {
+            ids.push(e.irecv(rbufs[p].as_mut_ptr(), size, p as i64, tag, 0)?);
+        }
+        for &p in dests {
+            ids.push(e.isend(sbufs[p].as_ptr(), size, p as i64, tag, 0, SendMode::Standard)?);
+        }
+    }
+    e.wait_until(vmf_core::Op::Wait, |e| ids.iter().all(|&id| e.is_done(id)))?;
+    for id in ids {
+        e.take(id)?;
+    }
+    Ok(())
+}
+
+/// Check one received message from `p` against the sequence number expected next from it.
+fn verify(b: &[u8], p: usize, expect: &mut u64, c: &mut Counts) {
+    let seq = u64::from_le_bytes(b[..8].try_into().unwrap());
+    let src = u64::from_le_bytes(b[8..16].try_into().unwrap()) as usize;
+    let ck = u64::from_le_bytes(b[16..24].try_into().unwrap());
+    c.messages += 1;
+    c.bytes += b.len() as u64;
+    if src != p || ck != checksum(&b[HDR..]) {
+        c.corrupt += 1;
+    }
+    if seq == *expect {
+        *expect += 1;
+    } else if seq < *expect {
+        c.duplicated += 1;
+    } else {
+        c.reordered += 1;
+        c.lost += seq - *expect;
+        *expect = seq + 1;
+    }
 }
