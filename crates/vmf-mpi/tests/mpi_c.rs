@@ -42,6 +42,7 @@ const PROGRAMS: &[&str] = &[
     "io",
     "mpi_t",
     "spawn",
+    "migstress",
 ];
 const MPICH_INC: &str = "/usr/include/x86_64-linux-gnu/mpich";
 
@@ -278,6 +279,128 @@ fn rma_every_window_flavor_synchronisation_and_atomic_works() {
 fn threads_multiple_concurrent_p2p_collectives_comm_creation_and_rma_work() {
     semantic("threads");
     semantic_wide("threads");
+}
+
+#[test]
+fn migstress_sequence_checked_traffic_works() {
+    semantic("migstress");
+}
+
+/// Issue 23: MPI programs built by Debian's `mpicc.mpich` keep running, with every message checked,
+/// while their ranks are moved at random between emulated hosts (any rank, any host, mid-collective and
+/// mid-rendezvous): 3 jobs (3 hosts/4 ranks, 3 hosts/6 ranks, 4 hosts/8 ranks), 70 moves each.
+#[test]
+fn mpich_built_programs_survive_random_migrations() {
+    let s = setup();
+    // SAFETY: geteuid has no preconditions.
+    if !s.mpich || unsafe { libc::geteuid() } != 0 {
+        eprintln!("note: needs root and mpicc.mpich; migration stress skipped");
+        return;
+    }
+    use std::io::BufRead;
+    let bin = s.build.join("mpich").join("migstress");
+    let mut seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+        | 1;
+    let mut rnd = move |k: usize| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed % k as u64) as usize
+    };
+    let mut switch_ms = Vec::new();
+    for (hosts, n, moves) in [(3usize, 4usize, 70usize), (3, 6, 70), (4, 8, 70)] {
+        let dir = std::env::temp_dir().join(format!("vmf-migstress-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let stopfile = dir.join("stop");
+        let mut child = Command::new(s.rel.join("vmfabric"))
+            .args(["run", "--hosts", &hosts.to_string(), "-n", &n.to_string(), "--region-dir"])
+            .arg(&dir)
+            .arg(&bin)
+            .arg(&stopfile)
+            .arg("240")
+            .env("LD_LIBRARY_PATH", &s.libdir)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
+        let mut first = String::new();
+        err.read_line(&mut first).unwrap();
+        // "vmfabric: job ID: N ranks on H emulated hosts"
+        let job = first.split_whitespace().nth(2).unwrap_or("").trim_end_matches(':').to_string();
+        assert!(!job.is_empty(), "no job id in {first:?}");
+        let mut rest = Some(std::thread::spawn(move || {
+            let mut t = String::new();
+            let _ = std::io::Read::read_to_string(&mut err, &mut t);
+            t
+        }));
+        let mut placement: Vec<usize> = (0..n).map(|r| r % hosts).collect();
+        let mut done = 0;
+        while done < moves {
+            let r = rnd(n);
+            let h = (placement[r] + 1 + rnd(hosts - 1)) % hosts;
+            let migrate = || {
+                Command::new(s.rel.join("vmfabric"))
+                    .args(["migrate", "--job", &job, "--rank", &r.to_string(), "--to-host", &h.to_string()])
+                    .output()
+                    .unwrap()
+            };
+            let mut o = migrate();
+            // Until every rank has started (and registered its control channel).
+            let t0 = std::time::Instant::now();
+            while done == 0
+                && !o.status.success()
+                && ["no control channel", "still starting"]
+                    .iter()
+                    .any(|m| String::from_utf8_lossy(&o.stderr).contains(m))
+                && t0.elapsed() < std::time::Duration::from_secs(30)
+            {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                o = migrate();
+            }
+            let out = String::from_utf8_lossy(&o.stdout).into_owned();
+            if !o.status.success() {
+                // SAFETY: signalling our own child (the launcher stops the job on SIGTERM).
+                unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+                let _ = child.wait();
+                panic!(
+                    "move {done} of {moves} (rank {r} to host {h}, {hosts} hosts, {n} ranks) failed: {out}{}\njob: {first}{}",
+                    String::from_utf8_lossy(&o.stderr),
+                    rest.take().unwrap().join().unwrap()
+                );
+            }
+            // "rank R of job J moved to host H (X ms)"
+            if let Some(ms) = out.split('(').nth(1).and_then(|x| x.split_whitespace().next()) {
+                switch_ms.push(ms.parse::<f64>().unwrap());
+            }
+            placement[r] = h;
+            done += 1;
+        }
+        std::fs::write(&stopfile, b"").unwrap();
+        let o = child.wait_with_output().unwrap();
+        let errs = rest.take().unwrap().join().unwrap();
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            o.status.success() && out.contains("migstress PASS"),
+            "migstress on {hosts} hosts with {n} ranks after {moves} moves: {}\n{out}\n{errs}",
+            o.status
+        );
+        let left: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().map(|e| e.file_name()).collect();
+        assert_eq!(left.len(), 1, "left behind in the region directory: {left:?}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    switch_ms.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let q = |p: f64| switch_ms[((switch_ms.len() - 1) as f64 * p).round() as usize];
+    eprintln!(
+        "migration stress: {} moves, switch time (until every peer answered) median {:.2} ms, p99 {:.2} ms",
+        switch_ms.len(),
+        q(0.5),
+        q(0.99)
+    );
 }
 
 #[test]

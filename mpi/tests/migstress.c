@@ -1,0 +1,103 @@
+/* Sequence-checked traffic for live-migration tests (issue 23): every iteration runs
+ *   - a ring MPI_Sendrecv whose size cycles through 8 B .. 300 KB (eager and rendezvous),
+ *   - an MPI_Alltoall with a payload per ordered pair,
+ *   - an MPI_Allreduce and an MPI_Bcast (rotating root) whose results depend on the iteration,
+ * and every received element is checked against what its sender must have sent in that iteration, so a
+ * lost, duplicated, reordered or corrupt message is caught where it happens.
+ *
+ *   migstress                      200 iterations, then exit (what the plain test run does)
+ *   migstress STOPFILE [MAXSECS]   run until STOPFILE exists (seen by rank 0, agreed by all), at most
+ *                                  MAXSECS seconds (default 300; then it fails: the file never came)
+ *
+ * Rank 0 prints "migstress PASS: N iterations" at the end. */
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static long val(int src, int dst, long it, long i) {
+    return it * 1000003L + src * 7919L + dst * 104729L + i;
+}
+
+static void fail(int rank, const char *what, long it, long i, long got, long want) {
+    fprintf(stderr, "migstress: rank %d: %s wrong at iteration %ld, element %ld: got %ld, want %ld\n", rank,
+            what, it, i, got, want);
+    MPI_Abort(MPI_COMM_WORLD, 3);
+}
+
+int main(int argc, char **argv) {
+    MPI_Init(&argc, &argv);
+    int r, n;
+    MPI_Comm_rank(MPI_COMM_WORLD, &r);
+    MPI_Comm_size(MPI_COMM_WORLD, &n);
+    const char *stop = argc > 1 ? argv[1] : NULL;
+    double maxsecs = argc > 2 ? atof(argv[2]) : 300;
+    const long ring_bytes[] = {8, 1000, 70000, 300000, 4096};
+    const long ring_max = 300000 / 8;
+    long *sb = malloc(ring_max * sizeof(long)), *rb = malloc(ring_max * sizeof(long));
+    const long a2a_max = 64 + 2 * 1024;
+    long *as = malloc(a2a_max * n * sizeof(long)), *ar = malloc(a2a_max * n * sizeof(long));
+    long bc[1000], red[16], sum[16];
+    int next = (r + 1) % n, prev = (r + n - 1) % n;
+    double t0 = MPI_Wtime();
+    long it = 0;
+    for (;; it++) {
+        /* Ring. */
+        long cnt = ring_bytes[it % 5] / 8;
+        for (long i = 0; i < cnt; i++) sb[i] = val(r, next, it, i);
+        MPI_Status st;
+        MPI_Sendrecv(sb, (int)cnt, MPI_LONG, next, 5, rb, (int)cnt, MPI_LONG, prev, 5, MPI_COMM_WORLD, &st);
+        int got;
+        MPI_Get_count(&st, MPI_LONG, &got);
+        if (got != cnt || st.MPI_SOURCE != prev) fail(r, "ring status", it, -1, got, cnt);
+        for (long i = 0; i < cnt; i++)
+            if (rb[i] != val(prev, r, it, i)) fail(r, "ring payload", it, i, rb[i], val(prev, r, it, i));
+        /* All-to-all. */
+        long ac = 64 + (it % 3) * 1024;
+        for (int p = 0; p < n; p++)
+            for (long i = 0; i < ac; i++) as[p * ac + i] = val(r, p, it, i);
+        MPI_Alltoall(as, (int)ac, MPI_LONG, ar, (int)ac, MPI_LONG, MPI_COMM_WORLD);
+        for (int p = 0; p < n; p++)
+            for (long i = 0; i < ac; i++)
+                if (ar[p * ac + i] != val(p, r, it, i)) fail(r, "alltoall", it, p * ac + i, ar[p * ac + i], val(p, r, it, i));
+        /* Allreduce. */
+        for (int i = 0; i < 16; i++) red[i] = it + (long)r * i;
+        MPI_Allreduce(red, sum, 16, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
+        for (int i = 0; i < 16; i++) {
+            long want = n * it + (long)i * n * (n - 1) / 2;
+            if (sum[i] != want) fail(r, "allreduce", it, i, sum[i], want);
+        }
+        /* Bcast from a rotating root. */
+        int root = (int)(it % n);
+        if (r == root)
+            for (int i = 0; i < 1000; i++) bc[i] = val(root, 0, it, i);
+        MPI_Bcast(bc, 1000, MPI_LONG, root, MPI_COMM_WORLD);
+        for (int i = 0; i < 1000; i++)
+            if (bc[i] != val(root, 0, it, i)) fail(r, "bcast", it, i, bc[i], val(root, 0, it, i));
+        /* Stop? */
+        if (it % 16 == 15) {
+            int done = 0;
+            if (r == 0) {
+                if (!stop) done = it + 1 >= 200;
+                else if (access(stop, F_OK) == 0) done = 1;
+                else if (MPI_Wtime() - t0 > maxsecs) done = 2;
+            }
+            MPI_Bcast(&done, 1, MPI_INT, 0, MPI_COMM_WORLD);
+            if (done == 2) {
+                if (r == 0) fprintf(stderr, "migstress: %s did not appear within %.0f s\n", stop, maxsecs);
+                MPI_Finalize();
+                return 2;
+            }
+            if (done) break;
+        }
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (r == 0) printf("migstress PASS: %ld iterations\n", it + 1);
+    free(sb);
+    free(rb);
+    free(as);
+    free(ar);
+    MPI_Finalize();
+    return 0;
+}
