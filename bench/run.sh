@@ -26,6 +26,7 @@
 #   BENCH_MPI4PY=0            skip mpi4py's ping-pong (BENCH_MPI4PY_ROUNDS=R, default 5)
 #   BENCH_OVERCOMMIT=0        skip the overcommit sweep (bench/overcommit.sh, which
 #                             has its own knobs: BENCH_OVERCOMMIT_QUICK=1, ...)
+#   BENCH_NEIGHBOURS=0        skip the two-jobs-sharing-CPUs comparison (bench/neighbours.sh)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -381,6 +382,24 @@ if [ "${BENCH_OVERCOMMIT:-1}" != 0 ]; then
     fi
 else
     log "BENCH_OVERCOMMIT=0: overcommit sweep skipped"
+fi
+
+# ---------------------------------------------------------------- neighbours
+# Two jobs sharing the CPUs: a 2-rank ping-pong alone, beside a copy of itself and beside MPICH, and
+# MPICH's twin alone and beside itself (results in $RESULTS/neighbours.json).
+if [ "${BENCH_NEIGHBOURS:-1}" != 0 ]; then
+    if [ ! -x "$BUILD/mpi_overcommit.mpich" ] && command -v mpicc.mpich >/dev/null; then
+        mpicc.mpich -O2 -o "$BUILD/mpi_overcommit.mpich" bench/c/mpi_overcommit.c || true
+    fi
+    NB_RC=0
+    BENCH_RESULTS_DIR="$RESULTS" BENCH_VMFABRIC="$VMF" VMF_BENCH_MPICH_OVERCOMMIT="$BUILD/mpi_overcommit.mpich" \
+        bash bench/neighbours.sh || NB_RC=$?
+    if [ "$NB_RC" != 0 ]; then
+        warn "bench/neighbours.sh failed (rc=$NB_RC)"
+        FAILURES+=("neighbours (rc=$NB_RC)")
+    fi
+else
+    log "BENCH_NEIGHBOURS=0: neighbours skipped"
 fi
 
 # ---------------------------------------------------------------- one-sided (RMA)

@@ -38,6 +38,7 @@ pub const PARAMS: &[Param] = &[
     Param { name: "SHM_MAX_LOCAL", default: "256", doc: "most ranks that may share one region" },
     Param { name: "WAIT", default: "adaptive", doc: "how a rank waits: spin (poll), yield (poll, then sched_yield), block (poll briefly, then sleep until a message arrives), adaptive (spin budget learnt from observed waits and cores per rank, then yield if oversubscribed, then sleep)" },
     Param { name: "WAIT_SPIN_MAX_US", default: "1000", doc: "adaptive: longest spin (microseconds) when every rank of the host has a core (the learnt budget stays between 200 us and this)" },
+    Param { name: "GANG_SLICE_US", default: "5000", doc: "adaptive: when vmfabric jobs on this machine together have more ranks than CPUs, they take turns with the CPUs in slices of this many microseconds (a rank waiting in another job's slice sleeps until its own; registry /dev/shm/vmf-gang-<uid>); 0: never" },
     Param { name: "WAIT_YIELD_US", default: "50", doc: "adaptive, when ranks outnumber cores: time (microseconds) spent yielding before sleeping" },
     Param { name: "SPIN_COUNT", default: "100", doc: "yield policy: idle polls before the first sched_yield" },
     Param { name: "BIND", default: "auto", doc: "CPU binding of each rank: auto (pin the ranks of a region to its CPUs in blocks when they outnumber them, so that waiting ranks know which peers share their CPU), core (always pin, one CPU each while there are enough), none (leave the affinity alone)" },
@@ -157,6 +158,8 @@ pub struct Config {
     pub tcp_pending_max: usize,
     /// WAIT.
     pub wait: WaitPolicy,
+    /// GANG_SLICE_US.
+    pub gang_slice_us: u64,
     /// WAIT_SPIN_MAX_US.
     pub wait_spin_max_us: u64,
     /// WAIT_YIELD_US.
@@ -294,6 +297,7 @@ impl Config {
             tcp_eager_limit: size("TCP_EAGER_LIMIT", 0, 64 << 20)? as usize,
             tcp_chunk: size("TCP_CHUNK", 4096, 1 << 30)? as usize,
             tcp_handshake_ms: number("TCP_HANDSHAKE_MS", 1, 600_000, "milliseconds")?,
+            gang_slice_us: number("GANG_SLICE_US", 0, 1_000_000, "microseconds")?,
             tcp_pending_max: number("TCP_PENDING_MAX", 1, 65536, "connections")? as usize,
             wait: match get("WAIT").as_str() {
                 "spin" => WaitPolicy::Spin,

@@ -366,6 +366,8 @@ pub struct Engine {
     last_liveness: Instant,
     fatal: Option<Error>,
     waiter: Waiter,
+    /// Turns with the other vmfabric jobs of the machine (adaptive policy; see [`crate::gang`]).
+    gang: Option<crate::gang::Gang>,
     /// Where every rank is (region UUID, slot, TCP address), kept current through migrations.
     locs: Vec<migrate::Loc>,
     /// How to move (hosts table, job key, region sizing), when started with emulated hosts.
@@ -608,6 +610,7 @@ impl Engine {
             last_liveness: Instant::now(),
             fatal: None,
             waiter: Waiter::new(&cfg, local),
+            gang: None,
             locs: vec![migrate::Loc::default(); n],
             mig_ctx: None,
             shared: None,
@@ -625,6 +628,44 @@ impl Engine {
     /// Name this rank's job (the hash its TCP handshakes carry); set by `Fabric::init`.
     pub fn set_job_hash(&mut self, h: u64) {
         self.job_hash = h;
+    }
+
+    /// Take turns with the CPUs with other vmfabric jobs of this machine when together they have more
+    /// ranks than CPUs (adaptive policy, `VMF_GANG_SLICE_US` > 0): see [`crate::gang`].
+    pub fn join_gang(&mut self) {
+        if self.cfg.wait != WaitPolicy::Adaptive || self.cfg.gang_slice_us == 0 {
+            return;
+        }
+        let dir = if std::path::Path::new("/dev/shm").is_dir() {
+            std::path::PathBuf::from("/dev/shm")
+        } else {
+            std::env::temp_dir()
+        };
+        let local = self.shm.as_ref().map_or(1, |s| s.peer_count() + 1);
+        let ranks = local.max(self.cfg.machine_ranks.unwrap_or(0));
+        let cpus = self.cfg.host_cpus.unwrap_or_else(vmf_pal::available_cpus);
+        self.gang = crate::gang::Gang::join(
+            &dir,
+            self.job_hash,
+            ranks,
+            cpus,
+            Duration::from_micros(self.cfg.gang_slice_us),
+        );
+    }
+
+    /// In a wait: if it is another job's turn with the CPUs, sleep until ours. True if it slept.
+    #[inline]
+    fn gang_turn(&mut self) -> bool {
+        let Some(g) = self.gang.as_mut() else {
+            return false;
+        };
+        match g.off_turn(migrate::monotonic_ns()) {
+            Some(d) => {
+                std::thread::sleep(d);
+                true
+            }
+            None => false,
+        }
     }
 
     /// Make sure the TCP transport exists (a job of one rank, or one started with `VMF_TCP=0`, has none
@@ -2194,6 +2235,11 @@ impl Engine {
                         }
                         continue;
                     }
+                    if self.gang_turn() {
+                        slept = true;
+                        stage = stage.max(Stage::Sleep);
+                        continue;
+                    }
                     let now = Instant::now();
                     let el = now - *start.get_or_insert(now);
                     self.idle(el, idled);
@@ -2226,6 +2272,11 @@ impl Engine {
                                 }
                             }
                         }
+                        continue;
+                    }
+                    if self.gang_turn() {
+                        slept = true;
+                        stage = stage.max(Stage::Sleep);
                         continue;
                     }
                     let now = Instant::now();

@@ -30,6 +30,7 @@
 pub mod config;
 pub mod engine;
 pub mod error;
+pub mod gang;
 pub mod pool;
 
 pub use config::Config;
@@ -390,6 +391,7 @@ impl Fabric {
             eng.set_migration_context(c);
         }
         eng.bind_cpu();
+        eng.join_gang();
         if verbose {
             let ch: Vec<String> = (0..size)
                 .map(|p| format!("{p}:{}", eng.route(p).name()))

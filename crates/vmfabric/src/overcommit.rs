@@ -33,6 +33,67 @@ pub struct OvercommitArgs {
     /// Run a CPU-burning process on the host during the measurement (the seed's noise VM).
     #[arg(long)]
     noise: bool,
+    /// Run a second job of the same shape (same ranks, pattern and compute) beside the measured one for
+    /// the whole measurement: `vmfabric` (this benchmark under `vmfabric run`) or `mpich` (its MPI twin
+    /// bench/c/mpi_overcommit.c built with mpicc.mpich, under mpiexec.mpich; the binary is
+    /// $VMF_BENCH_MPICH_OVERCOMMIT, default bench/build/mpi_overcommit.mpich as `make bench` builds it).
+    #[arg(long, value_enum)]
+    neighbours: Option<Neighbours>,
+}
+
+/// The job that runs beside the measured one.
+#[derive(Copy, Clone, PartialEq, Eq, ValueEnum, Debug)]
+pub enum Neighbours {
+    /// Another vmfabric job.
+    Vmfabric,
+    /// An MPICH job.
+    Mpich,
+}
+
+/// Start the neighbour job: the same pattern for far more rounds than the measurement needs (it is
+/// stopped when the measurement ends).
+fn start_neighbour(k: Neighbours, a: &OvercommitArgs, n: usize) -> std::io::Result<std::process::Child> {
+    let pat = match a.pattern {
+        Pattern::Ring => "ring",
+        Pattern::Alltoall => "alltoall",
+    };
+    let rounds = (a.rounds.unwrap_or(10000) * 1000).to_string();
+    let compute = a.compute.to_string();
+    let mut c = match k {
+        Neighbours::Vmfabric => {
+            let exe = std::env::current_exe()?;
+            let mut c = std::process::Command::new(&exe);
+            c.args(["run", "--quiet", "-n", &n.to_string()])
+                .arg(&exe)
+                .args(["bench", "overcommit", "--pattern", pat, "--rounds", &rounds, "--compute", &compute]);
+            c
+        }
+        Neighbours::Mpich => {
+            let prog = std::env::var("VMF_BENCH_MPICH_OVERCOMMIT")
+                .unwrap_or_else(|_| "bench/build/mpi_overcommit.mpich".into());
+            if !std::path::Path::new(&prog).exists() {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    format!("{prog} does not exist (make bench builds it; or set VMF_BENCH_MPICH_OVERCOMMIT)"),
+                ));
+            }
+            let mut c = std::process::Command::new("mpiexec.mpich");
+            c.args(["-n", &n.to_string(), &prog, "--pattern", pat, "--rounds", &rounds, "--compute", &compute]);
+            // Its own library, not ours.
+            c.env_remove("LD_LIBRARY_PATH");
+            c
+        }
+    };
+    // Not part of this job: no inherited PMI or fabric settings.
+    for (k, _) in std::env::vars() {
+        if k.starts_with("PMI_") || k.starts_with("VMF_") || k.starts_with("MPI_LOCAL") {
+            c.env_remove(k);
+        }
+    }
+    c.stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
 }
 
 /// About a microsecond of arithmetic that the optimiser cannot remove.
@@ -68,9 +129,26 @@ pub fn run(a: OvercommitArgs, json: Option<std::path::PathBuf>) -> i32 {
             Err(e) => eprintln!("vmfabric bench overcommit: cannot start the noise process: {e}"),
         }
     }
+    let mut neighbour = None;
+    if let (Some(k), 0) = (a.neighbours, f.rank()) {
+        match start_neighbour(k, &a, f.size()) {
+            Ok(c) => neighbour = Some(c),
+            Err(e) => {
+                eprintln!("vmfabric bench overcommit: cannot start the {k:?} neighbour job: {e}");
+                f.abort(1, "no neighbour job");
+            }
+        }
+        // Let it start up before the measurement begins.
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
     let r = measure(&f, &a, json.as_deref());
     if let Some(mut c) = noise {
         let _ = c.kill();
+        let _ = c.wait();
+    }
+    if let Some(mut c) = neighbour {
+        // SAFETY: signalling our own child (both launchers stop their job on SIGTERM).
+        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
         let _ = c.wait();
     }
     match r {
@@ -197,13 +275,17 @@ fn measure(f: &Fabric, a: &OvercommitArgs, json: Option<&std::path::Path>) -> Re
         println!(
             "overcommit {pat}: {n} ranks on {} cpus, wait {wait}{}: wall {wall:.4} s, cpu {total:.4} s, {:.2} us/round ({rounds} rounds, {} sleeps on rank 0)",
             vmf_pal::available_cpus(),
-            if a.noise { ", with noise" } else { "" },
+            match (a.noise, a.neighbours) {
+                (true, _) => ", with noise".to_string(),
+                (false, Some(k)) => format!(", beside a {} job", format!("{k:?}").to_lowercase()),
+                _ => String::new(),
+            },
             wall * 1e6 / rounds as f64,
             f.engine().waiter().sleeps
         );
         if let Some(path) = json {
             let doc = serde_json::json!({"benchmark": "overcommit", "pattern": pat, "ranks": n, "wait": wait,
-                "wall_s": wall, "cpu_s": total, "rounds": rounds, "us_per_round": wall * 1e6 / rounds as f64, "noise": a.noise, "implementation": "vmfabric"});
+                "wall_s": wall, "cpu_s": total, "rounds": rounds, "us_per_round": wall * 1e6 / rounds as f64, "noise": a.noise, "neighbours": a.neighbours.map(|k| format!("{k:?}").to_lowercase()), "implementation": "vmfabric"});
             std::fs::write(path, serde_json::to_string_pretty(&doc).unwrap() + "\n").map_err(
                 |e| Error::Setup {
                     rank: me,
