@@ -721,6 +721,10 @@ impl Engine {
             return Ok(rank as usize); // a rank of this job: reached as before
         }
         self.tcp_listen_addr()?;
+        // Jobs that talk to each other (dynamic processes) must not take turns with the CPUs: each
+        // message between them would wait for the other's slice. This rank stops taking part (its
+        // job's entry goes quiet, so the others stop waiting for it).
+        self.gang = None;
         let idx = self
             .tcp
             .as_mut()
