@@ -1071,6 +1071,23 @@ impl Job<'_> {
     }
 
     fn aborted(&mut self, idx: usize, code: i32) -> i32 {
+        // A rank killed by a signal is the cause when others abort because they lost it (across hosts
+        // they learn of it over TCP and abort before the launcher has looked at the dead one).
+        let _ = self.reap();
+        let killed = self.procs.iter().enumerate().find_map(|(k, p)| {
+            let st = p.status?;
+            (k != idx && !p.discarded && st.signal().is_some()).then_some((k, st))
+        });
+        if let Some((k, st)) = killed {
+            eprintln!(
+                "vmfabric: {} {}; stopping the job ({} called abort after it)",
+                self.who_pid(k),
+                describe(&st),
+                self.who(idx)
+            );
+            self.stop(FAIL_GRACE);
+            return status_code(&st);
+        }
         eprintln!(
             "vmfabric: {} called abort with code {code}; stopping the job",
             self.who(idx)
