@@ -198,6 +198,8 @@ pub struct Fabric {
     job: String,
     finalized: Cell<bool>,
     coll_tag: Cell<i32>,
+    /// The region watchdog this rank started (see `start_region_watchdog`), stopped and reaped at the end.
+    watchdog: Cell<Option<i32>>,
 }
 
 /// The rank the launcher gave this process (`PMI_RANK`), before the fabric is up (for error messages).
@@ -232,6 +234,7 @@ impl Fabric {
         let mut tcp = None;
         let mut locs = Vec::new();
         let mut mig_ctx = None;
+        let mut watchdog = None;
         if size > 1 {
             let src = if cfg.region_path.is_empty() {
                 RegionSource::Dir(cfg.region_dir.clone().into())
@@ -255,6 +258,9 @@ impl Fabric {
                 Region::open(&src, &job, sizing, launcher, timeout).map_err(|e| setup(rank, e))?;
             let reg = Arc::new(reg);
             let idx = reg.attach(rank as u32).map_err(|e| setup(rank, e))?;
+            if launcher.is_none() && reg.is_file && idx == 0 {
+                watchdog = start_region_watchdog(&reg);
+            }
             // TCP: listen now, publish the address with the region's identity.
             let secret_env = std::env::var("VMF_JOB_SECRET")
                 .ok()
@@ -406,6 +412,7 @@ impl Fabric {
             job,
             finalized: Cell::new(false),
             coll_tag: Cell::new(0),
+            watchdog: Cell::new(watchdog),
         })
     }
 
@@ -703,6 +710,7 @@ impl Fabric {
                 let _ = std::fs::remove_file(reg.path());
             }
         }
+        stop_watchdog(&self.watchdog);
         if let Some(p) = self.pmi.borrow_mut().as_mut() {
             p.finalize().map_err(fin)?;
         }
@@ -719,6 +727,7 @@ impl Fabric {
                 }
             }
         }
+        stop_watchdog(&self.watchdog);
         if let Some(p) = self.pmi.borrow_mut().as_mut() {
             let _ = p.abort(code, msg);
             std::thread::sleep(Duration::from_secs(2));
@@ -828,6 +837,69 @@ fn sanitize(s: &str) -> String {
         })
         .take(64)
         .collect()
+}
+
+/// Under a launcher that is not ours (Hydra, Slurm), nobody removes the region when ranks are killed
+/// (`kill -9` of one, and Hydra then SIGKILLs the others): a watchdog process does. Started by the rank in
+/// slot 0 of a region file it maps, it checks every 200 ms whether any process attached to the region is
+/// alive, and removes the file once none is (or exits when the ranks removed it themselves). It leaves the
+/// session (signals to the job's process group miss it) and closes every inherited descriptor (the PMI
+/// socket and the output pipes: a launcher waits for their ends). Between fork and exit it only reads the
+/// mapped slot table and makes async-signal-safe calls (the application may have threads). The rank that
+/// started it stops and reaps it at finalize or abort ([`stop_watchdog`]); only if that rank is killed
+/// does the watchdog outlive it (and then it is init's to reap). Returns its pid.
+fn start_region_watchdog(reg: &Region) -> Option<i32> {
+    let path = std::ffi::CString::new(reg.path().as_os_str().as_encoded_bytes()).ok()?;
+    let slots: Vec<&vmf_transport::shm::region::Slot> =
+        (0..reg.max_local).filter_map(|i| reg.slot(i).ok()).collect();
+    // SAFETY: fork; the child below only makes async-signal-safe calls and memory reads, then _exits.
+    let pid = unsafe { libc::fork() };
+    if pid != 0 {
+        return (pid > 0).then_some(pid);
+    }
+    // SAFETY (whole child): async-signal-safe calls only; never returns.
+    unsafe {
+        libc::setsid();
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+        for fd in 0..3 {
+            libc::dup2(null, fd);
+        }
+        if libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) != 0 {
+            for fd in 3..4096 {
+                libc::close(fd);
+            }
+        }
+        let mut seen = false;
+        loop {
+            if libc::access(path.as_ptr(), libc::F_OK) != 0 {
+                libc::_exit(0); // removed at finalize (or by `vmfabric clean`)
+            }
+            let alive = slots.iter().any(|s| {
+                s.state.load(std::sync::atomic::Ordering::Acquire) == 1 && {
+                    let pid = s.pid.load(std::sync::atomic::Ordering::Acquire) as i32;
+                    pid > 0 && libc::kill(pid, 0) == 0
+                }
+            });
+            seen |= alive;
+            if seen && !alive {
+                libc::unlink(path.as_ptr());
+                libc::_exit(0);
+            }
+            let ts = libc::timespec { tv_sec: 0, tv_nsec: 200_000_000 };
+            libc::nanosleep(&ts, std::ptr::null_mut());
+        }
+    }
+}
+
+/// Stop and reap the region watchdog (the ranks end in an orderly way: finalize removes the region).
+fn stop_watchdog(w: &Cell<Option<i32>>) {
+    if let Some(pid) = w.take() {
+        // SAFETY: our own child, not yet reaped (so its pid cannot have been reused).
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+            libc::waitpid(pid, std::ptr::null_mut(), 0);
+        }
+    }
 }
 
 fn launcher_from_env() -> Option<ProcessId> {

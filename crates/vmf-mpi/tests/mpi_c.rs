@@ -403,6 +403,62 @@ fn mpich_built_programs_survive_random_migrations() {
     );
 }
 
+/// Issue 23, item 4: under Hydra (not our launcher) a rank killed with SIGKILL, and the others Hydra then
+/// kills, leave no region behind: the watchdog of the region removes it.
+#[test]
+fn hydra_killed_rank_leaves_no_region() {
+    let s = setup();
+    if !s.mpich || !have("mpiexec.mpich") {
+        eprintln!("note: mpiexec.mpich not installed; skipped");
+        return;
+    }
+    let bin = s.build.join("mpich").join("migstress");
+    let dir = std::env::temp_dir().join(format!("vmf-hydra-kill-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let child = Command::new("mpiexec.mpich")
+        .args(["-n", "3"])
+        .arg(&bin)
+        .arg(dir.join("never"))
+        .arg("60")
+        .env("LD_LIBRARY_PATH", &s.libdir)
+        .env("VMF_REGION_DIR", &dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let region = || {
+        std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".shm"))
+            .count()
+    };
+    let t0 = std::time::Instant::now();
+    while region() == 0 && t0.elapsed() < std::time::Duration::from_secs(30) {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert_eq!(region(), 1, "the job made no region in {}", dir.display());
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let pids = Command::new("pgrep").arg("-f").arg(bin.to_str().unwrap()).output().unwrap();
+    let victim: i32 = String::from_utf8_lossy(&pids.stdout)
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .max()
+        .expect("a rank to kill");
+    // SAFETY: kill on a rank of the job this test started.
+    unsafe { libc::kill(victim, libc::SIGKILL) };
+    let o = child.wait_with_output().unwrap();
+    assert!(!o.status.success(), "the job should fail after a rank was killed");
+    let t1 = std::time::Instant::now();
+    while region() != 0 && t1.elapsed() < std::time::Duration::from_secs(5) {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let left: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert!(left.is_empty(), "left behind after the job died: {left:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn errors_classes_handlers_and_environment_work() {
     semantic("errors");
