@@ -301,6 +301,22 @@ impl Fabric {
                     );
                 }
             }
+            // Every rank's card: in chunks of 256 per round trip from our launcher, one by one from others.
+            let mut cards: Vec<String> = Vec::with_capacity(size);
+            if launcher.is_some() {
+                let mut from = 0;
+                while from < size {
+                    let count = (size - from).min(256);
+                    match p.get_range("vmf-addr-", from, count) {
+                        Ok(v) => cards.extend(v),
+                        Err(_) => {
+                            cards.clear(); // not our server after all: one key at a time
+                            break;
+                        }
+                    }
+                    from += count;
+                }
+            }
             let mut local = Vec::new();
             for r in 0..size {
                 if r == rank {
@@ -311,7 +327,10 @@ impl Fabric {
                     });
                     continue;
                 }
-                let v = p.get(&key(r)).map_err(|e| setup(rank, e))?;
+                let v = match cards.get_mut(r) {
+                    Some(v) => std::mem::take(v),
+                    None => p.get(&key(r)).map_err(|e| setup(rank, e))?,
+                };
                 let bad = || setup(rank, format!("bad bootstrap value {v:?} from rank {r}"));
                 let (shm_part, tcp_part) = v.split_once(';').ok_or_else(bad)?;
                 let (uuid, li) = shm_part.split_once(':').ok_or_else(bad)?;

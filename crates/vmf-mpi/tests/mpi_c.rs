@@ -43,6 +43,7 @@ const PROGRAMS: &[&str] = &[
     "mpi_t",
     "spawn",
     "migstress",
+    "scale",
 ];
 const MPICH_INC: &str = "/usr/include/x86_64-linux-gnu/mpich";
 
@@ -457,6 +458,24 @@ fn hydra_killed_rank_leaves_no_region() {
     let left: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().map(|e| e.file_name()).collect();
     assert!(left.is_empty(), "left behind after the job died: {left:?}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue 23, item 5: 1024 ranks on one host (2 CPUs here) start, pass a barrier and a checked allreduce,
+/// and finish (about 25 s; the slot limit is raised as the launcher's message says).
+#[test]
+fn thousand_ranks_on_one_host_start_and_reduce() {
+    let s = setup();
+    let kind = *builds().last().unwrap();
+    let bin = s.build.join(kind).join("scale");
+    let o = job_env(1024, &bin, &[("VMF_SHM_MAX_LOCAL", "1024")]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success() && out.contains("scale PASS: 1024 ranks"),
+        "1024 ranks: {}\n{out}\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stderr)
+    );
+    eprintln!("{}", out.trim());
 }
 
 #[test]

@@ -422,6 +422,39 @@ impl PmiClient {
             })
     }
 
+    /// The values of keys `<prefix><from>` .. `<prefix><from+count-1>` in one round trip: vmfabric's own
+    /// extension, which only our launcher's PMI server speaks (ask Hydra with [`PmiClient::get`]).
+    pub fn get_range(
+        &mut self,
+        prefix: &str,
+        from: usize,
+        count: usize,
+    ) -> Result<Vec<String>, PmiError> {
+        let op = format!("get keys {prefix}{from}..{}", from + count);
+        self.live(&op)?;
+        let m = Message::new("vmf_getrange")
+            .with("kvsname", &self.kvsname)
+            .with("prefix", prefix)
+            .with("from", from)
+            .with("count", count);
+        let r = self.call(&op, &m, "vmf_getrange_result")?;
+        self.check_rc(&op, &r)?;
+        let vals: Vec<String> = r
+            .get("values")
+            .unwrap_or("")
+            .split('|')
+            .map(str::to_owned)
+            .collect();
+        if vals.len() != count {
+            return Err(PmiError::Malformed {
+                op,
+                why: format!("{} values for {count} keys", vals.len()),
+                line: r.to_line(),
+            });
+        }
+        Ok(vals)
+    }
+
     /// Barrier over all ranks of the job (`barrier_in` / `barrier_out`); also makes every put done before it
     /// visible to every rank.
     pub fn fence(&mut self) -> Result<(), PmiError> {
