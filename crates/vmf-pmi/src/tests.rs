@@ -105,6 +105,28 @@ fn key_not_found_fails() {
 }
 
 #[test]
+fn get_range_returns_a_run_of_keys_in_one_answer_and_fails_on_a_gap() {
+    let mut j = job(1);
+    let mut c = PmiClient::from_stream(j.clients[0].take().unwrap(), 0, 1).unwrap();
+    for k in 0..300 {
+        c.put(&format!("card-{k}"), &format!("u{k}:{};10.0.0.{}:{}", k % 7, k % 250, 1000 + k))
+            .unwrap();
+    }
+    c.fence().unwrap();
+    let v = c.get_range("card-", 40, 256).unwrap();
+    assert_eq!(v.len(), 256);
+    for (i, x) in v.iter().enumerate() {
+        let k = 40 + i;
+        assert_eq!(*x, format!("u{k}:{};10.0.0.{}:{}", k % 7, k % 250, 1000 + k));
+    }
+    // A missing key fails the whole request, and the connection stays usable.
+    assert!(c.get_range("card-", 290, 20).is_err());
+    assert!(c.get_range("card-", 0, 5000).is_err(), "count is bounded");
+    assert_eq!(c.get("card-7").unwrap(), "u7:0;10.0.0.7:1007");
+    c.finalize().unwrap();
+}
+
+#[test]
 fn invalid_values_are_rejected_fails() {
     let mut j = job(1);
     let mut c = PmiClient::from_stream(j.clients[0].take().unwrap(), 0, 1).unwrap();
