@@ -40,6 +40,34 @@ parts = [
     "`bench/results/overcommit_cpu.png`.\n",
     summary.replace("# vmfabric benchmark summary", "## Point to point, TCP and migration").replace("\n## ", "\n### "),
 ]
+# Measured by hand (commands inside): live migration under other traffic patterns.
+mig_traffic = read("migrate-traffic.md")
+if mig_traffic:
+    parts.append(mig_traffic.replace("\n## ", "\n### ").strip() + "\n")
+# bench/neighbours.sh: two jobs sharing the CPUs.
+nb = read("neighbours.json")
+if nb:
+    import json
+    d = json.loads(nb)
+    m = d.get("us_per_round_median", {})
+    cols = [("ours_alone", "vmfabric alone"), ("ours_beside_ours", "vmfabric beside vmfabric"),
+            ("ours_beside_mpich", "vmfabric beside MPICH"), ("mpich_alone", "MPICH alone"),
+            ("mpich_beside_mpich", "MPICH beside MPICH")]
+    cols = [(k, h) for k, h in cols if k in m]
+    rows = ["## Two jobs sharing the CPUs (`bash bench/neighbours.sh`)\n",
+            "%s, µs per round trip, median of %d interleaved rounds:\n" % (d.get("pattern", "ping-pong"),
+                                                                         len(d.get("rounds", {}).get("ours_alone", []))),
+            "| " + " | ".join(h for _, h in cols) + " |", "|" + "---|" * len(cols),
+            "| " + " | ".join(("%.2f" if m[k] < 100 else "%.0f") % m[k] for k, _ in cols) + " |", ""]
+    if "slowdown_beside_ours" in d:
+        s = d["slowdown_beside_ours"]
+        rows.append("- %s  beside a copy of itself within 3x of alone (%.1fx)" % ("PASS" if s <= 3 else "MISS", s))
+    if "mpich_pair_vs_ours_pair" in d:
+        r = d["mpich_pair_vs_ours_pair"]
+        rows.append("- %s  >= 3x faster than MPICH in the same situation (%.0fx)" % ("PASS" if r >= 3 else "MISS", r))
+    parts.append("\n".join(rows) + "\n")
+
+
 def own_run(sub, prefix, title, env, what, word, extra=()):
     """A section of bench/run.sh run on its own (results in bench/results/SUB/) when the main run has none:
     its tables, and of its targets those whose text names WORD."""
