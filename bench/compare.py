@@ -732,16 +732,18 @@ def main(argv):
             with open(mig_path) as f:
                 m = json.load(f)
             clean = all(m.get(k) == 0 for k in ("lost", "duplicated", "reordered", "corrupt"))
-            md += ("\n## Live migration (`vmfabric run --hosts %s -n %s vmfabric bench migrate`)\n\n"
+            md += ("\n## Live migration (`vmfabric run --hosts %s -n %s vmfabric bench migrate --traffic %s`)\n\n"
                    "| migrations | messages | MiB | lost | duplicated | reordered | corrupt | pause median (ms) | pause p99 (ms) |\n"
                    "|---|---|---|---|---|---|---|---|---|\n"
                    "| %s | %s | %.1f | %s | %s | %s | %s | %.3f | %.3f |\n\n"
-                   % (m.get("hosts"), m.get("ranks"), m.get("migrations"), m.get("messages"),
+                   % (m.get("hosts"), m.get("ranks"), m.get("traffic", "all-to-all"), m.get("migrations"), m.get("messages"),
                       m.get("bytes", 0) / 2**20, m.get("lost"), m.get("duplicated"), m.get("reordered"),
                       m.get("corrupt"), m.get("pause_ms_median", 0), m.get("pause_ms_p99", 0)))
             md += "- %s  nothing lost, duplicated or reordered\n" % ("PASS" if clean else "MISS")
             md += "- %s  pause median <= 5 ms (%.3f ms)\n" % (
                 "PASS" if m.get("pause_ms_median", 1e9) <= 5 else "MISS", m.get("pause_ms_median", 0))
+            md += "- %s  pause p99 <= 20 ms (%.3f ms)\n" % (
+                "PASS" if m.get("pause_ms_p99", 1e9) <= 20 else "MISS", m.get("pause_ms_p99", 0))
         except (OSError, ValueError) as e:
             warn("cannot read %s: %s" % (mig_path, e))
     with open(os.path.join(rdir, "summary.md"), "w") as f:

@@ -590,7 +590,8 @@ if [ "${BENCH_HOSTS:-1}" != 0 ] && [ "$(id -u)" = 0 ]; then
         [ -f "$RESULTS/$f.json" ] && "$PY" -c 'import json,sys; p=sys.argv[1]; d=json.load(open(p)); d["benchmark"]=sys.argv[2]; json.dump(d, open(p,"w"), indent=1)' \
             "$RESULTS/$f.json" "${f##*-}"
     done
-    timeout 300 "$VMF" run --hosts 3 -n 4 "$VMF" bench migrate --migrations 20 \
+    # 100 migrations (enough samples for a p99) under the three traffic shapes in turn.
+    timeout 300 "$VMF" run --hosts 3 -n 4 "$VMF" bench migrate --migrations 100 --traffic mixed \
         --json "$RESULTS/migrate.json" || FAILURES+=("vmfabric migrate")
 else
     log "hosts benchmarks skipped (BENCH_HOSTS=0 or not root)"
