@@ -564,9 +564,14 @@ impl Engine {
             }
         }
         self.switch_route(peer, new_route);
+        // Ready goes first on the new channel, ahead of what was held (sent while holding, it would have
+        // queued behind megabytes of held data, and the peer holds its own sends to us until it arrives).
+        let held = std::mem::take(&mut self.peers[peer].held);
+        self.peers[peer].holding = false;
         let hdr = PktHeader::new(Kind::Ready, me as u32, 0, 0, 0, 0);
         let sent = self.send_packet(peer, hdr, &[], std::ptr::null(), 0, None)?;
         mtrace!("{me}: Ready -> {peer} on {new_route:?} sent={sent}");
+        self.peers[peer].held = held;
         self.release_held(peer);
         self.mig.as_mut().unwrap().acks_left -= 1;
         Ok(())

@@ -174,6 +174,8 @@ struct Conn {
     backlog: Option<Backlog>,
     /// An Incoming is out (payload points into rx) until released.
     lent: Option<usize>,
+    /// Which connection this is (unique within the transport).
+    gen: u64,
     direct_a: Vec<u8>,
 }
 
@@ -181,6 +183,10 @@ struct Conn {
 pub struct TcpToken {
     peer: usize,
     consumed: usize,
+    /// The connection that lent the packet: the one to the same peer may have been replaced while the
+    /// packet was handled (live migration retires it and the next send connects anew), and the new one's
+    /// buffer must not be advanced.
+    gen: u64,
 }
 
 /// The TCP transport of one rank.
@@ -216,6 +222,8 @@ pub struct TcpTransport {
     strangers_closed: u64,
     /// Per peer index from `world` on: who it is.
     remotes: Vec<Remote>,
+    /// Generation of the next connection established.
+    next_gen: u64,
 }
 
 fn setup(e: impl std::fmt::Display) -> TransportError {
@@ -261,6 +269,7 @@ impl TcpTransport {
             old_listeners: Vec::new(),
             world: n,
             remotes: Vec::new(),
+            next_gen: 1,
             accept_timeout: DEFAULT_ACCEPT_TIMEOUT,
             pending_max: DEFAULT_PENDING_MAX,
             strangers_closed: 0,
@@ -514,7 +523,9 @@ impl TcpTransport {
             backlog: None,
             lent: None,
             direct_a: Vec::new(),
+            gen: self.next_gen,
         });
+        self.next_gen += 1;
         self.epoll_dirty = true;
     }
 
@@ -1050,7 +1061,11 @@ impl TcpTransport {
                 d.hdr,
                 c.direct_a.as_ptr(),
                 c.direct_a.len(),
-                TcpToken { peer, consumed: 0 },
+                TcpToken {
+                    peer,
+                    consumed: 0,
+                    gen: c.gen,
+                },
             );
             inc.placed = d.total;
             c.lent = Some(0);
@@ -1112,6 +1127,7 @@ impl TcpTransport {
                         TcpToken {
                             peer,
                             consumed: FRAME_HDR + len,
+                            gen: c.gen,
                         },
                     )));
                 }
@@ -1402,8 +1418,10 @@ impl Transport for TcpTransport {
 
     fn release(&mut self, inc: Incoming<TcpToken>) {
         if let Some(Some(c)) = self.conns.get_mut(inc.token.peer) {
-            c.rx_start += inc.token.consumed;
-            c.lent = None;
+            if c.gen == inc.token.gen {
+                c.rx_start += inc.token.consumed;
+                c.lent = None;
+            }
         }
     }
 }
