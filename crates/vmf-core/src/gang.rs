@@ -35,7 +35,7 @@ const MAX_SLEEP_NS: u64 = 10_000_000;
 
 /// This rank's membership in the host's registry.
 pub struct Gang {
-    base: *mut u8,
+    seg: vmf_bb::segment::Segment,
     job: u64,
     ranks: u64,
     cpus: u64,
@@ -47,47 +47,19 @@ pub struct Gang {
     index: u64,
 }
 
-// SAFETY: the mapping is owned by this value; the entries are atomics.
-unsafe impl Send for Gang {}
-
 impl Gang {
     /// Join the registry in `dir` for job `job` with `ranks` ranks on this host and `cpus` CPUs. `None`
     /// if the file cannot be made or mapped (the job then simply does not take turns).
     pub fn join(dir: &Path, job: u64, ranks: usize, cpus: usize, slice: Duration) -> Option<Gang> {
-        use std::os::unix::fs::OpenOptionsExt;
         if slice.is_zero() {
             return None;
         }
         // SAFETY: getuid has no preconditions.
         let uid = unsafe { libc::getuid() };
         let path = dir.join(format!("vmf-gang-{uid}"));
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(path)
-            .ok()?;
-        if f.metadata().ok()?.len() < FILE_LEN as u64 {
-            f.set_len(FILE_LEN as u64).ok()?;
-        }
-        // SAFETY: a shared mapping of FILE_LEN bytes of a file at least that long.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                FILE_LEN,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                std::os::fd::AsRawFd::as_raw_fd(&f),
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return None;
-        }
+        let (seg, _) = vmf_bb::segment::Segment::open_or_create(&path, FILE_LEN as u64).ok()?;
         let mut g = Gang {
-            base: p as *mut u8,
+            seg,
             job: job.max(1),
             ranks: ranks.max(1) as u64,
             cpus: cpus.max(1) as u64,
@@ -109,8 +81,9 @@ impl Gang {
     /// Word `w` of entry `e` (entry 0 is the header).
     fn word(&self, e: usize, w: usize) -> &AtomicU64 {
         debug_assert!(e <= ENTRIES && w < ENTRY / 8);
-        // SAFETY: in bounds of the mapping (e <= ENTRIES, w < 8), 8-aligned, mapped while self lives.
-        unsafe { &*(self.base.add(e * ENTRY + w * 8) as *const AtomicU64) }
+        self.seg
+            .at::<AtomicU64>((e * ENTRY + w * 8) as u64)
+            .expect("registry words lie inside the mapped file")
     }
 
     /// Find this job's entry or take a free (or stale) one.
@@ -185,13 +158,6 @@ impl Gang {
     /// True while turns are being taken on this host (two or more jobs, more ranks than CPUs).
     pub fn crowded(&self) -> bool {
         self.crowded
-    }
-}
-
-impl Drop for Gang {
-    fn drop(&mut self) {
-        // SAFETY: unmapping the mapping made in `join`.
-        unsafe { libc::munmap(self.base as *mut libc::c_void, FILE_LEN) };
     }
 }
 
