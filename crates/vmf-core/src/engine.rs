@@ -438,6 +438,9 @@ pub struct Waiter {
     pub cpu: Option<usize>,
     /// Longest spin for peers that run on other CPUs when ranks outnumber cores.
     peer_spin: Duration,
+    /// CPUs of this host, and the job's ranks competing for them (what `oversubscribed` compares).
+    cpus: usize,
+    ranks_here: usize,
 }
 
 /// What a wait still waits for, as the caller of [`Engine::wait_for_peers`] knows it.
@@ -455,7 +458,8 @@ impl Waiter {
     fn new(cfg: &Config, local_ranks: usize) -> Waiter {
         let cpus = cfg.host_cpus.unwrap_or_else(vmf_pal::available_cpus).max(1);
         // Ranks joined by TCP on this machine (VMF_SHM=0, emulated hosts) compete for its CPUs too.
-        let oversubscribed = local_ranks.max(cfg.machine_ranks.unwrap_or(0)) > cpus;
+        let ranks_here = local_ranks.max(cfg.machine_ranks.unwrap_or(0));
+        let oversubscribed = ranks_here > cpus;
         // With a core per rank the budget never drops below 200 us: under background load a preempted peer
         // makes some waits long, and a budget learnt down to nothing would put every later wait to sleep,
         // whose wake-up latency then makes the next waits long too. With more ranks than cores, 2 us.
@@ -489,6 +493,8 @@ impl Waiter {
             sleeps: 0,
             cpu: None,
             peer_spin: Duration::from_micros(cfg.wait_peer_spin_us),
+            cpus,
+            ranks_here,
         }
     }
 
@@ -641,14 +647,11 @@ impl Engine {
         } else {
             std::env::temp_dir()
         };
-        let local = self.shm.as_ref().map_or(1, |s| s.peer_count() + 1);
-        let ranks = local.max(self.cfg.machine_ranks.unwrap_or(0));
-        let cpus = self.cfg.host_cpus.unwrap_or_else(vmf_pal::available_cpus);
         self.gang = crate::gang::Gang::join(
             &dir,
             self.job_hash,
-            ranks,
-            cpus,
+            self.waiter.ranks_here,
+            self.waiter.cpus,
             Duration::from_micros(self.cfg.gang_slice_us),
         );
     }
