@@ -28,12 +28,8 @@ use vmf_transport::shm::region::{Region, RegionSizing, RegionSource};
 
 static REQUESTED: AtomicBool = AtomicBool::new(false);
 
-fn trace_on() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("VMF_MIG_TRACE").is_ok_and(|v| v == "1"))
-}
 macro_rules! mtrace {
-    ($($a:tt)*) => { if trace_on() { eprintln!("[mig {:.6}] {}", monotonic_ns() as f64 / 1e9, format!($($a)*)); } };
+    ($($a:tt)*) => { if vmf_transport::tcp::mig_trace_on() { eprintln!("[mig {:.6}] {}", monotonic_ns() as f64 / 1e9, format!($($a)*)); } };
 }
 
 extern "C" fn on_signal(_: libc::c_int) {

@@ -34,12 +34,14 @@ use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::{Duration, Instant};
 
-fn trace_on() -> bool {
+/// `VMF_MIG_TRACE=1`: print every step of live migrations (the core's and the connections made and
+/// retired here) on stderr.
+pub fn mig_trace_on() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("VMF_MIG_TRACE").is_ok_and(|v| v == "1"))
 }
 macro_rules! ttrace {
-    ($($a:tt)*) => { if trace_on() { eprintln!("[tcp] {}", format!($($a)*)); } };
+    ($($a:tt)*) => { if mig_trace_on() { eprintln!("[tcp] {}", format!($($a)*)); } };
 }
 
 const FRAME_HDR: usize = 8;
