@@ -369,17 +369,24 @@ for np in 2 4; do for coll in "${COLLS[@]}"; do
     else record "$impl" "coll-$coll-$np" "skipped: $why"; fi
 done; done; done
 
+# Run a part of the benchmark that has its own script (NAME SCRIPT VAR=VALUE...): a failure is warned
+# about and recorded, the run goes on.
+sub_bench() {
+    local name=$1 script=$2 rc=0
+    shift 2
+    env "$@" bash "$script" || rc=$?
+    if [ "$rc" != 0 ]; then
+        warn "$script failed (rc=$rc)"
+        FAILURES+=("$name (rc=$rc)")
+    fi
+}
+
 # ---------------------------------------------------------------- overcommit
 # K = 2, 4, 8 ranks on this host: vmfabric's wait policies vs MPICH / Open MPI
 # (results in $RESULTS/overcommit/ and $RESULTS/overcommit.md).
 if [ "${BENCH_OVERCOMMIT:-1}" != 0 ]; then
-    OC_RC=0
-    BENCH_PYTHON="$PY" BENCH_RESULTS_DIR="$RESULTS" BENCH_VMFABRIC="$VMF" \
-        bash bench/overcommit.sh || OC_RC=$?
-    if [ "$OC_RC" != 0 ]; then
-        warn "bench/overcommit.sh failed (rc=$OC_RC)"
-        FAILURES+=("overcommit sweep (rc=$OC_RC)")
-    fi
+    sub_bench "overcommit sweep" bench/overcommit.sh \
+        BENCH_PYTHON="$PY" BENCH_RESULTS_DIR="$RESULTS" BENCH_VMFABRIC="$VMF"
 else
     log "BENCH_OVERCOMMIT=0: overcommit sweep skipped"
 fi
@@ -391,13 +398,8 @@ if [ "${BENCH_NEIGHBOURS:-1}" != 0 ]; then
     if [ ! -x "$BUILD/mpi_overcommit.mpich" ] && command -v mpicc.mpich >/dev/null; then
         mpicc.mpich -O2 -o "$BUILD/mpi_overcommit.mpich" bench/c/mpi_overcommit.c || true
     fi
-    NB_RC=0
-    BENCH_RESULTS_DIR="$RESULTS" BENCH_VMFABRIC="$VMF" VMF_BENCH_MPICH_OVERCOMMIT="$BUILD/mpi_overcommit.mpich" \
-        bash bench/neighbours.sh || NB_RC=$?
-    if [ "$NB_RC" != 0 ]; then
-        warn "bench/neighbours.sh failed (rc=$NB_RC)"
-        FAILURES+=("neighbours (rc=$NB_RC)")
-    fi
+    sub_bench "neighbours" bench/neighbours.sh \
+        BENCH_RESULTS_DIR="$RESULTS" BENCH_VMFABRIC="$VMF" VMF_BENCH_MPICH_OVERCOMMIT="$BUILD/mpi_overcommit.mpich"
 else
     log "BENCH_NEIGHBOURS=0: neighbours skipped"
 fi
