@@ -107,5 +107,16 @@ for d in "${dirs[@]}"; do
   grep -v '^#' "$large" | grep "^$d/" | sed "s|^$d/||" >"$suite/$d/testlist.vmf-large"
   [ -s "$suite/$d/testlist.vmf-large" ] && run_list "$d" testlist.vmf-large "$d-large"
 done
+# MPICH's fault-tolerance tests (ft/, left out of its default lists) that need no process to die: the others
+# kill a rank and go on, and vmfabric ends a job when one of its processes dies (docs/mpi.md, ULFM).
+if [ -f "$suite/ft/Makefile" ]; then
+  if make -C "$suite/ft" revoke_nofail >"$top/build-ft.log" 2>&1; then
+    printf 'revoke_nofail 2\nrevoke_nofail 4\n' >"$suite/ft/testlist.vmf-ft"
+    run_list ft testlist.vmf-ft ft
+  else
+    bad=1
+    echo "  UNEXPECTED FAILURE: ft/revoke_nofail does not build (see $top/build-ft.log)"
+  fi
+fi
 echo "mpich-testsuite: $total_ok of $total_run programs passed"
 exit $bad

@@ -477,6 +477,11 @@ int MPIR_Dup_fn(MPI_Comm, int, void *, void *, void *, int *);
 #define MPI_MAX_DATAREP_STRING 128
 
 /* ---- functions (each also exported as PMPI_) ---- */
+int MPIX_Comm_agree(MPI_Comm comm, int *flag);
+int MPIX_Comm_failure_ack(MPI_Comm comm);
+int MPIX_Comm_failure_get_acked(MPI_Comm comm, MPI_Group *failedgrp);
+int MPIX_Comm_revoke(MPI_Comm comm);
+int MPIX_Comm_shrink(MPI_Comm comm, MPI_Comm *newcomm);
 int MPIX_Delete_error_class(int errorclass);
 int MPIX_Delete_error_code(int errorcode);
 int MPIX_Delete_error_string(int errorcode);
@@ -1096,6 +1101,11 @@ int MPI_Win_unlock_all(MPI_Win win);
 int MPI_Win_wait(MPI_Win win);
 double MPI_Wtick(void);
 double MPI_Wtime(void);
+int PMPIX_Comm_agree(MPI_Comm comm, int *flag);
+int PMPIX_Comm_failure_ack(MPI_Comm comm);
+int PMPIX_Comm_failure_get_acked(MPI_Comm comm, MPI_Group *failedgrp);
+int PMPIX_Comm_revoke(MPI_Comm comm);
+int PMPIX_Comm_shrink(MPI_Comm comm, MPI_Comm *newcomm);
 int PMPIX_Delete_error_class(int errorclass);
 int PMPIX_Delete_error_code(int errorcode);
 int PMPIX_Delete_error_string(int errorcode);

@@ -365,6 +365,8 @@ pub struct Engine {
     cma_warned: bool,
     last_liveness: Instant,
     fatal: Option<Error>,
+    /// Revoked contexts (MPIX_Comm_revoke; `engine_mpi.rs`), empty but in fault-tolerant programs.
+    revoked: Vec<u32>,
     waiter: Waiter,
     /// Turns with the other vmfabric jobs of the machine (adaptive policy; see [`crate::gang`]).
     gang: Option<crate::gang::Gang>,
@@ -615,6 +617,7 @@ impl Engine {
             cma_warned: false,
             last_liveness: Instant::now(),
             fatal: None,
+            revoked: Vec::new(),
             waiter: Waiter::new(&cfg, local),
             gang: None,
             locs: vec![migrate::Loc::default(); n],
@@ -1186,7 +1189,12 @@ impl Engine {
         tag: i32,
         ctx: u32,
     ) -> Result<bool> {
-        if dest < 0 || dest as usize >= self.peers.len() || tag < 0 || self.fatal.is_some() {
+        if dest < 0
+            || dest as usize >= self.peers.len()
+            || tag < 0
+            || self.fatal.is_some()
+            || !self.revoked.is_empty()
+        {
             return Ok(false); // the slow path reports the error
         }
         let dest = dest as usize;
@@ -1238,6 +1246,7 @@ impl Engine {
             || self.mig.is_some()
             || self.waiter.oversubscribed
             || !self.posted.is_empty()
+            || !self.revoked.is_empty()
         {
             return Ok(None);
         }
@@ -1272,7 +1281,12 @@ impl Engine {
                     if polls % 512 == 0 {
                         self.progress()?;
                     }
-                    if queued(self) || !self.posted.is_empty() || self.fatal.is_some() || self.mig.is_some() {
+                    if queued(self)
+                        || !self.posted.is_empty()
+                        || self.fatal.is_some()
+                        || self.mig.is_some()
+                        || !self.revoked.is_empty()
+                    {
                         return Ok(None);
                     }
                 }
@@ -1333,6 +1347,7 @@ impl Engine {
         if let Some(e) = &self.fatal {
             return Err(e.clone());
         }
+        self.check_revoked(ctx, Op::Send)?;
         let dest = dest as usize;
         let id = self.alloc_req();
         {
@@ -1434,6 +1449,7 @@ impl Engine {
         if let Some(e) = &self.fatal {
             return Err(e.clone());
         }
+        self.check_revoked(ctx, Op::Recv)?;
         let id = self.alloc_req();
         {
             let r = &mut self.reqs[id.idx as usize];
@@ -1699,6 +1715,10 @@ impl Engine {
                     if let Some(s) = sync {
                         self.send_ctl(peer, Kind::SyncAck, FinInfo { sreq: s }.as_bytes())?;
                     }
+                } else if self.is_revoked(hdr.ctx) {
+                    if let Some(s) = sync {
+                        self.send_ctl(peer, Kind::SyncAck, FinInfo { sreq: s }.as_bytes())?;
+                    }
                 } else {
                     let data = self.pooled(data);
                     self.park(Unexp {
@@ -1717,15 +1737,18 @@ impl Engine {
                     .ok_or_else(|| self.corrupt(peer, "short RTS".into()))?;
                 let total = usize::try_from(hdr.len)
                     .map_err(|_| self.corrupt(peer, "RTS length".into()))?;
+                let u = Unexp {
+                    src: peer,
+                    tag: hdr.tag,
+                    ctx: hdr.ctx,
+                    body: UnexpBody::Rts { total, info },
+                };
                 if let Some(id) = self.match_posted(peer, hdr.tag, hdr.ctx) {
                     self.start_rndv_recv(id, peer, hdr.tag, total, info)?;
+                } else if self.is_revoked(hdr.ctx) {
+                    self.release_sender(u)?;
                 } else {
-                    self.park(Unexp {
-                        src: peer,
-                        tag: hdr.tag,
-                        ctx: hdr.ctx,
-                        body: UnexpBody::Rts { total, info },
-                    });
+                    self.park(u);
                 }
             }
             Kind::Cts => {
@@ -1784,6 +1807,7 @@ impl Engine {
             Kind::Moved | Kind::MovedAck | Kind::Ready => {
                 self.handle_migration(peer, kind, payload)?
             }
+            Kind::Revoke => self.handle_revoke(peer, payload)?,
             Kind::Fin | Kind::SyncAck => {
                 let f = FinInfo::parse(payload)
                     .ok_or_else(|| self.corrupt(peer, "short FIN".into()))?;
@@ -2038,7 +2062,9 @@ impl Engine {
     pub fn iprobe(&mut self, src: i64, tag: i32, ctx: u32) -> Result<Option<Status>> {
         self.check_peer(src, Op::Probe, true)?;
         self.check_tag(src, tag, Op::Probe, true)?;
+        self.check_revoked(ctx, Op::Probe)?;
         self.progress()?;
+        self.check_revoked(ctx, Op::Probe)?;
         Ok(self.find_unexpected(src, tag, ctx))
     }
 
@@ -2046,7 +2072,11 @@ impl Engine {
     pub fn probe(&mut self, src: i64, tag: i32, ctx: u32) -> Result<Status> {
         self.check_peer(src, Op::Probe, true)?;
         self.check_tag(src, tag, Op::Probe, true)?;
-        self.wait_until(Op::Probe, |e| e.find_unexpected(src, tag, ctx).is_some())?;
+        self.check_revoked(ctx, Op::Probe)?;
+        self.wait_until(Op::Probe, |e| {
+            e.is_revoked(ctx) || e.find_unexpected(src, tag, ctx).is_some()
+        })?;
+        self.check_revoked(ctx, Op::Probe)?;
         Ok(self.find_unexpected(src, tag, ctx).expect("found above"))
     }
 
@@ -3325,6 +3355,57 @@ mod tests {
         a.take(sid).unwrap();
         b.take(rid).unwrap();
         assert_eq!(r, s);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn revocation_fails_receives_releases_senders_and_spares_other_contexts() {
+        let (mut a, mut b, d) = pair("revoke", &[]);
+        let big = pattern(300_000, 1);
+        let small = pattern(16, 2);
+        // On context 4: b waits for a message a never sends; a sends a rendezvous and a synchronous
+        // message b never receives. Context 6 carries on meanwhile.
+        let mut r = vec![0u8; 16];
+        let rid = unsafe { b.irecv(r.as_mut_ptr(), 16, 0, 1, 4).unwrap() };
+        let big_id = unsafe { a.isend(big.as_ptr(), big.len(), 1, 2, 4, SendMode::Standard).unwrap() };
+        let sync_id = unsafe { a.isend(small.as_ptr(), 16, 1, 3, 4, SendMode::Synchronous).unwrap() };
+        let mut keep = vec![0u8; 16];
+        let keep_r = unsafe { b.irecv(keep.as_mut_ptr(), 16, 0, 1, 6).unwrap() };
+        for _ in 0..1000 {
+            a.progress().unwrap();
+            b.progress().unwrap();
+        }
+        assert!(!a.is_done(big_id) && !a.is_done(sync_id) && !b.is_done(rid));
+        // b revokes contexts 4 and 5: its receive fails at once, and a's sends end once a reads the
+        // packet and b's releases.
+        b.revoke(&[4, 5], &[0, 1]).unwrap();
+        assert!(b.is_done(rid));
+        assert!(matches!(b.take(rid), Err(Error::Revoked { ctx: 4, .. })));
+        drive(&mut a, &mut b, &[(true, big_id), (true, sync_id)]);
+        assert!(matches!(a.take(big_id), Err(Error::Revoked { ctx: 4, .. })));
+        assert!(matches!(a.take(sync_id), Err(Error::Revoked { ctx: 4, .. })));
+        assert!(a.is_revoked(4) && a.is_revoked(5) && !a.is_revoked(6));
+        // Every new operation on a revoked context fails, on both sides; a second revocation is harmless.
+        assert!(matches!(
+            unsafe { a.isend(small.as_ptr(), 16, 1, 1, 5, SendMode::Standard) },
+            Err(Error::Revoked { ctx: 5, .. })
+        ));
+        assert!(matches!(
+            unsafe { b.irecv(r.as_mut_ptr(), 16, 0, 1, 4) },
+            Err(Error::Revoked { .. })
+        ));
+        assert!(matches!(b.iprobe(-1, -1, 4), Err(Error::Revoked { .. })));
+        a.revoke(&[4], &[1]).unwrap();
+        assert_eq!(a.revocations(), 2);
+        // Context 6 is untouched.
+        let sid = unsafe { a.isend(small.as_ptr(), 16, 1, 1, 6, SendMode::Standard).unwrap() };
+        drive(&mut a, &mut b, &[(true, sid), (false, keep_r)]);
+        a.take(sid).unwrap();
+        b.take(keep_r).unwrap();
+        assert_eq!(keep, small);
+        // A corrupt Revoke packet is an error, not a crash.
+        assert!(b.handle_revoke(0, &[1, 2, 3]).is_err());
+        assert!(b.handle_revoke(0, &[]).is_err());
         std::fs::remove_dir_all(&d).unwrap();
     }
 

@@ -5,9 +5,19 @@
 //!   hands it out as a [`MatchedMsg`], which only [`Engine::imrecv`] can receive (MPI_Mprobe / MPI_Mrecv);
 //! - [`Engine::peek`]: the status of a completed request without freeing it (MPI_Request_get_status);
 //! - [`Engine::take_full`]: free a completed request and return its status *and* its error, so a truncated
-//!   receive still reports how many bytes it delivered (MPI_ERR_TRUNCATE with a valid status).
+//!   receive still reports how many bytes it delivered (MPI_ERR_TRUNCATE with a valid status);
+//! - revocation (MPIX_Comm_revoke): [`Engine::revoke`] fails this process's pending receives on a set of
+//!   contexts and tells the peers to do the same (a `Revoke` packet). On a revoked context every new send,
+//!   receive or probe fails with [`Error::Revoked`]; messages that arrive on it are dropped, and their
+//!   senders released — a rendezvous by a zero-length CTS, a synchronous send by its acknowledgement — so
+//!   no sender waits for a receive that will never be posted. A send still waiting for its receiver then
+//!   completes with [`Error::Revoked`]; eager sends already handed to the transport complete normally.
 use super::{matches, Engine, Phase, ReqId, State, Status, Unexp, UnexpBody};
 use crate::error::{Error, Op, Result};
+use vmf_transport::proto::{CtsInfo, FinInfo, Kind};
+
+/// Most contexts one `Revoke` packet may name (an MPI communicator has two).
+const MAX_REVOKE: usize = 16;
 
 /// A message removed from the unexpected queue by a matched probe; receive it with [`Engine::imrecv`].
 /// Dropping it loses the message (an unreceived rendezvous sender then never completes), so callers keep it
@@ -43,7 +53,9 @@ impl Engine {
     pub fn improbe(&mut self, src: i64, tag: i32, ctx: u32) -> Result<Option<MatchedMsg>> {
         self.check_peer(src, Op::Probe, true)?;
         self.check_tag(src, tag, Op::Probe, true)?;
+        self.check_revoked(ctx, Op::Probe)?;
         self.progress()?;
+        self.check_revoked(ctx, Op::Probe)?;
         Ok(self.take_unexpected(src, tag, ctx))
     }
 
@@ -51,11 +63,14 @@ impl Engine {
     pub fn mprobe(&mut self, src: i64, tag: i32, ctx: u32) -> Result<MatchedMsg> {
         self.check_peer(src, Op::Probe, true)?;
         self.check_tag(src, tag, Op::Probe, true)?;
+        self.check_revoked(ctx, Op::Probe)?;
         self.wait_until(Op::Probe, |e| {
-            e.unexpected
-                .iter()
-                .any(|u| matches(src as i32, tag, ctx, u.src, u.tag, u.ctx))
+            e.is_revoked(ctx)
+                || e.unexpected
+                    .iter()
+                    .any(|u| matches(src as i32, tag, ctx, u.src, u.tag, u.ctx))
         })?;
+        self.check_revoked(ctx, Op::Probe)?;
         Ok(self.take_unexpected(src, tag, ctx).expect("found above"))
     }
 
@@ -119,5 +134,129 @@ impl Engine {
     pub fn is_posted(&self, id: ReqId) -> bool {
         self.req(id)
             .is_some_and(|r| r.state == State::Active && r.phase == Phase::Posted)
+    }
+
+    // ---------------------------------------------------------------- revocation
+
+    /// True if context `ctx` has been revoked (by this process or by a peer's `Revoke`).
+    #[inline]
+    pub fn is_revoked(&self, ctx: u32) -> bool {
+        !self.revoked.is_empty() && self.revoked.contains(&ctx)
+    }
+
+    /// How many contexts have been revoked so far (grows only): a waiter that watches memory rather than
+    /// requests compares it before and after to learn that it must look at its context again.
+    pub fn revocations(&self) -> usize {
+        self.revoked.len()
+    }
+
+    /// Revoke the contexts `ctxs` here and at every process of `peers` (MPIX_Comm_revoke). Local: returns
+    /// once the packets are queued; each peer applies them when its progress reads them.
+    pub fn revoke(&mut self, ctxs: &[u32], peers: &[usize]) -> Result<()> {
+        if ctxs.len() > MAX_REVOKE {
+            return Err(Error::Setup {
+                rank: self.me,
+                op: Op::Send,
+                why: format!("{} contexts in one revocation (at most {MAX_REVOKE})", ctxs.len()),
+            });
+        }
+        let bytes: Vec<u8> = ctxs.iter().flat_map(|c| c.to_le_bytes()).collect();
+        for &p in peers {
+            if p != self.me {
+                self.check_peer(p as i64, Op::Send, false)?;
+                self.send_ctl(p, Kind::Revoke, &bytes)?;
+            }
+        }
+        self.apply_revoke(ctxs)
+    }
+
+    /// A peer's `Revoke` packet: validate it and apply it.
+    pub(super) fn handle_revoke(&mut self, peer: usize, payload: &[u8]) -> Result<()> {
+        if payload.is_empty() || payload.len() % 4 != 0 || payload.len() / 4 > MAX_REVOKE {
+            return Err(self.corrupt(peer, format!("Revoke of {} bytes", payload.len())));
+        }
+        let ctxs: Vec<u32> = payload
+            .chunks_exact(4)
+            .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        self.apply_revoke(&ctxs)
+    }
+
+    /// Mark `ctxs` revoked: fail the receives posted on them, drop what waits unexpected on them.
+    fn apply_revoke(&mut self, ctxs: &[u32]) -> Result<()> {
+        let fresh: Vec<u32> = ctxs.iter().copied().filter(|c| !self.revoked.contains(c)).collect();
+        if fresh.is_empty() {
+            return Ok(());
+        }
+        self.revoked.extend_from_slice(&fresh);
+        let me = self.me;
+        let posted: Vec<ReqId> = self
+            .posted
+            .iter()
+            .copied()
+            .filter(|id| fresh.contains(&self.reqs[id.idx as usize].ctx))
+            .collect();
+        self.posted.retain(|id| !posted.contains(id));
+        for id in posted {
+            let ctx = self.reqs[id.idx as usize].ctx;
+            self.fail(id, Error::Revoked { rank: me, ctx, op: Op::Recv });
+        }
+        // Sends still waiting for their receiver (a rendezvous before its CTS, a synchronous send before
+        // its acknowledgement) complete with the error: the receiver drops them and releases them.
+        for r in self.reqs.iter_mut() {
+            if r.state == State::Active
+                && r.is_send
+                && r.phase == Phase::AwaitAck
+                && fresh.contains(&r.ctx)
+            {
+                r.error = Some(Error::Revoked { rank: me, ctx: r.ctx, op: Op::Send });
+            }
+        }
+        let mut i = 0;
+        while i < self.unexpected.len() {
+            if fresh.contains(&self.unexpected[i].ctx) {
+                let u = self.unexpected.remove(i).unwrap();
+                self.unparked();
+                self.release_sender(u)?;
+            } else {
+                i += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// A message on a revoked context will never be received: let its sender complete.
+    pub(super) fn release_sender(&mut self, u: Unexp) -> Result<()> {
+        match u.body {
+            UnexpBody::Eager { data, sync_sreq } => {
+                self.recycle(data);
+                if let Some(s) = sync_sreq {
+                    self.send_ctl(u.src, Kind::SyncAck, FinInfo { sreq: s }.as_bytes())?;
+                }
+            }
+            UnexpBody::Rts { info, .. } => {
+                let cts = CtsInfo { sreq: info.sreq, rreq: 0, want: 0 };
+                self.send_ctl(u.src, Kind::Cts, cts.as_bytes())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Peers this process knows to have died (reported by an operation; the job ends soon after).
+    pub fn failed_peers(&self) -> Vec<usize> {
+        match &self.fatal {
+            Some(Error::PeerDead { peer, .. }) => vec![*peer],
+            _ => Vec::new(),
+        }
+    }
+
+    /// Fail with [`Error::Revoked`] if `ctx` is revoked.
+    #[inline]
+    pub(super) fn check_revoked(&self, ctx: u32, op: Op) -> Result<()> {
+        if self.is_revoked(ctx) {
+            Err(Error::Revoked { rank: self.me, ctx, op })
+        } else {
+            Ok(())
+        }
     }
 }

@@ -116,6 +116,16 @@ pub enum Error {
         /// Buffer length.
         cap: usize,
     },
+    /// The context was revoked (MPIX_Comm_revoke, by this process or a peer).
+    #[error("rank {rank}: unable to {op} since communication context {ctx} has been revoked")]
+    Revoked {
+        /// This rank.
+        rank: usize,
+        /// The revoked context.
+        ctx: u32,
+        /// Operation.
+        op: Op,
+    },
     /// A request handle that is not (or no longer) valid.
     #[error("rank {rank}: unable to {op} since the request handle is invalid")]
     InvalidRequest {

@@ -91,4 +91,5 @@ pub const MPI_ERR_KEYVAL: c_int = 48;
 pub const MPI_ERR_LASTCODE: c_int = 0x3fff_ffff;
 pub const MPICH_ERR_LAST_CLASS: c_int = 78;
 pub const MPIX_ERR_PROC_FAILED: c_int = 101;
+pub const MPIX_ERR_REVOKED: c_int = 103;
 pub const MPICH_ERR_LAST_MPIX: c_int = 105;

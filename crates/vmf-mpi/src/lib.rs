@@ -54,6 +54,9 @@ mod datatype;
 mod comm;
 #[path = "comm/intercomm.rs"]
 mod intercomm;
+/// MPICH's fault-tolerance extension (ULFM).
+#[path = "comm/ft.rs"]
+mod ft;
 /// Process topologies (ch. 8): graph topologies (Cartesian ones are with the communicators).
 #[path = "topo/graph.rs"]
 mod graph;
@@ -156,11 +159,22 @@ pub(crate) fn from_core(e: vmf_core::Error) -> MpiErr {
         E::Truncated { .. } => MPI_ERR_TRUNCATE,
         E::InvalidRequest { .. } => MPI_ERR_REQUEST,
         E::PeerDead { .. } => MPIX_ERR_PROC_FAILED,
+        E::Revoked { .. } => MPIX_ERR_REVOKED,
         _ => MPI_ERR_OTHER,
     };
     MpiErr {
         code,
         msg: e.to_string(),
+    }
+}
+
+/// MPIX_ERR_REVOKED if context `ctx` has been revoked (MPIX_Comm_revoke; `comm/ft.rs`).
+#[inline]
+pub(crate) fn revoked(e: &Engine, ctx: u32) -> R {
+    if e.is_revoked(ctx) {
+        err(MPIX_ERR_REVOKED, "the communicator has been revoked (MPIX_Comm_revoke)")
+    } else {
+        Ok(())
     }
 }
 
@@ -195,6 +209,10 @@ pub(crate) struct Comm {
     pub remote: Option<Vec<usize>>,
     /// Hints (MPI_Comm_set_info, MPI_Comm_dup_with_info), returned by MPI_Comm_get_info.
     pub hints: Vec<(String, String)>,
+    /// Sequence of MPIX_Comm_agree/shrink on this communicator (`ft.rs`).
+    pub ft_seq: i32,
+    /// Failed members acknowledged by MPIX_Comm_failure_ack (world ranks).
+    pub acked: Vec<usize>,
 }
 
 impl Comm {
@@ -215,6 +233,8 @@ impl Comm {
             shm: Default::default(),
             remote: None,
             hints: Vec::new(),
+            ft_seq: 0,
+            acked: Vec::new(),
         }
     }
 

@@ -33,6 +33,7 @@ const PROGRAMS: &[&str] = &[
     "ldouble",
     "graph",
     "intercomm",
+    "ulfm",
     "pcoll",
     "shm_pool",
     "mpi4_extras",
@@ -633,6 +634,34 @@ fn graph_topologies_and_their_neighbor_collectives_work() {
 fn intercomm_create_merge_p2p_and_collectives_work() {
     semantic("intercomm");
     semantic_wide("intercomm");
+}
+
+/// MPICH's fault-tolerance extension: revocation interrupts blocked receives, probes, barriers and
+/// rendezvous sends at the other members; agree and shrink work on the revoked communicator (intra and
+/// inter); with the shared-memory collectives, with the point-to-point ones, and across emulated hosts.
+#[test]
+fn ulfm_revoke_interrupts_blocked_calls_agree_and_shrink_work() {
+    semantic("ulfm");
+    semantic_wide("ulfm");
+    semantic_p2p_colls("ulfm");
+    let s = setup();
+    let bin = s.build.join("ours").join("ulfm");
+    for n in [2, 3, 4] {
+        let o = Command::new("timeout")
+            .arg("180")
+            .arg(s.rel.join("vmfabric"))
+            .args(["run", "--hosts", "2", "-n", &n.to_string()])
+            .arg(&bin)
+            .env("LD_LIBRARY_PATH", &s.libdir)
+            .output()
+            .unwrap();
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            o.status.success() && out.contains("PASS"),
+            "ulfm on 2 emulated hosts ({n} ranks):\n{out}\n{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
 }
 
 #[test]

@@ -1,10 +1,10 @@
 //! Wire format shared by all transports: the packet header and the version checked at connection time.
 //!
 //! Versions: 1 = initial format (32-byte header; kinds Eager, Rts, Cts, Data, Fin, SyncAck);
-//! 2 = live migration (Moved, MovedAck, Ready).
+//! 2 = live migration (Moved, MovedAck, Ready); 3 = communicator revocation (Revoke).
 
 /// Version of the packet format.
-pub const PROTO_VERSION: u32 = 2;
+pub const PROTO_VERSION: u32 = 3;
 
 /// Packet kinds.
 #[repr(u8)]
@@ -28,6 +28,8 @@ pub enum Kind {
     MovedAck = 8,
     /// First packet on the new channel: the mover has drained the old one; the peer may use the new one.
     Ready = 9,
+    /// Contexts revoked by the sender (MPIX_Comm_revoke): a list of little-endian u32 context ids.
+    Revoke = 10,
 }
 
 impl Kind {
@@ -43,6 +45,7 @@ impl Kind {
             7 => Kind::Moved,
             8 => Kind::MovedAck,
             9 => Kind::Ready,
+            10 => Kind::Revoke,
             _ => return None,
         })
     }

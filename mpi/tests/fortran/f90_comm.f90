@@ -1,13 +1,14 @@
 ! f90_comm.f90 -- communicators and the all-to-all family as NPB uses them (BT/SP/LU split and dup the
 ! world, FT/IS exchange with Alltoall/Alltoallv): Comm_split (keys reorder ranks, MPI_UNDEFINED gives
 ! MPI_COMM_NULL), Comm_dup, Comm_free, Alltoall, Alltoallv, Allgather, Gather, Scatter, Allreduce on
-! subcommunicators. Every result is checked exactly; rank 0 prints PASS when no rank failed.
-! needs: MPI_Comm_split MPI_Comm_dup MPI_Comm_free MPI_Alltoall MPI_Alltoallv MPI_Allgather MPI_Gather MPI_Scatter MPI_Allreduce
+! subcommunicators, and MPICH's fault-tolerance calls (MPIX_Comm_revoke/agree/shrink). Every result is
+! checked exactly; rank 0 prints PASS when no rank failed.
+! needs: MPI_Comm_split MPI_Comm_dup MPI_Comm_free MPI_Alltoall MPI_Alltoallv MPI_Allgather MPI_Gather MPI_Scatter MPI_Allreduce MPIX_Comm_revoke MPIX_Comm_agree MPIX_Comm_shrink
 program fcomm
     use mpi
     implicit none
     integer :: ierr, rank, nproc, nerr, allerr, i, j, k
-    integer :: sub, dup, none, srank, ssize, expect, total
+    integer :: sub, dup, none, srank, ssize, expect, total, ftc, ftn, flag
     double precision, allocatable :: sd(:), rd(:)
     integer, allocatable :: si(:), ri(:), scount(:), sdispl(:), rcount(:), rdispl(:), g(:)
     real, allocatable :: gr(:)
@@ -120,6 +121,25 @@ program fcomm
         cs(k) = cmplx(real(4 * rank + k), real(-(4 * rank + k)))
     end do
     call chk(all(cr == cs), 'scatter')
+
+    ! ---- fault tolerance: agree (bitwise AND), revoke, shrink the revoked communicator
+    call MPI_Comm_dup(MPI_COMM_WORLD, ftc, ierr)
+    call MPI_Comm_set_errhandler(ftc, MPI_ERRORS_RETURN, ierr)
+    flag = 7
+    if (rank == nproc - 1) flag = 6
+    call MPIX_Comm_agree(ftc, flag, ierr)
+    call chk(ierr == MPI_SUCCESS .and. flag == 6, 'MPIX_Comm_agree')
+    call MPIX_Comm_revoke(ftc, ierr)
+    call chk(ierr == MPI_SUCCESS, 'MPIX_Comm_revoke')
+    call MPI_Barrier(ftc, ierr)
+    call chk(ierr /= MPI_SUCCESS, 'barrier on a revoked communicator fails')
+    call MPIX_Comm_shrink(ftc, ftn, ierr)
+    call chk(ierr == MPI_SUCCESS, 'MPIX_Comm_shrink')
+    total = rank
+    call MPI_Allreduce(MPI_IN_PLACE, total, 1, MPI_INTEGER, MPI_SUM, ftn, ierr)
+    call chk(ierr == MPI_SUCCESS .and. total == nproc * (nproc - 1) / 2, 'allreduce on the shrunk communicator')
+    call MPI_Comm_free(ftn, ierr)
+    call MPI_Comm_free(ftc, ierr)
 
     call MPI_Allreduce(nerr, allerr, 1, MPI_INTEGER, MPI_SUM, MPI_COMM_WORLD, ierr)
     if (rank == 0) then

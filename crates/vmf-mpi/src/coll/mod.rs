@@ -189,7 +189,8 @@ impl Sched {
         if self.done {
             return Ok(true);
         }
-        let r = self.advance_inner(e);
+        // A revoked communicator fails every collective, also one with nothing to send (a single member).
+        let r = revoked(e, self.ctx).and_then(|()| self.advance_inner(e));
         if let Err(x) = r {
             self.done = true;
             self.err = Some(x.clone());

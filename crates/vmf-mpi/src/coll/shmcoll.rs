@@ -95,6 +95,9 @@ pub(crate) enum Shm {
 }
 
 pub(crate) struct Area {
+    /// The communicator's collective context: once revoked (MPIX_Comm_revoke), waits end with
+    /// MPIX_ERR_REVOKED.
+    ctx: u32,
     /// Sequence number of the last collective.
     seq: u64,
     me: usize,
@@ -234,8 +237,9 @@ impl Area {
         };
         // Once true, stays true (what `free` reads only grows).
         let is_free = std::cell::Cell::new(false);
-        e.wait_for_peers(COp::Wait, |_| {
-            if all() {
+        let ctx = self.ctx;
+        e.wait_for_peers(COp::Wait, |e| {
+            if all() || e.is_revoked(ctx) {
                 Awaiting::Done
             } else if !pinned || mates.iter().any(|&r| !ok(areas[r], r)) {
                 Awaiting::Here
@@ -248,7 +252,8 @@ impl Area {
                 Awaiting::Here
             }
         })
-        .map_err(from_core)
+        .map_err(from_core)?;
+        revoked(e, ctx)
     }
     /// Wait until every member is done with collective `k - 2` (whose buffer `k` reuses).
     fn may_write(&mut self, e: &mut Engine, k: u64) -> R {
@@ -470,7 +475,9 @@ fn run(st: &mut State, ci: usize, f: impl FnOnce(&State, &mut Engine, &mut Area)
             return Ok(false);
         }
     };
-    let r = f(st, &mut st.fab.engine(), &mut a);
+    let mut e = st.fab.engine();
+    let r = revoked(&e, a.ctx).and_then(|()| f(st, &mut e, &mut a));
+    drop(e);
     st.comms[ci].as_mut().unwrap().shm = Shm::On(a);
     r.map(|()| true)
 }
@@ -602,6 +609,7 @@ fn setup_inner(st: &mut State, ci: usize) -> R<Option<Box<Area>>> {
     let pinned = cpus.iter().all(Option::is_some);
     let oversub = e.waiter().oversubscribed;
     Ok(Some(Box::new(Area {
+        ctx: st.comms[ci].as_ref().unwrap().coll,
         oversub,
         // Oversubscribed ranks that may run anywhere wait for rank 0's release; see `fresh` for the rest.
         lead: (oversub && !pinned && me != 0).then_some(0),
@@ -632,7 +640,9 @@ fn setup_inner(st: &mut State, ci: usize) -> R<Option<Box<Area>>> {
 pub(crate) fn release(st: &mut State, shm: Shm) {
     if let Shm::On(a) = shm {
         let mut e = st.fab.engine();
-        if let Some((p, _)) = a.big {
+        // On a revoked communicator a collective may have been cut short: members may never be done with
+        // our big block, so it stays allocated rather than waiting for them.
+        if let Some((p, _)) = a.big.filter(|_| !e.is_revoked(a.ctx)) {
             // Members may still be copying out of our big block from the last collective: free it once
             // all are done (if one never is, it dies or hangs, and the block stays allocated).
             let (areas, k) = (&a.areas, a.big_last[0].max(a.big_last[1]));
