@@ -24,7 +24,18 @@ static ON: AtomicBool = AtomicBool::new(false);
 static LOCK: AtomicU32 = AtomicU32::new(0);
 /// The owner's thread token (0: nobody) and how many times it entered.
 static OWNER: AtomicU64 = AtomicU64::new(0);
+/// Written only by the thread that holds the lock word (plain loads and stores, no read-modify-write: an
+/// MPI call under MPI_THREAD_MULTIPLE costs two atomic instructions, the lock word's, even when nested,
+/// as the `_c` forms are).
 static DEPTH: AtomicU32 = AtomicU32::new(0);
+
+/// Take the owner's depth and leave 0 (the owner only).
+#[inline]
+fn take_depth() -> u32 {
+    let d = DEPTH.load(Ordering::Relaxed);
+    DEPTH.store(0, Ordering::Relaxed);
+    d
+}
 static TOKENS: AtomicU64 = AtomicU64::new(1);
 
 thread_local! {
@@ -63,7 +74,7 @@ pub(crate) fn enable() -> Guard {
 fn acquire() {
     let me = me();
     if OWNER.load(Ordering::Relaxed) == me {
-        DEPTH.fetch_add(1, Ordering::Relaxed);
+        DEPTH.store(DEPTH.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
         return;
     }
     lock_word();
@@ -122,7 +133,9 @@ fn unlock_word() {
 }
 
 fn release() {
-    if DEPTH.fetch_sub(1, Ordering::Relaxed) == 1 {
+    let d = DEPTH.load(Ordering::Relaxed);
+    DEPTH.store(d - 1, Ordering::Relaxed);
+    if d == 1 {
         OWNER.store(0, Ordering::Relaxed);
         unlock_word();
     }
@@ -158,7 +171,7 @@ pub(crate) fn let_others_in() {
     if !on() || WAITERS.load(Ordering::Relaxed) == 0 || OWNER.load(Ordering::Relaxed) != me() {
         return;
     }
-    let depth = DEPTH.swap(0, Ordering::Relaxed);
+    let depth = take_depth();
     OWNER.store(0, Ordering::Relaxed);
     unlock_word();
     // Give the woken thread the CPU before competing for the lock again.
@@ -174,7 +187,7 @@ pub(crate) fn unlocked<T>(f: impl FnOnce() -> T) -> T {
     if !on() || OWNER.load(Ordering::Relaxed) != me() {
         return f();
     }
-    let depth = DEPTH.swap(0, Ordering::Relaxed);
+    let depth = take_depth();
     OWNER.store(0, Ordering::Relaxed);
     unlock_word();
     let r = f();
@@ -195,7 +208,7 @@ pub(crate) unsafe fn hook(e: *mut vmf_core::engine::Engine, at: vmf_core::engine
     match at {
         HookPoint::Poll => let_others_in(),
         HookPoint::Sleep => {
-            SLEEP_DEPTH.with(|d| d.set(DEPTH.swap(0, Ordering::Relaxed)));
+            SLEEP_DEPTH.with(|d| d.set(take_depth()));
             OWNER.store(0, Ordering::Relaxed);
             unlock_word();
         }
