@@ -19,6 +19,10 @@ command -v python3 >/dev/null 2>&1 || need+=(python3)
 command -v NPmpich2 >/dev/null 2>&1 || need+=(netpipe-mpich2)
 # ScaLAPACK's test programs as Debian builds them against MPICH: run unmodified by the tests.
 [ -x /usr/lib/x86_64-linux-gnu/scalapack/mpich-tests/xdlu ] || need+=(scalapack-mpi-test)
+# A private single-node Slurm (munged, slurmctld, slurmd) for the srun --mpi=pmi2 test.
+{ command -v slurmd >/dev/null 2>&1 && command -v slurmctld >/dev/null 2>&1 && command -v srun >/dev/null 2>&1; } ||
+  need+=(slurm-wlm)
+command -v munged >/dev/null 2>&1 || need+=(munge)
 # Emulated hosts (vmfabric run --hosts) use ip(8).
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
 if [ ${#need[@]} -gt 0 ]; then

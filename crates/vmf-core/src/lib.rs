@@ -223,6 +223,12 @@ impl Fabric {
         let cfg = Config::from_env().map_err(|e| setup(r0, e))?;
         let mut pmi = PmiClient::from_env().map_err(|e| setup(r0, e))?;
         let (rank, size) = pmi.as_ref().map_or((0, 1), |p| (p.rank(), p.size()));
+        if cfg.verbose {
+            if let Some(p) = &pmi {
+                let proto = if p.is_v2() { "PMI-2" } else { "PMI-1" };
+                eprintln!("vmfabric: rank {rank}: {proto} job {} of {size} ranks", p.kvsname());
+            }
+        }
         let job = match std::env::var("VMF_JOB_ID") {
             Ok(j) if !j.is_empty() => sanitize(&j),
             _ => match &pmi {
@@ -284,7 +290,7 @@ impl Fabric {
             let addr = tcp.as_ref().map_or("-".to_string(), |t: &TcpTransport| {
                 t.local_addr().to_string()
             });
-            p.put(&key(rank), &format!("{}:{idx};{addr}", reg.uuid_hex()))
+            p.put(&key(rank), &format!("{}:{idx},{addr}", reg.uuid_hex()))
                 .map_err(|e| setup(rank, e))?;
             if rank == 0 && secret_env.is_none() && tcp.is_some() {
                 // Started by another launcher: rank 0 makes the job secret, shared through PMI.
@@ -332,7 +338,7 @@ impl Fabric {
                     None => p.get(&key(r)).map_err(|e| setup(rank, e))?,
                 };
                 let bad = || setup(rank, format!("bad bootstrap value {v:?} from rank {r}"));
-                let (shm_part, tcp_part) = v.split_once(';').ok_or_else(bad)?;
+                let (shm_part, tcp_part) = v.split_once(',').ok_or_else(bad)?;
                 let (uuid, li) = shm_part.split_once(':').ok_or_else(bad)?;
                 let li = li.parse::<u32>().map_err(|_| bad())?;
                 let addr: Option<std::net::SocketAddr> = if tcp_part == "-" {
@@ -879,6 +885,8 @@ fn start_region_watchdog(reg: &Region) -> Option<i32> {
     // SAFETY (whole child): async-signal-safe calls only; never returns.
     unsafe {
         libc::setsid();
+        // Named for what it is in ps/top (otherwise it shows as one more copy of the program).
+        libc::prctl(libc::PR_SET_NAME, c"vmf-watchdog".as_ptr() as libc::c_ulong, 0, 0, 0);
         let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
         for fd in 0..3 {
             libc::dup2(null, fd);

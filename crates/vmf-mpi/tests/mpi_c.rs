@@ -407,6 +407,49 @@ fn mpich_built_programs_survive_random_migrations() {
 
 /// Issue 23, item 4: under Hydra (not our launcher) a rank killed with SIGKILL, and the others Hydra then
 /// kills, leave no region behind: the watchdog of the region removes it.
+/// The PMI-2 client against a second server: Hydra (`mpiexec.mpich`) serves both wire protocols, and
+/// `VMF_PMI_VERSION=2` makes the ranks speak PMI-2 to it.
+#[test]
+fn hydra_serves_the_pmi2_client_too() {
+    let s = setup();
+    if !s.mpich || !have("mpiexec.mpich") {
+        eprintln!("note: mpiexec.mpich not installed; skipped");
+        return;
+    }
+    for (prog, n) in [("p2p_basic", "3"), ("coll_all", "2")] {
+        let o = Command::new("timeout")
+            .args(["120", "mpiexec.mpich", "-n", n])
+            .arg(s.build.join("mpich").join(prog))
+            .env("LD_LIBRARY_PATH", &s.libdir)
+            .env("VMF_PMI_VERSION", "2")
+            .env("VMF_VERBOSE", "1")
+            .output()
+            .unwrap();
+        let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        assert!(o.status.success() && out.contains("PASS"), "{prog} over Hydra with PMI-2:\n{out}\n{err}");
+        assert!(err.contains("PMI-2 job"), "{prog}: the ranks did not speak PMI-2:\n{err}");
+    }
+}
+
+/// Pids (ascending) of the ranks running program `comm` whose environment names region directory `dir`: the
+/// ranks of one job, not the launcher's processes (which carry the same command line) nor the region
+/// watchdog (named `vmf-watchdog`), nor the ranks of other tests' jobs.
+fn ranks_in(dir: &Path, comm: &str) -> Vec<i32> {
+    let tag = format!("VMF_REGION_DIR={}", dir.display());
+    let mut v: Vec<i32> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<i32>().ok())
+        .filter(|pid| {
+            let c = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+            c.trim() == comm && env.split(|&b| b == 0).any(|kv| kv == tag.as_bytes())
+        })
+        .collect();
+    v.sort_unstable();
+    v
+}
+
 #[test]
 fn hydra_killed_rank_leaves_no_region() {
     let s = setup();
@@ -442,12 +485,7 @@ fn hydra_killed_rank_leaves_no_region() {
     }
     assert_eq!(region(), 1, "the job made no region in {}", dir.display());
     std::thread::sleep(std::time::Duration::from_millis(500));
-    let pids = Command::new("pgrep").arg("-f").arg(bin.to_str().unwrap()).output().unwrap();
-    let victim: i32 = String::from_utf8_lossy(&pids.stdout)
-        .lines()
-        .filter_map(|l| l.trim().parse().ok())
-        .max()
-        .expect("a rank to kill");
+    let victim = *ranks_in(&dir, "migstress").last().expect("a rank to kill");
     // SAFETY: kill on a rank of the job this test started.
     unsafe { libc::kill(victim, libc::SIGKILL) };
     let o = child.wait_with_output().unwrap();
@@ -459,6 +497,204 @@ fn hydra_killed_rank_leaves_no_region() {
     let left: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().map(|e| e.file_name()).collect();
     assert!(left.is_empty(), "left behind after the job died: {left:?}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A single-node Slurm of Debian's packages (munged, slurmctld, slurmd in the foreground, all state in a
+/// temporary directory, private ports), stopped when dropped.
+struct Slurm {
+    dir: PathBuf,
+    daemons: Vec<std::process::Child>,
+}
+
+impl Slurm {
+    fn start() -> Result<Slurm, String> {
+        let dir = std::env::temp_dir().join(format!("vmf-slurm-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        for d in ["state", "spool", "munge"] {
+            std::fs::create_dir_all(dir.join(d)).map_err(|e| e.to_string())?;
+        }
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let key: Vec<u8> = (0..1024u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+        let keyf = dir.join("munge/munge.key");
+        std::fs::write(&keyf, key).unwrap();
+        std::fs::set_permissions(&keyf, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let sock = dir.join("munge/munge.sock");
+        let mut me = Slurm { dir: dir.clone(), daemons: Vec::new() };
+        let quiet = |c: &mut Command| {
+            c.stdout(Stdio::null()).stderr(Stdio::null());
+        };
+        let mut munge = Command::new("munged");
+        munge
+            .args(["-F", "--force", "--num-threads=2"])
+            .arg(format!("--socket={}", sock.display()))
+            .arg(format!("--key-file={}", keyf.display()))
+            .arg(format!("--pid-file={}", dir.join("munge/munged.pid").display()))
+            .arg(format!("--log-file={}", dir.join("munge/munged.log").display()))
+            .arg(format!("--seed-file={}", dir.join("munge/seed").display()));
+        quiet(&mut munge);
+        me.daemons.push(munge.spawn().map_err(|e| format!("munged: {e}"))?);
+        let host = String::from_utf8_lossy(&Command::new("hostname").arg("-s").output().unwrap().stdout)
+            .trim()
+            .to_string();
+        let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let port = 20000 + (std::process::id() % 20000) as u16;
+        let d = dir.display();
+        let conf = format!(
+            "ClusterName=vmftest\nSlurmctldHost={host}\nSlurmUser=root\nSlurmdUser=root\n\
+             SlurmctldPort={port}\nSlurmdPort={}\nAuthType=auth/munge\nAuthInfo=socket={}\n\
+             CredType=cred/munge\nStateSaveLocation={d}/state\nSlurmdSpoolDir={d}/spool\n\
+             SlurmctldPidFile={d}/slurmctld.pid\nSlurmdPidFile={d}/slurmd.pid\n\
+             ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\nJobAcctGatherType=jobacct_gather/none\n\
+             AccountingStorageType=accounting_storage/none\nJobCompType=jobcomp/none\n\
+             SchedulerType=sched/builtin\nSelectType=select/cons_tres\nSelectTypeParameters=CR_Core\n\
+             ReturnToService=2\nKillWait=2\nMpiDefault=none\nSlurmctldLogFile={d}/slurmctld.log\n\
+             SlurmdLogFile={d}/slurmd.log\nNodeName={host} CPUs={cpus} RealMemory=1000 State=UNKNOWN\n\
+             PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4\n",
+            port + 1,
+            sock.display()
+        );
+        let conf_path = dir.join("slurm.conf");
+        std::fs::write(&conf_path, conf).unwrap();
+        let t0 = std::time::Instant::now();
+        while !sock.exists() && t0.elapsed() < std::time::Duration::from_secs(10) {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        for daemon in ["slurmctld", "slurmd"] {
+            let mut c = Command::new(daemon);
+            c.arg("-D").arg("-f").arg(&conf_path).env("SLURM_CONF", &conf_path);
+            quiet(&mut c);
+            me.daemons.push(c.spawn().map_err(|e| format!("{daemon}: {e}"))?);
+        }
+        // Ready when the node is idle.
+        let t0 = std::time::Instant::now();
+        loop {
+            let o = Command::new("sinfo")
+                .args(["-h", "-o", "%t"])
+                .env("SLURM_CONF", &conf_path)
+                .output()
+                .map_err(|e| format!("sinfo: {e}"))?;
+            if String::from_utf8_lossy(&o.stdout).trim() == "idle" {
+                return Ok(me);
+            }
+            if t0.elapsed() > std::time::Duration::from_secs(60) {
+                let log = std::fs::read_to_string(dir.join("slurmd.log")).unwrap_or_default();
+                return Err(format!("the Slurm node did not come up in 60 s; slurmd.log:\n{log}"));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    }
+
+    /// `srun --mpi=pmi2 ARGS` with our library first on the library path.
+    fn srun(&self, args: &[&str], env: &[(&str, &str)]) -> Output {
+        let s = setup();
+        Command::new("timeout")
+            .args(["120", "srun", "--mpi=pmi2"])
+            .args(args)
+            .env("SLURM_CONF", self.dir.join("slurm.conf"))
+            .env("LD_LIBRARY_PATH", &s.libdir)
+            .envs(env.iter().copied())
+            .output()
+            .unwrap()
+    }
+}
+
+impl Drop for Slurm {
+    fn drop(&mut self) {
+        // A graceful shutdown first, so slurmctld's script helper and slurmd's step daemons end with them.
+        let _ = Command::new("scontrol")
+            .arg("shutdown")
+            .env("SLURM_CONF", self.dir.join("slurm.conf"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        let t0 = std::time::Instant::now();
+        for d in self.daemons.iter_mut().skip(1) {
+            while matches!(d.try_wait(), Ok(None)) && t0.elapsed() < std::time::Duration::from_secs(15) {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+        }
+        for d in self.daemons.iter_mut().rev() {
+            let _ = d.kill();
+            let _ = d.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Issue 23, item 4: ranks of an `mpicc.mpich` program started by Slurm's `srun --mpi=pmi2` speak the
+/// PMI-2 wire protocol to it, run point-to-point and collective traffic, abort the step, and leave no
+/// region behind when one is killed. The Slurm (Debian's munge, slurmctld and slurmd) is started and
+/// stopped by the test.
+#[test]
+fn slurm_srun_pmi2_runs_mpich_programs() {
+    let s = setup();
+    if !s.mpich || !["srun", "slurmd", "slurmctld", "munged", "sinfo"].iter().all(|c| have(c)) {
+        eprintln!("note: Slurm or MPICH not installed (scripts/deps.sh installs them); skipped");
+        return;
+    }
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("note: a private Slurm needs root here; skipped");
+        return;
+    }
+    let slurm = Slurm::start().unwrap();
+    let bin = |p: &str| s.build.join("mpich").join(p).display().to_string();
+    for (prog, n) in [("p2p_basic", "1"), ("p2p_basic", "2"), ("coll_all", "2"), ("intercomm", "4")] {
+        let o = slurm.srun(&["-O", "-n", n, &bin(prog)], &[("VMF_VERBOSE", "1")]);
+        let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        assert!(
+            o.status.success() && out.contains("PASS"),
+            "{prog} under srun --mpi=pmi2 -n {n}: {}\n{out}\n{err}",
+            o.status
+        );
+        assert!(err.contains("PMI-2"), "{prog}: the ranks did not speak PMI-2:\n{err}");
+    }
+    // MPI_Abort ends the step, naming the rank.
+    let o = slurm.srun(&["-O", "-n", "3", &bin("abort")], &[]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "an aborted step succeeded:\n{err}");
+    assert!(err.contains("rank 2 aborting with code 7"), "abort message missing:\n{err}");
+    assert!(!err.contains("survived"), "a rank survived MPI_Abort:\n{err}");
+    // A killed rank: the step fails and the region is removed.
+    let dir = std::env::temp_dir().join(format!("vmf-slurm-kill-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let never = dir.join("never").display().to_string();
+    let mut child = Command::new("srun")
+        .args(["--mpi=pmi2", "-O", "-n", "3", &bin("migstress"), &never, "60"])
+        .env("SLURM_CONF", slurm.dir.join("slurm.conf"))
+        .env("LD_LIBRARY_PATH", &s.libdir)
+        .env("VMF_REGION_DIR", &dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let region = || {
+        std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".shm"))
+            .count()
+    };
+    let t0 = std::time::Instant::now();
+    while region() == 0 && t0.elapsed() < std::time::Duration::from_secs(30) {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert_eq!(region(), 1, "the step made no region in {}", dir.display());
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let victim = *ranks_in(&dir, "migstress").last().expect("a rank to kill");
+    // SAFETY: kill on a rank of the step this test started.
+    unsafe { libc::kill(victim, libc::SIGKILL) };
+    let st = child.wait().unwrap();
+    assert!(!st.success(), "the step should fail after a rank was killed");
+    let t1 = std::time::Instant::now();
+    while region() != 0 && t1.elapsed() < std::time::Duration::from_secs(10) {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let left: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert!(left.is_empty(), "left behind after the step died: {left:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+    drop(slurm);
 }
 
 /// Issue 23, item 5: 1024 ranks on one host (2 CPUs here) start, pass a barrier and a checked allreduce,

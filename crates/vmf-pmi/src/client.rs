@@ -1,7 +1,7 @@
 //! The rank side: [`PmiClient`].
 use crate::error::PmiError;
 use crate::spawn::{encode_request, SpawnCmd};
-use crate::wire::{check_token, Message, MAX_LINE};
+use crate::wire::{check_token, Message, MAX_LINE, V2_LEN_FIELD};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::os::fd::{FromRawFd, RawFd};
@@ -43,10 +43,12 @@ pub(crate) fn read_raw_line<R: BufRead>(
     ))
 }
 
-/// A rank's connection to its PMI-1 server (our launcher, or MPICH's Hydra `pmi_proxy`).
+/// A rank's connection to its PMI server: our launcher or MPICH's Hydra `pmi_proxy` (PMI-1), or a PMI-2
+/// server — Slurm's `srun --mpi=pmi2`, or Hydra again.
 ///
 /// Created by [`PmiClient::from_env`] (the normal way), or from an already connected stream. The handshake
-/// (`init`, `get_maxes`, `get_appnum`, `get_my_kvsname`) is done on creation.
+/// is done on creation: PMI-1 `init`, `get_maxes`, `get_appnum`, `get_my_kvsname`; PMI-2 `fullinit`,
+/// `job-getid`. The methods are the same for both wire protocols: each sends its protocol's command.
 ///
 /// Keys and values may not contain whitespace, `=` or newlines (the wire format is space-separated
 /// `key=value` words); [`put`](Self::put) and [`get`](Self::get) return
@@ -63,6 +65,28 @@ pub struct PmiClient {
     vallen_max: usize,
     spawned: bool,
     finalized: bool,
+    /// The PMI-2 wire protocol (length-prefixed `cmd=...;` frames) instead of PMI-1 lines.
+    v2: bool,
+}
+
+/// PMI-2's limits (MPICH's `PMI2_MAX_KEYLEN` / `PMI2_MAX_VALLEN`, which Slurm's server shares).
+const V2_KEYLEN_MAX: usize = 64;
+const V2_VALLEN_MAX: usize = 1024;
+
+/// Which wire protocol to speak: `VMF_PMI_VERSION` (1 or 2) when set, else PMI-2 under Slurm's
+/// `srun --mpi=pmi2` (it sets `SLURM_MPI_TYPE=pmi2`), PMI-1 otherwise (our launcher, Hydra).
+fn wants_v2() -> Result<bool, PmiError> {
+    match std::env::var("VMF_PMI_VERSION") {
+        Ok(v) => match v.trim() {
+            "1" => Ok(false),
+            "2" => Ok(true),
+            _ => Err(PmiError::Environment {
+                op: "initialise PMI".into(),
+                why: format!("VMF_PMI_VERSION={v:?}: use 1 or 2"),
+            }),
+        },
+        Err(_) => Ok(std::env::var("SLURM_MPI_TYPE").is_ok_and(|t| t.trim() == "pmi2")),
+    }
 }
 
 impl std::fmt::Debug for PmiClient {
@@ -115,6 +139,7 @@ impl PmiClient {
         }
         let rank = env_usize("PMI_RANK")?;
         let size = env_usize("PMI_SIZE")?;
+        let v2 = wants_v2()?;
         if TAKEN.swap(true, Ordering::AcqRel) {
             return Err(PmiError::Environment {
                 op: op.into(),
@@ -144,16 +169,26 @@ impl PmiClient {
             // SAFETY: the launcher handed this descriptor to us alone (PMI_FD contract); TAKEN ensures we
             // adopt it once.
             let s = unsafe { UnixStream::from_raw_fd(n) };
-            let (rank, size) = match (rank, size) {
-                (Some(r), Some(s)) => (r, s),
-                _ => {
+            if v2 {
+                let Some(rank) = rank else {
                     return Err(PmiError::Environment {
-                        op: "initialise PMI".into(),
-                        why: "PMI_FD is set but PMI_RANK or PMI_SIZE is not".into(),
-                    })
-                }
-            };
-            Self::from_stream(s, rank, size)
+                        op: "initialise PMI-2".into(),
+                        why: "PMI_FD is set but PMI_RANK is not".into(),
+                    });
+                };
+                Self::from_stream_v2(s, rank)
+            } else {
+                let (rank, size) = match (rank, size) {
+                    (Some(r), Some(s)) => (r, s),
+                    _ => {
+                        return Err(PmiError::Environment {
+                            op: "initialise PMI".into(),
+                            why: "PMI_FD is set but PMI_RANK or PMI_SIZE is not".into(),
+                        })
+                    }
+                };
+                Self::from_stream(s, rank, size)
+            }
         } else {
             let addr = port.unwrap_or_default();
             let id = std::env::var("PMI_ID").ok();
@@ -183,6 +218,107 @@ impl PmiClient {
         Self::handshake(Box::new(stream), Box::new(w), None, Some(rank), Some(size))
     }
 
+    /// PMI-2 handshake (`fullinit`, `job-getid`) over an already connected Unix stream, as rank `rank`;
+    /// the size comes from the server.
+    pub fn from_stream_v2(stream: UnixStream, rank: usize) -> Result<PmiClient, PmiError> {
+        let op = "connect to the PMI-2 server";
+        let w = stream.try_clone().map_err(|e| PmiError::Io {
+            op: op.into(),
+            source: e,
+        })?;
+        let mut c = Self::unconnected(Box::new(stream), Box::new(w));
+        // The first exchange is a PMI-1 line that names version 2 (so one server can serve both); every
+        // later message is a PMI-2 frame.
+        let op = "initialise PMI-2";
+        let r = c.call(
+            op,
+            &Message::new("init")
+                .with("pmi_version", 2)
+                .with("pmi_subversion", 0),
+            "response_to_init",
+        )?;
+        c.check_rc(op, &r)?;
+        if r.get("pmi_version").is_some_and(|v| v != "2") {
+            return Err(PmiError::Failed {
+                op: op.into(),
+                rc: 0,
+                msg: format!(
+                    "the server speaks PMI version {}, not 2 (set VMF_PMI_VERSION=1)",
+                    r.get("pmi_version").unwrap_or("?")
+                ),
+            });
+        }
+        c.v2 = true;
+        c.keylen_max = V2_KEYLEN_MAX;
+        c.vallen_max = V2_VALLEN_MAX;
+        c.kvsname_max = V2_VALLEN_MAX;
+        // As MPICH's client: the job id the launcher gave (Slurm requires it), the rank, no threads.
+        let mut m = Message::new("fullinit");
+        if let Some(j) = std::env::var("PMI_JOBID").ok().filter(|j| !j.is_empty()) {
+            if j.contains(';') || check_token(&j, V2_VALLEN_MAX, false).is_err() {
+                return Err(PmiError::Environment {
+                    op: op.into(),
+                    why: format!("PMI_JOBID={j:?} cannot travel in a PMI-2 message"),
+                });
+            }
+            m = m.with("pmijobid", j);
+        }
+        let m = m.with("pmirank", rank).with("threaded", "FALSE");
+        let r = c.call(op, &m, "fullinit-response")?;
+        c.check_rc(op, &r)?;
+        c.rank = Self::num_field(op, &r, "rank")?;
+        c.size = Self::num_field(op, &r, "size")?;
+        if c.size == 0 || c.rank >= c.size || c.rank != rank {
+            return Err(PmiError::Environment {
+                op: op.into(),
+                why: format!(
+                    "the server calls this rank {} of {} (PMI_RANK is {rank})",
+                    c.rank, c.size
+                ),
+            });
+        }
+        c.appnum = match r.get("appnum") {
+            Some(_) => Self::num_field(op, &r, "appnum")?,
+            None => 0,
+        };
+        c.spawned = r.get("spawner-jobid").is_some_and(|j| !j.is_empty());
+        let op = "read the job id";
+        let r = c.call(op, &Message::new("job-getid"), "job-getid-response")?;
+        c.check_rc(op, &r)?;
+        c.kvsname = r
+            .get("jobid")
+            .filter(|s| !s.is_empty())
+            .ok_or_else(|| PmiError::Malformed {
+                op: op.into(),
+                why: "jobid= is missing".into(),
+                line: r.to_line(),
+            })?
+            .to_owned();
+        Ok(c)
+    }
+
+    fn unconnected(r: Box<dyn Read + Send>, w: Box<dyn Write + Send>) -> PmiClient {
+        PmiClient {
+            reader: BufReader::new(r),
+            writer: w,
+            rank: 0,
+            size: 0,
+            appnum: 0,
+            kvsname: String::new(),
+            kvsname_max: 256,
+            keylen_max: 256,
+            vallen_max: 1024,
+            spawned: false,
+            finalized: false,
+            v2: false,
+        }
+    }
+
+    /// True when the connection speaks PMI-2.
+    pub fn is_v2(&self) -> bool {
+        self.v2
+    }
+
     /// Connect with TCP to `addr` (`host:port`, the form of Hydra's `PMI_PORT`). When `pmi_id` is given the
     /// `cmd=initack pmiid=<id>` exchange is done first and supplies rank and size unless given here.
     pub fn connect_tcp(
@@ -208,19 +344,7 @@ impl PmiClient {
         mut rank: Option<usize>,
         mut size: Option<usize>,
     ) -> Result<PmiClient, PmiError> {
-        let mut c = PmiClient {
-            reader: BufReader::new(r),
-            writer: w,
-            rank: 0,
-            size: 0,
-            appnum: 0,
-            kvsname: String::new(),
-            kvsname_max: 256,
-            keylen_max: 256,
-            vallen_max: 1024,
-            spawned: false,
-            finalized: false,
-        };
+        let mut c = Self::unconnected(r, w);
         if let Some(id) = pmi_id {
             let op = "initialise PMI (initack)";
             check_token(id, 256, false).map_err(|why| PmiError::InvalidArgument {
@@ -382,11 +506,22 @@ impl PmiClient {
             op: op.clone(),
             why: format!("the value is invalid: {why}"),
         })?;
-        let m = Message::new("put")
-            .with("kvsname", &self.kvsname)
-            .with("key", key)
-            .with("value", value);
-        let r = self.call(&op, &m, "put_result")?;
+        if self.v2 && (key.contains(';') || value.contains(';')) {
+            return Err(PmiError::InvalidArgument {
+                op,
+                why: "a PMI-2 key or value cannot contain ';'".into(),
+            });
+        }
+        let r = if self.v2 {
+            let m = Message::new("kvs-put").with("key", key).with("value", value);
+            self.call(&op, &m, "kvs-put-response")?
+        } else {
+            let m = Message::new("put")
+                .with("kvsname", &self.kvsname)
+                .with("key", key)
+                .with("value", value);
+            self.call(&op, &m, "put_result")?
+        };
         self.check_rc(&op, &r)
     }
 
@@ -398,16 +533,24 @@ impl PmiClient {
             op: op.clone(),
             why: format!("the key is invalid: {why}"),
         })?;
-        let m = Message::new("get")
-            .with("kvsname", &self.kvsname)
-            .with("key", key);
-        let r = self.call(&op, &m, "get_result")?;
+        let r = if self.v2 {
+            let m = Message::new("kvs-get")
+                .with("jobid", &self.kvsname)
+                .with("srcid", -1)
+                .with("key", key);
+            self.call(&op, &m, "kvs-get-response")?
+        } else {
+            let m = Message::new("get")
+                .with("kvsname", &self.kvsname)
+                .with("key", key);
+            self.call(&op, &m, "get_result")?
+        };
         let rc = r.rc().map_err(|why| PmiError::Malformed {
             op: op.clone(),
             why,
             line: r.to_line(),
         })?;
-        if rc != 0 {
+        if rc != 0 || (self.v2 && r.get("found") != Some("TRUE")) {
             return Err(PmiError::KeyNotFound {
                 key: key.to_owned(),
                 msg: r.get("msg").unwrap_or("no message").to_owned(),
@@ -432,6 +575,13 @@ impl PmiClient {
     ) -> Result<Vec<String>, PmiError> {
         let op = format!("get keys {prefix}{from}..{}", from + count);
         self.live(&op)?;
+        if self.v2 {
+            return Err(PmiError::Failed {
+                op,
+                rc: -1,
+                msg: "a PMI-2 server has no range get (vmfabric's launcher's extension)".into(),
+            });
+        }
         let m = Message::new("vmf_getrange")
             .with("kvsname", &self.kvsname)
             .with("prefix", prefix)
@@ -460,7 +610,11 @@ impl PmiClient {
     pub fn fence(&mut self) -> Result<(), PmiError> {
         let op = "fence";
         self.live(op)?;
-        let r = self.call(op, &Message::new("barrier_in"), "barrier_out")?;
+        let r = if self.v2 {
+            self.call(op, &Message::new("kvs-fence"), "kvs-fence-response")?
+        } else {
+            self.call(op, &Message::new("barrier_in"), "barrier_out")?
+        };
         self.check_rc(op, &r)
     }
 
@@ -468,6 +622,16 @@ impl PmiClient {
     pub fn universe_size(&mut self) -> Result<Option<usize>, PmiError> {
         let op = "read the universe size";
         self.live(op)?;
+        if self.v2 {
+            let m = Message::new("info-getjobattr").with("key", "universeSize");
+            let r = self.call(op, &m, "info-getjobattr-response")?;
+            self.check_rc(op, &r)?;
+            if r.get("found") != Some("TRUE") {
+                return Ok(None);
+            }
+            let n: i64 = Self::num_field(op, &r, "value")?;
+            return Ok((n > 0).then_some(n as usize));
+        }
         let r = self.call(op, &Message::new("get_universe_size"), "universe_size")?;
         self.check_rc(op, &r)?;
         // Hydra (and vmfabric run without --universe-size) answer -1: not known.
@@ -498,6 +662,15 @@ impl PmiClient {
             _ => format!("spawn {total} process(es) of {} commands", cmds.len()),
         };
         self.live(&op)?;
+        if self.v2 {
+            return Err(PmiError::Failed {
+                op,
+                rc: -1,
+                msg: "starting processes through a PMI-2 server (srun --mpi=pmi2) is not supported; \
+                      launch with vmfabric run or mpiexec.mpich to use MPI_Comm_spawn"
+                    .into(),
+            });
+        }
         let text =
             encode_request(cmds, preput, self.keylen_max, self.vallen_max).map_err(|why| {
                 PmiError::InvalidArgument {
@@ -551,6 +724,14 @@ impl PmiClient {
             );
         }
         let op = "abort the job";
+        if self.v2 {
+            // PMI-2's abort carries a message but no exit code (Slurm ends the step with the rank's own).
+            let text = if msg.is_empty() { format!("exit code {code}") } else { msg.to_owned() };
+            let m = Message::new("abort")
+                .with("isworld", "TRUE")
+                .with("msg", crate::wire::sanitize_text(&text));
+            return self.send(op, &m);
+        }
         self.send(op, &Message::new("abort").with("exitcode", code))
     }
 
@@ -558,7 +739,11 @@ impl PmiClient {
     pub fn finalize(&mut self) -> Result<(), PmiError> {
         let op = "finalize PMI";
         self.live(op)?;
-        let r = self.call(op, &Message::new("finalize"), "finalize_ack")?;
+        let r = if self.v2 {
+            self.call(op, &Message::new("finalize"), "finalize-response")?
+        } else {
+            self.call(op, &Message::new("finalize"), "finalize_ack")?
+        };
         self.check_rc(op, &r)?;
         self.finalized = true;
         Ok(())
@@ -575,7 +760,7 @@ impl PmiClient {
     }
 
     fn send(&mut self, op: &str, m: &Message) -> Result<(), PmiError> {
-        let line = m.to_line();
+        let line = if self.v2 { m.to_v2() } else { m.to_line() };
         self.writer
             .write_all(line.as_bytes())
             .and_then(|_| self.writer.flush())
@@ -586,6 +771,9 @@ impl PmiClient {
     }
 
     fn recv(&mut self, op: &str) -> Result<Message, PmiError> {
+        if self.v2 {
+            return self.recv_v2(op);
+        }
         match read_raw_line(&mut self.reader) {
             Err(e) => Err(PmiError::Io {
                 op: op.into(),
@@ -605,6 +793,44 @@ impl PmiClient {
         }
     }
 
+    /// One PMI-2 frame: the 6-byte length, then that many bytes.
+    fn recv_v2(&mut self, op: &str) -> Result<Message, PmiError> {
+        let io = |e: std::io::Error| {
+            if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                PmiError::Eof { op: op.into() }
+            } else {
+                PmiError::Io {
+                    op: op.into(),
+                    source: e,
+                }
+            }
+        };
+        let mut len = [0u8; V2_LEN_FIELD];
+        self.reader.read_exact(&mut len).map_err(io)?;
+        let field = String::from_utf8_lossy(&len).trim().to_string();
+        let n: usize = field
+            .parse()
+            .ok()
+            .filter(|&n| n <= MAX_LINE)
+            .ok_or_else(|| PmiError::Malformed {
+                op: op.into(),
+                why: format!("the frame length {field:?} is not a number up to {MAX_LINE}"),
+                line: String::new(),
+            })?;
+        let mut body = vec![0u8; n];
+        self.reader.read_exact(&mut body).map_err(io)?;
+        let body = String::from_utf8(body).map_err(|_| PmiError::Malformed {
+            op: op.into(),
+            why: "the frame is not UTF-8".into(),
+            line: String::new(),
+        })?;
+        Message::parse_v2(&body).map_err(|why| PmiError::Malformed {
+            op: op.into(),
+            why,
+            line: body.chars().take(200).collect(),
+        })
+    }
+
     fn call(&mut self, op: &str, m: &Message, expected: &str) -> Result<Message, PmiError> {
         self.send(op, m)?;
         let r = self.recv(op)?;
@@ -615,7 +841,7 @@ impl PmiClient {
                     return Err(PmiError::Failed {
                         op: op.into(),
                         rc,
-                        msg: r.get("msg").unwrap_or("no message").into(),
+                        msg: r.get("msg").or(r.get("errmsg")).unwrap_or("no message").into(),
                     });
                 }
             }
@@ -638,7 +864,7 @@ impl PmiClient {
             return Err(PmiError::Failed {
                 op: op.into(),
                 rc,
-                msg: r.get("msg").unwrap_or("no message").into(),
+                msg: r.get("msg").or(r.get("errmsg")).unwrap_or("no message").into(),
             });
         }
         Ok(())

@@ -339,3 +339,97 @@ fn tcp_initack_handshake_works() {
     drop(c);
     srv.join().unwrap().unwrap();
 }
+
+/// A scripted PMI-2 server (as Slurm's and Hydra's speak it): the PMI-1 `init` naming version 2, then
+/// length-prefixed frames. Checks what the client sends and answers each request.
+#[test]
+fn pmi2_client_handshake_kvs_fence_and_finalize_works() {
+    let (ours, theirs) = UnixStream::pair().unwrap();
+    let server = std::thread::spawn(move || {
+        let mut r = BufReader::new(ours.try_clone().unwrap());
+        let mut w = ours;
+        let mut line = String::new();
+        r.read_line(&mut line).unwrap();
+        assert_eq!(line, "cmd=init pmi_version=2 pmi_subversion=0\n");
+        w.write_all(b"cmd=response_to_init pmi_version=2 pmi_subversion=0 rc=0\n").unwrap();
+        let mut frame = || {
+            let mut len = [0u8; 6];
+            std::io::Read::read_exact(&mut r, &mut len).unwrap();
+            let n: usize = String::from_utf8_lossy(&len).trim().parse().unwrap();
+            let mut b = vec![0u8; n];
+            std::io::Read::read_exact(&mut r, &mut b).unwrap();
+            String::from_utf8(b).unwrap()
+        };
+        let answer = |w: &mut UnixStream, body: &str| {
+            w.write_all(format!("{:<6}{body}", body.len()).as_bytes()).unwrap();
+        };
+        assert_eq!(frame(), "cmd=fullinit;pmirank=1;threaded=FALSE;");
+        answer(&mut w, "cmd=fullinit-response;rc=0;pmi-version=2;pmi-subversion=0;rank=1;size=3;appnum=0;debugged=FALSE;pmiverbose=FALSE;");
+        assert_eq!(frame(), "cmd=job-getid;");
+        answer(&mut w, "cmd=job-getid-response;jobid=7.0;rc=0;");
+        assert_eq!(frame(), "cmd=kvs-put;key=k1;value=v:1,x;");
+        answer(&mut w, "cmd=kvs-put-response;rc=0;");
+        assert_eq!(frame(), "cmd=kvs-fence;");
+        answer(&mut w, "cmd=kvs-fence-response;rc=0;");
+        assert_eq!(frame(), "cmd=kvs-get;jobid=7.0;srcid=-1;key=k1;");
+        answer(&mut w, "cmd=kvs-get-response;rc=0;found=TRUE;value=v:1,x;");
+        assert_eq!(frame(), "cmd=kvs-get;jobid=7.0;srcid=-1;key=nope;");
+        answer(&mut w, "cmd=kvs-get-response;rc=0;found=FALSE;");
+        assert_eq!(frame(), "cmd=info-getjobattr;key=universeSize;");
+        answer(&mut w, "cmd=info-getjobattr-response;rc=0;found=TRUE;value=8;");
+        assert_eq!(frame(), "cmd=finalize;");
+        answer(&mut w, "cmd=finalize-response;rc=0;");
+    });
+    let mut c = PmiClient::from_stream_v2(theirs, 1).unwrap();
+    assert!(c.is_v2());
+    assert_eq!((c.rank(), c.size(), c.kvsname()), (1, 3, "7.0"));
+    assert_eq!(c.vallen_max(), 1024);
+    c.put("k1", "v:1,x").unwrap();
+    // A ';' cannot travel (servers disagree on its escape): refused before anything is sent.
+    assert!(matches!(c.put("k2", "a;b"), Err(PmiError::InvalidArgument { .. })));
+    c.fence().unwrap();
+    assert_eq!(c.get("k1").unwrap(), "v:1,x");
+    assert!(matches!(c.get("nope"), Err(PmiError::KeyNotFound { .. })));
+    // No range get and no spawning over PMI-2: errors, without a round trip.
+    assert!(c.get_range("k", 0, 2).is_err());
+    assert!(c.spawn(&[], &[]).is_err());
+    assert_eq!(c.universe_size().unwrap(), Some(8));
+    c.finalize().unwrap();
+    server.join().unwrap();
+}
+
+/// A PMI-2 server that calls this process another rank, or answers garbage, is an error.
+#[test]
+fn pmi2_client_rejects_a_wrong_rank_and_a_bad_frame_fails() {
+    for reply in [
+        "cmd=fullinit-response;rc=0;rank=2;size=3;".to_string(),
+        "cmd=fullinit-response;rc=0;rank=1;size=1;".to_string(),
+        "cmd=fullinit-response;rc=5;errmsg=no;".to_string(),
+    ] {
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        let server = std::thread::spawn(move || {
+            let mut r = BufReader::new(ours.try_clone().unwrap());
+            let mut w = ours;
+            let mut line = String::new();
+            r.read_line(&mut line).unwrap();
+            w.write_all(b"cmd=response_to_init pmi_version=2 pmi_subversion=0 rc=0\n").unwrap();
+            w.write_all(format!("{:<6}{reply}", reply.len()).as_bytes()).unwrap();
+            std::thread::sleep(Duration::from_millis(100));
+        });
+        assert!(PmiClient::from_stream_v2(theirs, 1).is_err());
+        server.join().unwrap();
+    }
+    // A length field that is not a number.
+    let (ours, theirs) = UnixStream::pair().unwrap();
+    let server = std::thread::spawn(move || {
+        let mut r = BufReader::new(ours.try_clone().unwrap());
+        let mut w = ours;
+        let mut line = String::new();
+        r.read_line(&mut line).unwrap();
+        w.write_all(b"cmd=response_to_init pmi_version=2 pmi_subversion=0 rc=0\n").unwrap();
+        w.write_all(b"abcdefcmd=x;").unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+    });
+    assert!(matches!(PmiClient::from_stream_v2(theirs, 0), Err(PmiError::Malformed { .. })));
+    server.join().unwrap();
+}

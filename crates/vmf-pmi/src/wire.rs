@@ -1,4 +1,8 @@
-//! The PMI-1 line format: `cmd=NAME key=value key=value\n`.
+//! The PMI-1 line format: `cmd=NAME key=value key=value\n`, and the PMI-2 frame (`Message::to_v2` /
+//! `Message::parse_v2`): a 6-byte decimal length, then `cmd=NAME;key=value;...;`, as MPICH's PMI-2 client,
+//! Hydra and Slurm's `mpi/pmi2` plugin speak it. Servers disagree on escaping a `;` inside a value (MPICH's
+//! client doubles it, Hydra's server does not undo that), so the client refuses `;` in what it sends
+//! and reads a doubled one as a `;`.
 //!
 //! Keys and values are separated by single spaces, so neither may contain whitespace or `=` (see
 //! [`check_token`]). Parsing is lenient the way Hydra's is: keys may come in any order, unknown keys are
@@ -102,6 +106,69 @@ impl Message {
     }
 }
 
+/// Length of the decimal length field that starts every PMI-2 frame.
+pub const V2_LEN_FIELD: usize = 6;
+
+impl Message {
+    /// The PMI-2 wire form: the body's length in a 6-byte field (left-justified, space-padded), then
+    /// `cmd=NAME;key=value;...;`. Keys and values must not contain `;` (callers check).
+    pub fn to_v2(&self) -> String {
+        let mut body = format!("cmd={};", self.cmd);
+        for (k, v) in &self.fields {
+            body.push_str(k);
+            body.push('=');
+            body.push_str(v);
+            body.push(';');
+        }
+        format!("{:<width$}{body}", body.len(), width = V2_LEN_FIELD)
+    }
+
+    /// Parse a PMI-2 frame body (without its length field): `key=value;` pairs, `;;` an escaped `;`.
+    pub fn parse_v2(body: &str) -> Result<Message, String> {
+        if body.len() > MAX_LINE {
+            return Err(format!("the frame is longer than {MAX_LINE} bytes"));
+        }
+        let mut pairs: Vec<(String, String)> = Vec::new();
+        let mut cur = String::new();
+        let mut chars = body.chars().peekable();
+        let finish = |cur: &mut String, pairs: &mut Vec<(String, String)>| -> Result<(), String> {
+            let item = std::mem::take(cur);
+            if item.is_empty() {
+                return Ok(());
+            }
+            match item.split_once('=') {
+                Some(("", _)) | None => Err(format!("the item {item:?} is not of the form key=value")),
+                Some((k, v)) => {
+                    pairs.push((k.to_owned(), v.to_owned()));
+                    Ok(())
+                }
+            }
+        };
+        while let Some(c) = chars.next() {
+            if c == ';' {
+                if chars.peek() == Some(&';') {
+                    chars.next();
+                    cur.push(';');
+                } else {
+                    finish(&mut cur, &mut pairs)?;
+                }
+            } else {
+                cur.push(c);
+            }
+        }
+        finish(&mut cur, &mut pairs)?;
+        let pos = pairs
+            .iter()
+            .position(|(k, _)| k == "cmd")
+            .ok_or_else(|| "it has no cmd= key".to_string())?;
+        let (_, cmd) = pairs.remove(pos);
+        if cmd.is_empty() {
+            return Err("its cmd= value is empty".into());
+        }
+        Ok(Message { cmd, fields: pairs })
+    }
+}
+
 /// Check that `s` can travel as a PMI-1 key or value: no whitespace, no `=`, no control characters, and at
 /// most `max` bytes. Keys must also be non-empty (`allow_empty == false`). Returns why not.
 pub fn check_token(s: &str, max: usize, allow_empty: bool) -> Result<(), String> {
@@ -187,6 +254,20 @@ mod tests {
             assert!(Message::parse(bad).is_err(), "{bad:?}");
         }
         assert!(Message::parse("cmd=x rc=zz").unwrap().rc().is_err());
+    }
+
+    #[test]
+    fn v2_frames_round_trip_and_escapes_are_read() {
+        let m = Message::new("kvs-put").with("key", "a").with("value", "x:1,y");
+        let f = m.to_v2();
+        assert_eq!(f, "30    cmd=kvs-put;key=a;value=x:1,y;");
+        assert_eq!(&f[..V2_LEN_FIELD].trim().parse::<usize>().unwrap(), &(f.len() - V2_LEN_FIELD));
+        assert_eq!(Message::parse_v2(&f[V2_LEN_FIELD..]).unwrap(), m);
+        let m = Message::parse_v2("rc=0;cmd=kvs-get-response;found=TRUE;value=a;;b;").unwrap();
+        assert_eq!((m.cmd.as_str(), m.get("value")), ("kvs-get-response", Some("a;b")));
+        for bad in ["", "rc=0;", "cmd=;", "cmd=x;novalue;", "cmd=x;=v;"] {
+            assert!(Message::parse_v2(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]
