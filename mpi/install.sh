@@ -6,6 +6,7 @@
 #   target/release/lib/libmpi.so.12          -> libmpich.so.12
 #   target/release/lib/libmpich.so, libmpi.so -> libmpich.so.12   (for -lmpich / -lmpi at link time)
 #   target/release/include/mpi.h             our header
+#   target/release/include/vmfabric/mtx.h    minitransactions and barriers (vmfabric's extension)
 #   target/release/mpicc, mpiexec, mpirun    wrappers
 # Usage: mpi/install.sh [RELEASE_DIR]   (default: <repo>/target/release). Idempotent.
 set -euo pipefail
@@ -24,6 +25,8 @@ for l in libmpi.so.12 libmpich.so libmpi.so; do
     ln -sfn libmpich.so.12 "$rel/lib/$l"
 done
 cp -f "$root/mpi/include/mpi.h" "$rel/include/mpi.h"
+mkdir -p "$rel/include/vmfabric"
+cp -f "$root/mpi/include/vmfabric/mtx.h" "$rel/include/vmfabric/mtx.h"
 cp -f "$root/mpi/bin/mpicc" "$rel/mpicc"
 cp -f "$root/mpi/bin/mpiexec" "$rel/mpiexec"
 ln -sfn mpiexec "$rel/mpirun"

@@ -76,6 +76,8 @@ mod io;
 mod mpi_t;
 /// Process creation and management (ch. 11.8-11.10; MPICH's spawn).
 mod spawn;
+/// vmfabric's minitransactions and barriers (`vmfabric/mtx.h`; not MPI).
+mod mtx;
 mod bigcount;
 pub mod consts;
 mod mt;

@@ -50,8 +50,10 @@ pub fn wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) -> WaitO
     }
 }
 
-/// Wake up to `n` waiters sleeping on `word`. Returns how many were woken.
+/// Wake up to `n` waiters sleeping on `word` (`n` above `i32::MAX` is taken as all of them: the kernel
+/// reads it as a signed count). Returns how many were woken.
 pub fn wake(word: &AtomicU32, n: u32) -> usize {
+    let n = n.min(i32::MAX as u32);
     // SAFETY: `word` is a valid aligned u32; FUTEX_WAKE does not access it beyond its address.
     let r = unsafe {
         libc::syscall(

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 mod bench;
 mod info;
 mod migrate_bench;
+mod mtx_cli;
 mod rma_bench;
 mod overcommit;
 mod selftest;
@@ -96,9 +97,14 @@ enum Cmd {
         /// Print only the directory holding libmpich.so.12 (for LD_LIBRARY_PATH).
         #[arg(long)]
         libdir: bool,
+        /// Print only the directory holding mpi.h and vmfabric/mtx.h (for -I).
+        #[arg(long, conflicts_with = "libdir")]
+        incdir: bool,
     },
     /// Benchmarks (run inside a job: `vmfabric run -n 2 vmfabric bench latency`).
     Bench(bench::BenchArgs),
+    /// Minitransaction stores that outlive processes (`vmfabric mtx create PATH --nodes N --bytes B`).
+    Mtx(mtx_cli::MtxArgs),
     /// Rank programs for the integration tests.
     #[command(hide = true)]
     Selftest(selftest::SelftestArgs),
@@ -243,15 +249,19 @@ fn main() {
                 }
             }
         }
-        Cmd::Info { ranks, libdir } => {
+        Cmd::Info { ranks, libdir, incdir } => {
             if libdir {
                 println!("{}", vmf_launch::mpi_libdir().display());
+                0
+            } else if incdir {
+                println!("{}", vmf_launch::mpi_libdir().with_file_name("include").display());
                 0
             } else {
                 info::run(ranks)
             }
         }
         Cmd::Bench(a) => bench::run(a),
+        Cmd::Mtx(a) => mtx_cli::run(a),
         Cmd::Selftest(a) => selftest::run(a),
     };
     std::process::exit(code);

@@ -1,0 +1,755 @@
+//! The store (a shared file: header, lock table, participant slots, node data) and minitransactions.
+use crate::{Error, Result};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+use vmf_bb::segment::Segment;
+use vmf_pal::process::ProcessId;
+
+const MAGIC: u64 = u64::from_le_bytes(*b"VMFMTX01");
+const VERSION: u64 = 1;
+const HDR: u64 = 4096;
+// Header words (each an AtomicU64 at this byte offset).
+const H_MAGIC: u64 = 0;
+const H_VERSION: u64 = 8;
+const H_NODES: u64 = 16;
+const H_NODE_BYTES: u64 = 24;
+const H_STRIPE: u64 = 32;
+const H_SLOTS: u64 = 40;
+const H_LEASE_MS: u64 = 48;
+const H_URGENT: u64 = 64;
+const H_LOCKS_OFF: u64 = 72;
+const H_SLOTS_OFF: u64 = 80;
+const H_DATA_OFF: u64 = 88;
+const H_TOTAL: u64 = 96;
+
+// Participant slot: words at these offsets, then the lock list, then the redo log.
+const SLOT_SIZE: u64 = 64 * 1024;
+const S_STATE: u64 = 0;
+const S_KERNEL: u64 = 8;
+const S_PID: u64 = 16;
+const S_START: u64 = 24;
+const S_LEASE: u64 = 32;
+const S_PHASE: u64 = 40;
+const S_NLOCKS: u64 = 48;
+const S_LOGLEN: u64 = 56;
+const S_LOCKS: u64 = 64;
+/// Most stripes one commit may lock.
+pub const MAX_LOCKS: usize = 1024;
+const S_LOG: u64 = S_LOCKS + MAX_LOCKS as u64 * 8;
+/// Bytes of redo log per slot (write records: node u32, len u32, offset u64, data padded to 8).
+pub const LOG_BYTES: usize = (SLOT_SIZE - S_LOG) as usize;
+
+// Slot states (low byte of S_STATE; a recovering slot carries its recoverer's tag above it).
+const FREE: u64 = 0;
+const OWNED: u64 = 1;
+const RECOVERING: u64 = 2;
+// Commit phases.
+const IDLE: u64 = 0;
+const LOCKING: u64 = 1;
+const COMMITTING: u64 = 2;
+
+/// Test hook: a commit calls `_exit(9)` at this point (1: all locks taken; 2: log written and COMMITTING
+/// set, no write applied; 3: the first write applied). 0: never. For crash-safety tests only.
+#[doc(hidden)]
+pub static CRASH_AT: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+#[inline]
+fn crash_point(p: u8) {
+    if CRASH_AT.load(Ordering::Relaxed) == p {
+        // SAFETY: ends the process at once, as kill -9 would.
+        unsafe { libc::_exit(9) };
+    }
+}
+
+/// A commit waiting longer than this raises the store's turnstile (see the crate documentation).
+pub const STARVE_AFTER: Duration = Duration::from_millis(20);
+
+/// Parameters of a new store.
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    /// Lock granularity in bytes (a power of two, 8..=4096): items in different stripes never contend.
+    pub stripe: usize,
+    /// Participant slots (processes attached at once).
+    pub slots: usize,
+    /// Lease of a lock holder in another kernel: after this long without renewal it is presumed dead.
+    pub lease: Duration,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            stripe: 64,
+            slots: 64,
+            lease: Duration::from_millis(2000),
+        }
+    }
+}
+
+/// How [`Mtx::commit`] treats a lock held by another commit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Fail with [`Outcome::LockFailed`] (002_*'s minitransactions).
+    Try,
+    /// Wait for it (in lock order: no deadlock; the turnstile: no starvation).
+    Blocking,
+}
+
+/// What a commit did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Every compare held; the writes are applied and the reads filled.
+    Committed,
+    /// Compare item `i` (in the order added) did not hold; nothing was written, the reads are filled.
+    CompareFailed(usize),
+    /// A lock was held by another commit (only in [`Mode::Try`]); nothing was read or written.
+    LockFailed,
+}
+
+/// A store attached by this process, holding one participant slot until dropped.
+pub struct Store {
+    seg: Segment,
+    nodes: usize,
+    node_bytes: u64,
+    stripe_shift: u32,
+    stripes: u64,
+    nslots: usize,
+    lease_ns: u64,
+    locks_off: u64,
+    slots_off: u64,
+    data_off: u64,
+    kernel: u64,
+    me: usize,
+}
+
+fn io(path: &Path, why: impl ToString) -> Error {
+    Error::Io {
+        path: path.display().to_string(),
+        why: why.to_string(),
+    }
+}
+
+fn realtime_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+fn round_up(v: u64, a: u64) -> u64 {
+    v.div_ceil(a) * a
+}
+
+impl Store {
+    /// Create a store file of `nodes` memory nodes of `node_bytes` each at `path` (which must not exist:
+    /// a store is never re-initialised under processes attached to it), and attach to it.
+    pub fn create(path: &Path, nodes: usize, node_bytes: usize, opts: &StoreOptions) -> Result<Store> {
+        if nodes == 0 || nodes > 1 << 20 {
+            return Err(Error::InvalidArgument(format!("{nodes} memory nodes (1..=1048576)")));
+        }
+        if node_bytes == 0 || node_bytes as u64 > 1 << 40 {
+            return Err(Error::InvalidArgument(format!("{node_bytes} bytes per node (1..=2^40)")));
+        }
+        if !opts.stripe.is_power_of_two() || !(8..=4096).contains(&opts.stripe) {
+            return Err(Error::InvalidArgument(format!(
+                "a stripe of {} bytes (a power of two, 8..=4096)",
+                opts.stripe
+            )));
+        }
+        if opts.slots == 0 || opts.slots > 4096 {
+            return Err(Error::InvalidArgument(format!("{} slots (1..=4096)", opts.slots)));
+        }
+        let node_bytes = node_bytes as u64;
+        let stripes = node_bytes.div_ceil(opts.stripe as u64);
+        let locks_off = HDR;
+        let slots_off = round_up(locks_off + nodes as u64 * stripes * 8, 4096);
+        let data_off = round_up(slots_off + opts.slots as u64 * SLOT_SIZE, 4096);
+        let node_span = round_up(node_bytes, 64);
+        let total = round_up(data_off + nodes as u64 * node_span, 4096);
+        // Created exclusively: an existing file is someone's store.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode_0600()
+            .open(path)
+            .map_err(|e| io(path, format!("cannot create it ({e})")))?;
+        let (seg, _) = Segment::open_or_create(path, total).map_err(|e| io(path, e))?;
+        let w = |off: u64, v: u64| seg.at::<AtomicU64>(off).unwrap().store(v, Ordering::Relaxed);
+        w(H_VERSION, VERSION);
+        w(H_NODES, nodes as u64);
+        w(H_NODE_BYTES, node_bytes);
+        w(H_STRIPE, opts.stripe as u64);
+        w(H_SLOTS, opts.slots as u64);
+        w(H_LEASE_MS, opts.lease.as_millis().max(1) as u64);
+        w(H_LOCKS_OFF, locks_off);
+        w(H_SLOTS_OFF, slots_off);
+        w(H_DATA_OFF, data_off);
+        w(H_TOTAL, total);
+        // The magic last: a store is usable once it is there.
+        seg.at::<AtomicU64>(H_MAGIC).unwrap().store(MAGIC, Ordering::Release);
+        drop(seg);
+        Store::open(path)
+    }
+
+    /// Attach to the store at `path` (made by [`Store::create`] or `vmfabric mtx create`).
+    pub fn open(path: &Path) -> Result<Store> {
+        let seg = Segment::open_existing(path).map_err(|e| io(path, e))?;
+        if seg.len() < HDR {
+            return Err(Error::Corrupt(format!("{} is {} bytes, smaller than a header", path.display(), seg.len())));
+        }
+        let r = |off: u64| seg.at::<AtomicU64>(off).unwrap().load(Ordering::Acquire);
+        // A store being created: wait briefly for its magic.
+        let t0 = Instant::now();
+        while r(H_MAGIC) == 0 && t0.elapsed() < Duration::from_secs(2) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        if r(H_MAGIC) != MAGIC {
+            return Err(Error::Corrupt(format!("{} is not a vmfabric store (bad magic)", path.display())));
+        }
+        if r(H_VERSION) != VERSION {
+            return Err(Error::Corrupt(format!("store version {} (this library reads {VERSION})", r(H_VERSION))));
+        }
+        let (nodes, node_bytes, stripe, nslots) = (r(H_NODES), r(H_NODE_BYTES), r(H_STRIPE), r(H_SLOTS));
+        let (locks_off, slots_off, data_off, total) = (r(H_LOCKS_OFF), r(H_SLOTS_OFF), r(H_DATA_OFF), r(H_TOTAL));
+        let ok = (1..=1 << 20).contains(&nodes)
+            && (1..=1 << 40).contains(&node_bytes)
+            && stripe.is_power_of_two()
+            && (8..=4096).contains(&stripe)
+            && (1..=4096).contains(&nslots);
+        if !ok {
+            return Err(Error::Corrupt("header fields out of range".into()));
+        }
+        let stripes = node_bytes.div_ceil(stripe);
+        let want_slots = round_up(locks_off + nodes * stripes * 8, 4096);
+        let want_data = round_up(slots_off + nslots * SLOT_SIZE, 4096);
+        let want_total = round_up(data_off + nodes * round_up(node_bytes, 64), 4096);
+        if locks_off != HDR || slots_off != want_slots || data_off != want_data || total != want_total || seg.len() < total {
+            return Err(Error::Corrupt(format!(
+                "layout does not add up (file {} bytes, header says {total})",
+                seg.len()
+            )));
+        }
+        let lease_ns = r(H_LEASE_MS).clamp(1, 3_600_000) * 1_000_000;
+        let mut s = Store {
+            seg,
+            nodes: nodes as usize,
+            node_bytes,
+            stripe_shift: stripe.trailing_zeros(),
+            stripes,
+            nslots: nslots as usize,
+            lease_ns,
+            locks_off,
+            slots_off,
+            data_off,
+            kernel: vmf_pal::process::kernel_id(),
+            me: usize::MAX,
+        };
+        s.me = s.claim_slot()?;
+        Ok(s)
+    }
+
+    /// Number of memory nodes.
+    pub fn nodes(&self) -> usize {
+        self.nodes
+    }
+
+    /// Bytes of each memory node.
+    pub fn node_bytes(&self) -> usize {
+        self.node_bytes as usize
+    }
+
+    /// Lock granularity in bytes.
+    pub fn stripe(&self) -> usize {
+        1 << self.stripe_shift
+    }
+
+    /// Path of the store file.
+    pub fn path(&self) -> &Path {
+        self.seg.path()
+    }
+
+    /// This process's participant slot.
+    pub fn slot(&self) -> usize {
+        self.me
+    }
+
+    /// A new, empty minitransaction on this store.
+    pub fn begin(&self) -> Mtx {
+        Mtx::default()
+    }
+
+    /// Copy `out.len()` bytes at (`node`, `offset`) out without any lock (a snapshot that may be torn by a
+    /// concurrent commit: what a minitransaction's compare item then checks).
+    pub fn peek(&self, node: usize, offset: usize, out: &mut [u8]) -> Result<()> {
+        let p = self.data(node, offset as u64, out.len() as u64)?;
+        // SAFETY: in bounds (checked by `data`); other processes may write concurrently, bytes are bytes.
+        unsafe { std::ptr::copy_nonoverlapping(p, out.as_mut_ptr(), out.len()) };
+        Ok(())
+    }
+
+    /// Address of `len` bytes at (`node`, `offset`), checked.
+    fn data(&self, node: usize, offset: u64, len: u64) -> Result<*mut u8> {
+        if node >= self.nodes {
+            return Err(Error::InvalidArgument(format!("memory node {node} (the store has {})", self.nodes)));
+        }
+        if offset.checked_add(len).is_none_or(|e| e > self.node_bytes) {
+            return Err(Error::InvalidArgument(format!(
+                "bytes {offset}..{} of node {node} (a node has {})",
+                offset.saturating_add(len),
+                self.node_bytes
+            )));
+        }
+        let off = self.data_off + node as u64 * round_up(self.node_bytes, 64) + offset;
+        self.seg.ptr(off, len).map_err(|e| Error::Corrupt(e.to_string()))
+    }
+
+    fn word(&self, off: u64) -> &AtomicU64 {
+        self.seg.at::<AtomicU64>(off).expect("offsets validated at open")
+    }
+
+    fn hdr(&self, f: u64) -> &AtomicU64 {
+        self.word(f)
+    }
+
+    fn slot_word(&self, slot: usize, f: u64) -> &AtomicU64 {
+        self.word(self.slots_off + slot as u64 * SLOT_SIZE + f)
+    }
+
+    /// Lock word of stripe `key` (`node << 32 | stripe`), or Corrupt.
+    fn lock(&self, key: u64) -> Result<&AtomicU64> {
+        let (node, stripe) = (key >> 32, key & 0xffff_ffff);
+        if node >= self.nodes as u64 || stripe >= self.stripes {
+            return Err(Error::Corrupt(format!("lock key {key:#x} names no stripe")));
+        }
+        Ok(self.word(self.locks_off + (node * self.stripes + stripe) * 8))
+    }
+
+    // ------------------------------------------------------------------ slots and liveness
+
+    fn claim_slot(&self) -> Result<usize> {
+        let me = ProcessId::current();
+        for pass in 0..2 {
+            for s in 0..self.nslots {
+                let st = self.slot_word(s, S_STATE);
+                if pass == 1 && st.load(Ordering::Acquire) & 0xff != FREE && !self.alive(s) {
+                    let _ = self.recover(s);
+                }
+                if st.compare_exchange(FREE, OWNED, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+                    self.slot_word(s, S_KERNEL).store(self.kernel, Ordering::Relaxed);
+                    self.slot_word(s, S_PID).store(me.pid as u64, Ordering::Relaxed);
+                    self.slot_word(s, S_START).store(me.start_time, Ordering::Relaxed);
+                    self.slot_word(s, S_LEASE).store(realtime_ns(), Ordering::Relaxed);
+                    self.slot_word(s, S_PHASE).store(IDLE, Ordering::Relaxed);
+                    self.slot_word(s, S_NLOCKS).store(0, Ordering::Relaxed);
+                    self.slot_word(s, S_LOGLEN).store(0, Ordering::Release);
+                    return Ok(s);
+                }
+            }
+        }
+        Err(Error::NoSlot(self.nslots))
+    }
+
+    /// Is slot `s` in use by a live process (its owner, or the process recovering it)?
+    fn alive(&self, s: usize) -> bool {
+        let st = self.slot_word(s, S_STATE).load(Ordering::Acquire);
+        match st & 0xff {
+            OWNED => self.owner_alive(s),
+            RECOVERING => {
+                let r = (st >> 8) as usize;
+                r >= 1 && r <= self.nslots && r != s + 1 && self.owner_alive(r - 1)
+            }
+            _ => false,
+        }
+    }
+
+    /// Is the process recorded in slot `s` alive? Exact in this kernel (pid and start time); in another
+    /// kernel, while its lease is fresh.
+    fn owner_alive(&self, s: usize) -> bool {
+        let kernel = self.slot_word(s, S_KERNEL).load(Ordering::Relaxed);
+        if kernel == self.kernel && kernel != 0 {
+            let pid = self.slot_word(s, S_PID).load(Ordering::Relaxed);
+            let start = self.slot_word(s, S_START).load(Ordering::Relaxed);
+            ProcessId {
+                pid: pid.min(i32::MAX as u64) as i32,
+                start_time: start,
+            }
+            .is_alive()
+        } else {
+            let lease = self.slot_word(s, S_LEASE).load(Ordering::Relaxed);
+            realtime_ns().saturating_sub(lease) < self.lease_ns
+        }
+    }
+
+    /// Recover the slot of a dead participant: finish its commit if it had reached COMMITTING (replay the
+    /// log), release its locks, free the slot. Safe to race with other recoverers: one wins the slot.
+    fn recover(&self, s: usize) -> Result<()> {
+        let st = self.slot_word(s, S_STATE);
+        let cur = st.load(Ordering::Acquire);
+        let mine = RECOVERING | ((self.me.wrapping_add(1) as u64) << 8);
+        let takeable = cur & 0xff == OWNED || (cur & 0xff == RECOVERING && cur != mine);
+        if !takeable || self.alive(s) {
+            return Ok(());
+        }
+        if st.compare_exchange(cur, mine, Ordering::AcqRel, Ordering::Relaxed).is_err() {
+            return Ok(()); // someone else is on it
+        }
+        let tag = s as u64 + 1;
+        if self.slot_word(s, S_PHASE).load(Ordering::Acquire) == COMMITTING {
+            self.replay(s)?;
+        }
+        let n = self.slot_word(s, S_NLOCKS).load(Ordering::Acquire);
+        if n > MAX_LOCKS as u64 {
+            return Err(Error::Corrupt(format!("slot {s} lists {n} locks")));
+        }
+        for i in 0..n {
+            let key = self.slot_word(s, S_LOCKS + i * 8).load(Ordering::Relaxed);
+            let _ = self.lock(key)?.compare_exchange(tag, 0, Ordering::Release, Ordering::Relaxed);
+        }
+        let _ = self.hdr(H_URGENT).compare_exchange(tag, 0, Ordering::AcqRel, Ordering::Relaxed);
+        self.slot_word(s, S_NLOCKS).store(0, Ordering::Relaxed);
+        self.slot_word(s, S_PHASE).store(IDLE, Ordering::Relaxed);
+        self.slot_word(s, S_LOGLEN).store(0, Ordering::Relaxed);
+        st.store(FREE, Ordering::Release);
+        Ok(())
+    }
+
+    /// Apply the redo log of slot `s` (idempotent). Every record is validated first.
+    fn replay(&self, s: usize) -> Result<()> {
+        let len = self.slot_word(s, S_LOGLEN).load(Ordering::Acquire) as usize;
+        if len > LOG_BYTES {
+            return Err(Error::Corrupt(format!("slot {s}'s log claims {len} bytes")));
+        }
+        let base = self.slots_off + s as u64 * SLOT_SIZE + S_LOG;
+        let log = self.seg.ptr(base, LOG_BYTES as u64).map_err(|e| Error::Corrupt(e.to_string()))?;
+        // SAFETY: LOG_BYTES at `log` are inside the slot (checked by `ptr`); the dead writer is gone.
+        let log = unsafe { std::slice::from_raw_parts(log as *const u8, len) };
+        let mut recs = Vec::new();
+        let mut p = 0;
+        while p < len {
+            if p + 16 > len {
+                return Err(Error::Corrupt(format!("slot {s}'s log ends inside a record header")));
+            }
+            let node = u32::from_le_bytes(log[p..p + 4].try_into().unwrap()) as usize;
+            let n = u32::from_le_bytes(log[p + 4..p + 8].try_into().unwrap()) as usize;
+            let off = u64::from_le_bytes(log[p + 8..p + 16].try_into().unwrap());
+            let end = p + 16 + n;
+            if end > len {
+                return Err(Error::Corrupt(format!("slot {s}'s log record overruns the log")));
+            }
+            let dst = self
+                .data(node, off, n as u64)
+                .map_err(|e| Error::Corrupt(format!("slot {s}'s log: {e}")))?;
+            recs.push((dst, p + 16, n));
+            p = round_up(end as u64, 8) as usize;
+        }
+        for (dst, at, n) in recs {
+            // SAFETY: `dst` checked by `data`; the source lies in the validated log.
+            unsafe { std::ptr::copy_nonoverlapping(log.as_ptr().add(at), dst, n) };
+        }
+        Ok(())
+    }
+
+    /// Recover every slot whose owner died (what `vmfabric mtx check` runs); returns how many.
+    pub fn recover_dead(&self) -> Result<usize> {
+        let mut n = 0;
+        for s in 0..self.nslots {
+            if s != self.me && self.slot_word(s, S_STATE).load(Ordering::Acquire) & 0xff != FREE && !self.alive(s) {
+                self.recover(s)?;
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        if self.me < self.nslots {
+            self.slot_word(self.me, S_STATE).store(FREE, Ordering::Release);
+        }
+    }
+}
+
+/// Open options helper: `create_new` files readable by their owner only.
+trait Mode0600 {
+    fn mode_0600(&mut self) -> &mut Self;
+}
+impl Mode0600 for std::fs::OpenOptions {
+    fn mode_0600(&mut self) -> &mut Self {
+        use std::os::unix::fs::OpenOptionsExt;
+        self.mode(0o600)
+    }
+}
+
+// ---------------------------------------------------------------------- minitransactions
+
+#[derive(Debug, Clone)]
+struct Item {
+    node: usize,
+    offset: usize,
+    data: Vec<u8>,
+}
+
+/// A minitransaction: compare, read and write items, committed all-or-nothing by [`Mtx::commit`]. Reusable
+/// after [`Mtx::reset`].
+#[derive(Debug, Default, Clone)]
+pub struct Mtx {
+    compares: Vec<Item>,
+    reads: Vec<Item>,
+    writes: Vec<Item>,
+    failed: Option<usize>,
+    keys: Vec<u64>,
+}
+
+impl Mtx {
+    fn check(store: &Store, node: usize, offset: usize, len: usize) -> Result<()> {
+        if len == 0 {
+            return Err(Error::InvalidArgument("an item of 0 bytes".into()));
+        }
+        store.data(node, offset as u64, len as u64).map(|_| ())
+    }
+
+    /// Add a compare item: the commit writes nothing unless the `expected.len()` bytes at (`node`,
+    /// `offset`) equal `expected`.
+    pub fn compare(&mut self, store: &Store, node: usize, offset: usize, expected: &[u8]) -> Result<()> {
+        Self::check(store, node, offset, expected.len())?;
+        self.compares.push(Item { node, offset, data: expected.to_vec() });
+        Ok(())
+    }
+
+    /// Add a read item of `len` bytes at (`node`, `offset`); returns its index for [`Mtx::read_result`].
+    pub fn read(&mut self, store: &Store, node: usize, offset: usize, len: usize) -> Result<usize> {
+        Self::check(store, node, offset, len)?;
+        self.reads.push(Item { node, offset, data: vec![0; len] });
+        Ok(self.reads.len() - 1)
+    }
+
+    /// Add a write item: `data` is written at (`node`, `offset`) if every compare holds.
+    pub fn write(&mut self, store: &Store, node: usize, offset: usize, data: &[u8]) -> Result<()> {
+        Self::check(store, node, offset, data.len())?;
+        self.writes.push(Item { node, offset, data: data.to_vec() });
+        Ok(())
+    }
+
+    /// What read item `i` returned at the last commit (zeros before one).
+    pub fn read_result(&self, i: usize) -> Option<&[u8]> {
+        self.reads.get(i).map(|r| r.data.as_slice())
+    }
+
+    /// Index of the compare item that failed at the last commit.
+    pub fn failed_item(&self) -> Option<usize> {
+        self.failed
+    }
+
+    /// Forget every item (keeps the allocations).
+    pub fn reset(&mut self) {
+        self.compares.clear();
+        self.reads.clear();
+        self.writes.clear();
+        self.failed = None;
+    }
+
+    /// Bytes the redo log needs for the write items.
+    fn log_bytes(&self) -> usize {
+        self.writes.iter().map(|w| 16 + round_up(w.data.len() as u64, 8) as usize).sum()
+    }
+
+    /// Commit: lock every stripe the items touch (in one global order), fill the reads, check the
+    /// compares, apply the writes through the slot's redo log, unlock.
+    pub fn commit(&mut self, store: &Store, mode: Mode) -> Result<Outcome> {
+        self.failed = None;
+        // The stripes, sorted: one global order.
+        self.keys.clear();
+        let sh = store.stripe_shift;
+        for it in self.compares.iter().chain(&self.reads).chain(&self.writes) {
+            let (a, b) = (it.offset as u64 >> sh, (it.offset + it.data.len() - 1) as u64 >> sh);
+            for st in a..=b {
+                self.keys.push((it.node as u64) << 32 | st);
+            }
+        }
+        self.keys.sort_unstable();
+        self.keys.dedup();
+        if self.keys.len() > MAX_LOCKS {
+            return Err(Error::TooLarge(format!("{} stripes (at most {MAX_LOCKS})", self.keys.len())));
+        }
+        // A lone aligned write of at most 8 bytes is one atomic store: no log needed.
+        let single = match self.writes.as_slice() {
+            [w] => {
+                let n = w.data.len();
+                n.is_power_of_two() && n <= 8 && w.offset % n == 0
+            }
+            _ => false,
+        };
+        if !self.writes.is_empty() && !single && self.log_bytes() > LOG_BYTES {
+            return Err(Error::TooLarge(format!(
+                "{} bytes of writes and record headers (the log holds {LOG_BYTES})",
+                self.log_bytes()
+            )));
+        }
+        let me = store.me;
+        let tag = me as u64 + 1;
+        let urgent = store.hdr(H_URGENT);
+        // Someone starving: let it through first.
+        let u = urgent.load(Ordering::Acquire);
+        if u != 0 && u != tag {
+            if mode == Mode::Try {
+                return Ok(Outcome::LockFailed);
+            }
+            self.wait_turnstile(store, u)?;
+        }
+        store.slot_word(me, S_LEASE).store(realtime_ns(), Ordering::Relaxed);
+        store.slot_word(me, S_PHASE).store(LOCKING, Ordering::Relaxed);
+        let mut got = 0;
+        let mut since: Option<Instant> = None;
+        let mut spins = 0u32;
+        let mut raised = false;
+        while got < self.keys.len() {
+            let key = self.keys[got];
+            // Intent first: a recoverer releases only words that hold our tag.
+            store.slot_word(me, S_LOCKS + got as u64 * 8).store(key, Ordering::Relaxed);
+            store.slot_word(me, S_NLOCKS).store(got as u64 + 1, Ordering::Release);
+            let w = store.lock(key)?;
+            match w.compare_exchange(0, tag, Ordering::Acquire, Ordering::Relaxed) {
+                Ok(_) => {
+                    got += 1;
+                    spins = 0;
+                }
+                Err(holder) => {
+                    if holder == 0 || holder > store.nslots as u64 || holder == tag {
+                        self.unlock(store, got, raised);
+                        return Err(Error::Corrupt(format!("lock word {key:#x} holds {holder:#x}")));
+                    }
+                    if mode == Mode::Try {
+                        self.unlock(store, got, raised);
+                        return Ok(Outcome::LockFailed);
+                    }
+                    spins += 1;
+                    if spins % 64 == 0 {
+                        let now = Instant::now();
+                        let t0 = *since.get_or_insert(now);
+                        // A dead holder never lets go: recover it (checked now and then, not per spin).
+                        if spins % 1024 == 0 && !store.alive(holder as usize - 1) {
+                            if let Err(e) = store.recover(holder as usize - 1) {
+                                self.unlock(store, got, raised);
+                                return Err(e);
+                            }
+                        }
+                        if !raised && now - t0 > STARVE_AFTER {
+                            raised = urgent
+                                .compare_exchange(0, tag, Ordering::AcqRel, Ordering::Relaxed)
+                                .is_ok();
+                        }
+                        vmf_pal::yield_now();
+                    } else {
+                        vmf_pal::cpu_relax();
+                    }
+                }
+            }
+        }
+        crash_point(1);
+        // Locked. Reads first (they are returned even when a compare fails), then the compares.
+        for r in &mut self.reads {
+            let p = store.data(r.node, r.offset as u64, r.data.len() as u64)?;
+            // SAFETY: checked; the stripes are locked by us.
+            unsafe { std::ptr::copy_nonoverlapping(p, r.data.as_mut_ptr(), r.data.len()) };
+        }
+        for (i, c) in self.compares.iter().enumerate() {
+            let p = store.data(c.node, c.offset as u64, c.data.len() as u64)?;
+            // SAFETY: as above.
+            let cur = unsafe { std::slice::from_raw_parts(p, c.data.len()) };
+            if cur != c.data.as_slice() {
+                self.failed = Some(i);
+                self.unlock(store, got, raised);
+                return Ok(Outcome::CompareFailed(i));
+            }
+        }
+        if single {
+            let w = &self.writes[0];
+            let p = store.data(w.node, w.offset as u64, w.data.len() as u64)?;
+            // SAFETY: aligned to its power-of-two size (checked above), in bounds; one atomic store, so a
+            // crash leaves it written or not.
+            unsafe { atomic_store(p, &w.data) };
+        } else if !self.writes.is_empty() {
+            // The redo log, then COMMITTING, then the writes: a recoverer replays exactly these.
+            let base = store.slots_off + me as u64 * SLOT_SIZE + S_LOG;
+            let log = store.seg.ptr(base, LOG_BYTES as u64).map_err(|e| Error::Corrupt(e.to_string()))?;
+            let mut p = 0usize;
+            for w in &self.writes {
+                let mut h = [0u8; 16];
+                h[..4].copy_from_slice(&(w.node as u32).to_le_bytes());
+                h[4..8].copy_from_slice(&(w.data.len() as u32).to_le_bytes());
+                h[8..].copy_from_slice(&(w.offset as u64).to_le_bytes());
+                // SAFETY: log_bytes() <= LOG_BYTES (checked above), so every record fits.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(h.as_ptr(), log.add(p), 16);
+                    std::ptr::copy_nonoverlapping(w.data.as_ptr(), log.add(p + 16), w.data.len());
+                }
+                p = round_up((p + 16 + w.data.len()) as u64, 8) as usize;
+            }
+            store.slot_word(me, S_LOGLEN).store(p as u64, Ordering::Release);
+            store.slot_word(me, S_PHASE).store(COMMITTING, Ordering::Release);
+            crash_point(2);
+            for w in &self.writes {
+                let d = store.data(w.node, w.offset as u64, w.data.len() as u64)?;
+                // SAFETY: checked; locked by us.
+                unsafe { std::ptr::copy_nonoverlapping(w.data.as_ptr(), d, w.data.len()) };
+                crash_point(3);
+            }
+            std::sync::atomic::fence(Ordering::Release);
+        }
+        self.unlock(store, got, raised);
+        Ok(Outcome::Committed)
+    }
+
+    /// Wait while another commit holds the turnstile (it will release it when done, or die: recovered).
+    fn wait_turnstile(&self, store: &Store, mut u: u64) -> Result<()> {
+        let urgent = store.hdr(H_URGENT);
+        let mut n = 0u32;
+        while u != 0 {
+            if u > store.nslots as u64 {
+                return Err(Error::Corrupt(format!("turnstile holds {u:#x}")));
+            }
+            n += 1;
+            if n % 4096 == 0 && !store.alive(u as usize - 1) {
+                store.recover(u as usize - 1)?;
+            }
+            vmf_pal::yield_now();
+            u = urgent.load(Ordering::Acquire);
+        }
+        Ok(())
+    }
+
+    /// Release the first `got` locks of this commit, then leave the LOCKING/COMMITTING phase.
+    fn unlock(&self, store: &Store, got: usize, raised: bool) {
+        let me = store.me;
+        let tag = me as u64 + 1;
+        // Phase IDLE before the locks go: a recoverer must never replay a log over data others changed.
+        store.slot_word(me, S_PHASE).store(IDLE, Ordering::Release);
+        for &key in self.keys[..got].iter().rev() {
+            if let Ok(w) = store.lock(key) {
+                let _ = w.compare_exchange(tag, 0, Ordering::Release, Ordering::Relaxed);
+            }
+        }
+        store.slot_word(me, S_NLOCKS).store(0, Ordering::Release);
+        if raised {
+            let _ = store.hdr(H_URGENT).compare_exchange(tag, 0, Ordering::AcqRel, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Store `data` (1, 2, 4 or 8 bytes) at `p` (aligned to its size) with one atomic store.
+///
+/// # Safety
+/// `p` is valid for `data.len()` bytes and aligned to `data.len()`.
+unsafe fn atomic_store(p: *mut u8, data: &[u8]) {
+    use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU8};
+    match data.len() {
+        1 => (*(p as *const AtomicU8)).store(data[0], Ordering::Release),
+        2 => (*(p as *const AtomicU16)).store(u16::from_ne_bytes(data.try_into().unwrap()), Ordering::Release),
+        4 => (*(p as *const AtomicU32)).store(u32::from_ne_bytes(data.try_into().unwrap()), Ordering::Release),
+        _ => (*(p as *const AtomicU64)).store(u64::from_ne_bytes(data.try_into().unwrap()), Ordering::Release),
+    }
+}
+
+#[cfg(test)]
+#[path = "store_tests.rs"]
+mod tests;
