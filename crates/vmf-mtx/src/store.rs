@@ -109,6 +109,11 @@ pub enum Outcome {
 /// A store attached by this process, holding one participant slot until dropped.
 pub struct Store {
     seg: Segment,
+    /// Start of the mapping (`seg` keeps it mapped) and its validated length: the hot paths address
+    /// words and node bytes from here with their own bounds checks, no division.
+    base: *mut u8,
+    total: u64,
+    node_span: u64,
     nodes: usize,
     node_bytes: u64,
     stripe_shift: u32,
@@ -122,6 +127,12 @@ pub struct Store {
     me: usize,
 }
 
+// SAFETY: `base` points into the shared mapping `seg` owns; everything reached through it is shared memory
+// accessed with atomics or under the store's locks, from any thread.
+unsafe impl Send for Store {}
+// SAFETY: as above.
+unsafe impl Sync for Store {}
+
 fn io(path: &Path, why: impl ToString) -> Error {
     Error::Io {
         path: path.display().to_string(),
@@ -129,10 +140,13 @@ fn io(path: &Path, why: impl ToString) -> Error {
     }
 }
 
+/// Wall-clock time in ns, coarse (a few ms; a vDSO read, no system call): leases are seconds long and
+/// compared across kernels, which share only the wall clock.
 fn realtime_ns() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: writes the timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 fn round_up(v: u64, a: u64) -> u64 {
@@ -229,8 +243,12 @@ impl Store {
             )));
         }
         let lease_ns = r(H_LEASE_MS).clamp(1, 3_600_000) * 1_000_000;
+        let base = seg.ptr(0, total).map_err(|e| Error::Corrupt(e.to_string()))?;
         let mut s = Store {
             seg,
+            base,
+            total,
+            node_span: round_up(node_bytes, 64),
             nodes: nodes as usize,
             node_bytes,
             stripe_shift: stripe.trailing_zeros(),
@@ -286,6 +304,18 @@ impl Store {
         Ok(())
     }
 
+    /// The 8-byte word at (`node`, `offset`) (8-aligned), for direct loads, stores and CPU atomics by
+    /// co-resident processes outside minitransactions (a spin lock, a flag). Commits do not see such
+    /// accesses as conflicts: use them only on words no minitransaction touches.
+    pub fn word_at(&self, node: usize, offset: usize) -> Result<&AtomicU64> {
+        if offset % 8 != 0 {
+            return Err(Error::InvalidArgument(format!("offset {offset} is not 8-byte aligned")));
+        }
+        let p = self.data(node, offset as u64, 8)?;
+        // SAFETY: in bounds and 8-aligned (node data starts 64-aligned); lives as long as the mapping.
+        Ok(unsafe { &*(p as *const AtomicU64) })
+    }
+
     /// Address of `len` bytes at (`node`, `offset`), checked.
     fn data(&self, node: usize, offset: u64, len: u64) -> Result<*mut u8> {
         if node >= self.nodes {
@@ -298,12 +328,18 @@ impl Store {
                 self.node_bytes
             )));
         }
-        let off = self.data_off + node as u64 * round_up(self.node_bytes, 64) + offset;
-        self.seg.ptr(off, len).map_err(|e| Error::Corrupt(e.to_string()))
+        let off = self.data_off + node as u64 * self.node_span + offset;
+        debug_assert!(off + len <= self.total);
+        // SAFETY: the node's bytes lie inside the mapping (layout validated at open).
+        Ok(unsafe { self.base.add(off as usize) })
     }
 
+    /// The word at byte `off` of the mapping; `off` is one of the layout's own (8-aligned, in bounds).
+    #[inline]
     fn word(&self, off: u64) -> &AtomicU64 {
-        self.seg.at::<AtomicU64>(off).expect("offsets validated at open")
+        assert!(off + 8 <= self.total && off % 8 == 0, "word offset {off} outside the store");
+        // SAFETY: in bounds and aligned (asserted; the mapping is page-aligned); lives with `seg`.
+        unsafe { &*(self.base.add(off as usize) as *const AtomicU64) }
     }
 
     fn hdr(&self, f: u64) -> &AtomicU64 {
@@ -331,7 +367,7 @@ impl Store {
             for s in 0..self.nslots {
                 let st = self.slot_word(s, S_STATE);
                 if pass == 1 && st.load(Ordering::Acquire) & 0xff != FREE && !self.alive(s) {
-                    let _ = self.recover(s);
+                    let _ = self.recover(s, None);
                 }
                 if st.compare_exchange(FREE, OWNED, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
                     self.slot_word(s, S_KERNEL).store(self.kernel, Ordering::Relaxed);
@@ -380,8 +416,10 @@ impl Store {
     }
 
     /// Recover the slot of a dead participant: finish its commit if it had reached COMMITTING (replay the
-    /// log), release its locks, free the slot. Safe to race with other recoverers: one wins the slot.
-    fn recover(&self, s: usize) -> Result<()> {
+    /// log), release its locks — those its slot lists, and `also` (a lock word found holding its tag: a
+    /// single-stripe commit takes its one lock without listing it) — and free the slot. Safe to race with
+    /// other recoverers: one wins the slot.
+    fn recover(&self, s: usize, also: Option<u64>) -> Result<()> {
         let st = self.slot_word(s, S_STATE);
         let cur = st.load(Ordering::Acquire);
         let mine = RECOVERING | ((self.me.wrapping_add(1) as u64) << 8);
@@ -402,6 +440,10 @@ impl Store {
         }
         for i in 0..n {
             let key = self.slot_word(s, S_LOCKS + i * 8).load(Ordering::Relaxed);
+            let _ = self.lock(key)?.compare_exchange(tag, 0, Ordering::Release, Ordering::Relaxed);
+        }
+        if let Some(key) = also {
+            // While the slot is still ours to recover, so no new owner can hold this tag yet.
             let _ = self.lock(key)?.compare_exchange(tag, 0, Ordering::Release, Ordering::Relaxed);
         }
         let _ = self.hdr(H_URGENT).compare_exchange(tag, 0, Ordering::AcqRel, Ordering::Relaxed);
@@ -453,7 +495,7 @@ impl Store {
         let mut n = 0;
         for s in 0..self.nslots {
             if s != self.me && self.slot_word(s, S_STATE).load(Ordering::Acquire) & 0xff != FREE && !self.alive(s) {
-                self.recover(s)?;
+                self.recover(s, None)?;
                 n += 1;
             }
         }
@@ -482,20 +524,24 @@ impl Mode0600 for std::fs::OpenOptions {
 
 // ---------------------------------------------------------------------- minitransactions
 
-#[derive(Debug, Clone)]
+/// An item: (`node`, `offset`) and `len` bytes of the transaction's arena from `at` (expected bytes,
+/// read results, or data to write).
+#[derive(Debug, Clone, Copy)]
 struct Item {
     node: usize,
     offset: usize,
-    data: Vec<u8>,
+    at: usize,
+    len: usize,
 }
 
 /// A minitransaction: compare, read and write items, committed all-or-nothing by [`Mtx::commit`]. Reusable
-/// after [`Mtx::reset`].
+/// after [`Mtx::reset`], without allocating once its buffers have grown.
 #[derive(Debug, Default, Clone)]
 pub struct Mtx {
     compares: Vec<Item>,
     reads: Vec<Item>,
     writes: Vec<Item>,
+    arena: Vec<u8>,
     failed: Option<usize>,
     keys: Vec<u64>,
 }
@@ -512,27 +558,41 @@ impl Mtx {
     /// `offset`) equal `expected`.
     pub fn compare(&mut self, store: &Store, node: usize, offset: usize, expected: &[u8]) -> Result<()> {
         Self::check(store, node, offset, expected.len())?;
-        self.compares.push(Item { node, offset, data: expected.to_vec() });
+        let it = self.put(node, offset, expected);
+        self.compares.push(it);
         Ok(())
     }
 
     /// Add a read item of `len` bytes at (`node`, `offset`); returns its index for [`Mtx::read_result`].
     pub fn read(&mut self, store: &Store, node: usize, offset: usize, len: usize) -> Result<usize> {
         Self::check(store, node, offset, len)?;
-        self.reads.push(Item { node, offset, data: vec![0; len] });
+        let at = self.arena.len();
+        self.arena.resize(at + len, 0);
+        self.reads.push(Item { node, offset, at, len });
         Ok(self.reads.len() - 1)
     }
 
     /// Add a write item: `data` is written at (`node`, `offset`) if every compare holds.
     pub fn write(&mut self, store: &Store, node: usize, offset: usize, data: &[u8]) -> Result<()> {
         Self::check(store, node, offset, data.len())?;
-        self.writes.push(Item { node, offset, data: data.to_vec() });
+        let it = self.put(node, offset, data);
+        self.writes.push(it);
         Ok(())
+    }
+
+    fn put(&mut self, node: usize, offset: usize, bytes: &[u8]) -> Item {
+        let at = self.arena.len();
+        self.arena.extend_from_slice(bytes);
+        Item { node, offset, at, len: bytes.len() }
+    }
+
+    fn bytes(&self, it: &Item) -> &[u8] {
+        &self.arena[it.at..it.at + it.len]
     }
 
     /// What read item `i` returned at the last commit (zeros before one).
     pub fn read_result(&self, i: usize) -> Option<&[u8]> {
-        self.reads.get(i).map(|r| r.data.as_slice())
+        self.reads.get(i).map(|r| self.bytes(r))
     }
 
     /// Index of the compare item that failed at the last commit.
@@ -545,23 +605,27 @@ impl Mtx {
         self.compares.clear();
         self.reads.clear();
         self.writes.clear();
+        self.arena.clear();
         self.failed = None;
     }
 
     /// Bytes the redo log needs for the write items.
     fn log_bytes(&self) -> usize {
-        self.writes.iter().map(|w| 16 + round_up(w.data.len() as u64, 8) as usize).sum()
+        self.writes.iter().map(|w| 16 + round_up(w.len as u64, 8) as usize).sum()
     }
 
     /// Commit: lock every stripe the items touch (in one global order), fill the reads, check the
     /// compares, apply the writes through the slot's redo log, unlock.
     pub fn commit(&mut self, store: &Store, mode: Mode) -> Result<Outcome> {
         self.failed = None;
+        let sh = store.stripe_shift;
+        if let Some(r) = self.commit_one_stripe(store, mode, sh) {
+            return r;
+        }
         // The stripes, sorted: one global order.
         self.keys.clear();
-        let sh = store.stripe_shift;
         for it in self.compares.iter().chain(&self.reads).chain(&self.writes) {
-            let (a, b) = (it.offset as u64 >> sh, (it.offset + it.data.len() - 1) as u64 >> sh);
+            let (a, b) = (it.offset as u64 >> sh, (it.offset + it.len - 1) as u64 >> sh);
             for st in a..=b {
                 self.keys.push((it.node as u64) << 32 | st);
             }
@@ -574,7 +638,7 @@ impl Mtx {
         // A lone aligned write of at most 8 bytes is one atomic store: no log needed.
         let single = match self.writes.as_slice() {
             [w] => {
-                let n = w.data.len();
+                let n = w.len;
                 n.is_power_of_two() && n <= 8 && w.offset % n == 0
             }
             _ => false,
@@ -596,7 +660,13 @@ impl Mtx {
             }
             self.wait_turnstile(store, u)?;
         }
-        store.slot_word(me, S_LEASE).store(realtime_ns(), Ordering::Relaxed);
+        // Renew the lease (what tells a participant in another kernel that we live) when it is a quarter
+        // old; a coarse clock read otherwise.
+        let now = realtime_ns();
+        let lease = store.slot_word(me, S_LEASE);
+        if now.saturating_sub(lease.load(Ordering::Relaxed)) > store.lease_ns / 4 {
+            lease.store(now, Ordering::Relaxed);
+        }
         store.slot_word(me, S_PHASE).store(LOCKING, Ordering::Relaxed);
         let mut got = 0;
         let mut since: Option<Instant> = None;
@@ -628,7 +698,7 @@ impl Mtx {
                         let t0 = *since.get_or_insert(now);
                         // A dead holder never lets go: recover it (checked now and then, not per spin).
                         if spins % 1024 == 0 && !store.alive(holder as usize - 1) {
-                            if let Err(e) = store.recover(holder as usize - 1) {
+                            if let Err(e) = store.recover(holder as usize - 1, Some(key)) {
                                 self.unlock(store, got, raised);
                                 return Err(e);
                             }
@@ -647,16 +717,16 @@ impl Mtx {
         }
         crash_point(1);
         // Locked. Reads first (they are returned even when a compare fails), then the compares.
-        for r in &mut self.reads {
-            let p = store.data(r.node, r.offset as u64, r.data.len() as u64)?;
-            // SAFETY: checked; the stripes are locked by us.
-            unsafe { std::ptr::copy_nonoverlapping(p, r.data.as_mut_ptr(), r.data.len()) };
+        for r in &self.reads {
+            let p = store.data(r.node, r.offset as u64, r.len as u64)?;
+            // SAFETY: checked; the stripes are locked by us; the arena holds r.len bytes at r.at.
+            unsafe { std::ptr::copy_nonoverlapping(p, self.arena.as_mut_ptr().add(r.at), r.len) };
         }
         for (i, c) in self.compares.iter().enumerate() {
-            let p = store.data(c.node, c.offset as u64, c.data.len() as u64)?;
+            let p = store.data(c.node, c.offset as u64, c.len as u64)?;
             // SAFETY: as above.
-            let cur = unsafe { std::slice::from_raw_parts(p, c.data.len()) };
-            if cur != c.data.as_slice() {
+            let cur = unsafe { std::slice::from_raw_parts(p, c.len) };
+            if cur != self.bytes(c) {
                 self.failed = Some(i);
                 self.unlock(store, got, raised);
                 return Ok(Outcome::CompareFailed(i));
@@ -664,10 +734,10 @@ impl Mtx {
         }
         if single {
             let w = &self.writes[0];
-            let p = store.data(w.node, w.offset as u64, w.data.len() as u64)?;
+            let p = store.data(w.node, w.offset as u64, w.len as u64)?;
             // SAFETY: aligned to its power-of-two size (checked above), in bounds; one atomic store, so a
             // crash leaves it written or not.
-            unsafe { atomic_store(p, &w.data) };
+            unsafe { atomic_store(p, self.bytes(w)) };
         } else if !self.writes.is_empty() {
             // The redo log, then COMMITTING, then the writes: a recoverer replays exactly these.
             let base = store.slots_off + me as u64 * SLOT_SIZE + S_LOG;
@@ -676,27 +746,131 @@ impl Mtx {
             for w in &self.writes {
                 let mut h = [0u8; 16];
                 h[..4].copy_from_slice(&(w.node as u32).to_le_bytes());
-                h[4..8].copy_from_slice(&(w.data.len() as u32).to_le_bytes());
+                h[4..8].copy_from_slice(&(w.len as u32).to_le_bytes());
                 h[8..].copy_from_slice(&(w.offset as u64).to_le_bytes());
                 // SAFETY: log_bytes() <= LOG_BYTES (checked above), so every record fits.
                 unsafe {
                     std::ptr::copy_nonoverlapping(h.as_ptr(), log.add(p), 16);
-                    std::ptr::copy_nonoverlapping(w.data.as_ptr(), log.add(p + 16), w.data.len());
+                    std::ptr::copy_nonoverlapping(self.arena.as_ptr().add(w.at), log.add(p + 16), w.len);
                 }
-                p = round_up((p + 16 + w.data.len()) as u64, 8) as usize;
+                p = round_up((p + 16 + w.len) as u64, 8) as usize;
             }
             store.slot_word(me, S_LOGLEN).store(p as u64, Ordering::Release);
             store.slot_word(me, S_PHASE).store(COMMITTING, Ordering::Release);
             crash_point(2);
             for w in &self.writes {
-                let d = store.data(w.node, w.offset as u64, w.data.len() as u64)?;
+                let d = store.data(w.node, w.offset as u64, w.len as u64)?;
                 // SAFETY: checked; locked by us.
-                unsafe { std::ptr::copy_nonoverlapping(w.data.as_ptr(), d, w.data.len()) };
+                unsafe { std::ptr::copy_nonoverlapping(self.arena.as_ptr().add(w.at), d, w.len) };
                 crash_point(3);
             }
             std::sync::atomic::fence(Ordering::Release);
         }
         self.unlock(store, got, raised);
+        Ok(Outcome::Committed)
+    }
+
+    /// The fast path: every item in one stripe and at most one write that is a single atomic store. The
+    /// one lock is taken without listing it in the slot (a recoverer that finds it held by a dead slot
+    /// clears it) and nothing is logged: what a crash leaves is the store done or not. `None`: not such a
+    /// transaction.
+    fn commit_one_stripe(&mut self, store: &Store, mode: Mode, sh: u32) -> Option<Result<Outcome>> {
+        let first = self.compares.first().or(self.reads.first()).or(self.writes.first())?;
+        let (node, stripe) = (first.node, first.offset as u64 >> sh);
+        let same = |it: &Item| it.node == node && it.offset as u64 >> sh == stripe && (it.offset + it.len - 1) as u64 >> sh == stripe;
+        if !(self.compares.iter().all(same) && self.reads.iter().all(same) && self.writes.iter().all(same)) {
+            return None;
+        }
+        let atomic = |w: &Item| w.len.is_power_of_two() && w.len <= 8 && w.offset % w.len == 0;
+        if self.writes.len() > 1 || !self.writes.iter().all(atomic) {
+            return None;
+        }
+        Some(self.commit_fast(store, mode, (node as u64) << 32 | stripe))
+    }
+
+    fn commit_fast(&mut self, store: &Store, mode: Mode, key: u64) -> Result<Outcome> {
+        let me = store.me;
+        let tag = me as u64 + 1;
+        let urgent = store.hdr(H_URGENT);
+        let u = urgent.load(Ordering::Acquire);
+        if u != 0 && u != tag {
+            if mode == Mode::Try {
+                return Ok(Outcome::LockFailed);
+            }
+            self.wait_turnstile(store, u)?;
+        }
+        let now = realtime_ns();
+        let lease = store.slot_word(me, S_LEASE);
+        if now.saturating_sub(lease.load(Ordering::Relaxed)) > store.lease_ns / 4 {
+            lease.store(now, Ordering::Relaxed);
+        }
+        let w = store.lock(key)?;
+        let mut spins = 0u32;
+        let mut since: Option<Instant> = None;
+        let mut raised = false;
+        loop {
+            let cur = w.load(Ordering::Relaxed);
+            if cur == 0 {
+                if w.compare_exchange_weak(0, tag, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+                    break;
+                }
+                continue;
+            }
+            if cur > store.nslots as u64 || cur == tag {
+                return Err(Error::Corrupt(format!("lock word {key:#x} holds {cur:#x}")));
+            }
+            if mode == Mode::Try {
+                return Ok(Outcome::LockFailed);
+            }
+            spins += 1;
+            if spins % 64 == 0 {
+                let now = Instant::now();
+                let t0 = *since.get_or_insert(now);
+                if spins % 1024 == 0 && !store.alive(cur as usize - 1) {
+                    store.recover(cur as usize - 1, Some(key))?;
+                }
+                if !raised && now - t0 > STARVE_AFTER {
+                    raised = urgent.compare_exchange(0, tag, Ordering::AcqRel, Ordering::Relaxed).is_ok();
+                }
+                vmf_pal::yield_now();
+            } else {
+                vmf_pal::cpu_relax();
+            }
+        }
+        crash_point(1);
+        let done = |raised: bool| {
+            w.store(0, Ordering::Release);
+            if raised {
+                let _ = urgent.compare_exchange(tag, 0, Ordering::AcqRel, Ordering::Relaxed);
+            }
+        };
+        for r in &self.reads {
+            let p = match store.data(r.node, r.offset as u64, r.len as u64) {
+                Ok(p) => p,
+                Err(e) => {
+                    done(raised);
+                    return Err(e);
+                }
+            };
+            // SAFETY: checked; locked by us; the arena holds r.len bytes at r.at.
+            unsafe { std::ptr::copy_nonoverlapping(p, self.arena.as_mut_ptr().add(r.at), r.len) };
+        }
+        for (i, c) in self.compares.iter().enumerate() {
+            let p = store.data(c.node, c.offset as u64, c.len as u64)?;
+            // SAFETY: as above.
+            let cur = unsafe { std::slice::from_raw_parts(p, c.len) };
+            if cur != self.bytes(c) {
+                self.failed = Some(i);
+                done(raised);
+                return Ok(Outcome::CompareFailed(i));
+            }
+        }
+        if let Some(wr) = self.writes.first() {
+            let p = store.data(wr.node, wr.offset as u64, wr.len as u64)?;
+            // SAFETY: aligned to its power-of-two size, in bounds; one atomic store.
+            unsafe { atomic_store(p, self.bytes(wr)) };
+        }
+        done(raised);
         Ok(Outcome::Committed)
     }
 
@@ -710,7 +884,7 @@ impl Mtx {
             }
             n += 1;
             if n % 4096 == 0 && !store.alive(u as usize - 1) {
-                store.recover(u as usize - 1)?;
+                store.recover(u as usize - 1, None)?;
             }
             vmf_pal::yield_now();
             u = urgent.load(Ordering::Acquire);

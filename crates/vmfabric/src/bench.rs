@@ -28,6 +28,10 @@ pub enum Kind {
     Get,
     /// One-sided 8-byte atomics: fetch-and-add, compare-and-swap, swap.
     Atomic,
+    /// Increment counters under no/medium/high contention: spin lock vs minitransactions (002_*).
+    Mtx,
+    /// Barriers per second for each barrier kind (spin, block, adaptive).
+    Barrier,
 }
 
 #[derive(Args)]
@@ -85,6 +89,12 @@ pub fn run(a: BenchArgs) -> i32 {
     }
     if a.kind == Kind::Migrate {
         return crate::migrate_bench::run(a.migrations, a.traffic, a.json);
+    }
+    if a.kind == Kind::Mtx {
+        return crate::mtx_bench::run_mtx(a.iters, a.json);
+    }
+    if a.kind == Kind::Barrier {
+        return crate::mtx_bench::run_barrier(a.iters, a.json);
     }
     let sizes: Vec<usize> = match &a.sizes {
         None => DEFAULT_SIZES.to_vec(),

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 mod bench;
 mod info;
 mod migrate_bench;
+mod mtx_bench;
 mod mtx_cli;
 mod rma_bench;
 mod overcommit;
