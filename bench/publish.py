@@ -67,6 +67,47 @@ if nb:
         rows.append("- %s  >= 3x faster than MPICH in the same situation (%.0fx)" % ("PASS" if r >= 3 else "MISS", r))
     parts.append("\n".join(rows) + "\n")
 
+# bench/mtx.sh: minitransactions and barriers (issue 25), beside MPI RMA and MPI_Barrier.
+import json as _json
+mt, ba = read("mtx.json"), read("barrier.json")
+if mt or ba:
+    rows = ["## Minitransactions and barriers (`bash bench/mtx.sh`)\n"]
+    if mt:
+        r = _json.loads(mt)["results"]
+        impls = [i for i in ("minitransaction", "spinlock", "mpi-rma-mpich", "mpi-rma-openmpi")
+                 if any(x["impl"] == i for x in r)]
+        rows += ["002_*'s increment-counter microbenchmark, million updates/s (minitransaction aborts in brackets):\n",
+                 "| ranks | contention | " + " | ".join(impls) + " | minitx / spin lock | minitx / best MPI RMA |",
+                 "|" + "---|" * (len(impls) + 4)]
+        for n in sorted({x["ranks"] for x in r}):
+            for c in ("none", "medium", "high"):
+                v = {x["impl"]: x for x in r if x["ranks"] == n and x["contention"] == c}
+                cells = []
+                for i in impls:
+                    if i in v:
+                        cell = "%.3g" % (v[i]["updates_per_s"] / 1e6)
+                        if i == "minitransaction":
+                            cell += " (%d)" % v[i].get("aborts", 0)
+                        cells.append(cell)
+                    else:
+                        cells.append("-")
+                mx = v.get("minitransaction", {}).get("updates_per_s")
+                sp = v.get("spinlock", {}).get("updates_per_s")
+                mpi = max([v[i]["updates_per_s"] for i in ("mpi-rma-mpich", "mpi-rma-openmpi") if i in v] or [0])
+                rows.append("| %d | %s | %s | %s | %s |" % (n, c, " | ".join(cells),
+                            "%.2fx" % (mx / sp) if mx and sp else "-", "%.1fx" % (mx / mpi) if mx and mpi else "-"))
+        rows.append("")
+    if ba:
+        r = _json.loads(ba)["results"]
+        kinds = [k for k in ("spin", "block", "adaptive", "mpi-mpich", "mpi-openmpi") if any(x["kind"] == k for x in r)]
+        rows += ["Barriers per second (002_* Table 3.4: 1.66e6 spin, 1.06e4 blocking between VMs, 2 processes):\n",
+                 "| ranks | " + " | ".join(kinds) + " |", "|" + "---|" * (len(kinds) + 1)]
+        for n in sorted({x["ranks"] for x in r}):
+            v = {x["kind"]: x["barriers_per_s"] for x in r if x["ranks"] == n}
+            rows.append("| %d | " % n + " | ".join("%.3g" % v[k] if k in v else "-" for k in kinds) + " |")
+        rows.append("")
+    parts.append("\n".join(rows) + "\n")
+
 
 def own_run(sub, prefix, title, env, what, word, extra=()):
     """A section of bench/run.sh run on its own (results in bench/results/SUB/) when the main run has none:

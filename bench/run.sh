@@ -404,6 +404,17 @@ else
     log "BENCH_NEIGHBOURS=0: neighbours skipped"
 fi
 
+# ---------------------------------------------------------------- minitransactions and barriers
+# Issue 25: increment counters (spin lock, minitransactions, MPI RMA on MPICH and Open MPI) and barriers
+# (spin/block/adaptive, MPI_Barrier of MPICH and Open MPI) at 2, 4, 8 ranks (results in $RESULTS/mtx.json
+# and barrier.json). BENCH_MTX=0 skips it.
+if [ "${BENCH_MTX:-1}" != 0 ]; then
+    sub_bench "minitransactions and barriers" bench/mtx.sh \
+        BENCH_PYTHON="$PY" BENCH_RESULTS_DIR="$RESULTS" BENCH_VMFABRIC="$VMF" BENCH_BUILD_DIR="$BUILD"
+else
+    log "BENCH_MTX=0: minitransactions and barriers skipped"
+fi
+
 # ---------------------------------------------------------------- one-sided (RMA)
 # bench/c/mpi_rma.c (lock_all, one operation, MPI_Win_flush, on an MPI_Win_allocate window): the MPICH
 # build runs over vmfabric and over MPICH, the Open MPI build over Open MPI, in BENCH_RMA_ROUNDS

@@ -215,11 +215,18 @@ pub fn run_barrier(iters: usize, json: Option<PathBuf>) -> i32 {
                 return fail(e);
             }
         }
+        // Timed between two fabric barriers: the rate is every participant's, not the first one out's.
+        if let Err(e) = f.barrier() {
+            return fail(e);
+        }
         let t0 = Instant::now();
         for _ in 0..iters {
             if let Err(e) = b.wait() {
                 return fail(e);
             }
+        }
+        if let Err(e) = f.barrier() {
+            return fail(e);
         }
         let el = t0.elapsed().as_secs_f64();
         if me == 0 {

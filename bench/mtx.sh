@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# bench/mtx.sh -- issue 25's microbenchmarks (002_*'s increment counters and barriers) at 2, 4 and 8 ranks
+# on this host: vmfabric's minitransactions and spin lock (`vmfabric bench mtx`) and barriers (`vmfabric
+# bench barrier`), beside MPI RMA doing the same update and MPI_Barrier on MPICH and Open MPI
+# (bench/c/mpi_mtx.c), in the same run. Writes $BENCH_RESULTS_DIR/mtx.json and barrier.json in the
+# formats `vmfabric bench mtx|barrier --json` write, with every implementation's rows.
+#
+# Called by bench/run.sh (BENCH_MTX=0 skips it), or alone after a release build: bash bench/mtx.sh
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+VMF="${BENCH_VMFABRIC:-target/release/vmfabric}"
+OUT="${BENCH_RESULTS_DIR:-bench/results}"
+PY="${BENCH_PYTHON:-python3}"
+BUILD="${BENCH_BUILD_DIR:-bench/build}"
+TMP="$(mktemp -d)"
+trap 'rm -rf "$TMP"' EXIT
+mkdir -p "$OUT" "$BUILD"
+HAVE_M=0; HAVE_O=0
+if command -v mpicc.mpich >/dev/null && mpicc.mpich -O2 -o "$BUILD/mpi_mtx.mpich" bench/c/mpi_mtx.c; then HAVE_M=1; fi
+if command -v mpicc.openmpi >/dev/null && mpicc.openmpi -O2 -o "$BUILD/mpi_mtx.openmpi" bench/c/mpi_mtx.c; then HAVE_O=1; fi
+CPUS=$(nproc)
+for n in 2 4 8; do
+    # Oversubscribed MPICH needs tens of milliseconds per barrier or RMA epoch here: fewer iterations.
+    over=$(( n > CPUS ))
+    "$VMF" run --quiet -n $n "$VMF" bench mtx --iters $(( over ? 50000 : 200000 )) --json "$TMP/vmf-mtx-$n.json" >/dev/null
+    "$VMF" run --quiet -n $n "$VMF" bench barrier --iters $(( over ? 20000 : 200000 )) --json "$TMP/vmf-bar-$n.json" >/dev/null
+    if [ $HAVE_M = 1 ]; then
+        timeout 300 env -u LD_LIBRARY_PATH mpiexec.mpich -n $n "$BUILD/mpi_mtx.mpich" counter $(( over ? 100 : 20000 )) \
+            | sed 's/"mpi-rma"/"mpi-rma-mpich"/' >"$TMP/m-mtx-$n.jsonl" || echo "bench/mtx.sh: MPICH counter at $n ranks failed" >&2
+        timeout 300 env -u LD_LIBRARY_PATH mpiexec.mpich -n $n "$BUILD/mpi_mtx.mpich" barrier $(( over ? 300 : 100000 )) \
+            | sed 's/"mpi"/"mpi-mpich"/' >"$TMP/m-bar-$n.jsonl" || echo "bench/mtx.sh: MPICH barrier at $n ranks failed" >&2
+    fi
+    if [ $HAVE_O = 1 ]; then
+        OMPI=(timeout 300 env -u LD_LIBRARY_PATH mpirun.openmpi --allow-run-as-root --oversubscribe -n $n)
+        "${OMPI[@]}" "$BUILD/mpi_mtx.openmpi" counter $(( over ? 2000 : 20000 )) 2>/dev/null | grep '^{' \
+            | sed 's/"mpi-rma"/"mpi-rma-openmpi"/' >"$TMP/o-mtx-$n.jsonl" || echo "bench/mtx.sh: Open MPI counter at $n ranks failed" >&2
+        "${OMPI[@]}" "$BUILD/mpi_mtx.openmpi" barrier $(( over ? 20000 : 100000 )) 2>/dev/null | grep '^{' \
+            | sed 's/"mpi"/"mpi-openmpi"/' >"$TMP/o-bar-$n.jsonl" || echo "bench/mtx.sh: Open MPI barrier at $n ranks failed" >&2
+    fi
+done
+"$PY" - "$TMP" "$OUT" <<'PYEOF'
+import glob, json, os, sys
+tmp, out = sys.argv[1], sys.argv[2]
+for bench, vmf, mpi in (("mtx", "vmf-mtx-*.json", "*-mtx-*.jsonl"), ("barrier", "vmf-bar-*.json", "*-bar-*.jsonl")):
+    rows = []
+    for f in sorted(glob.glob(os.path.join(tmp, vmf))):
+        rows += json.load(open(f))["results"]
+    for f in sorted(glob.glob(os.path.join(tmp, mpi))):
+        rows += [json.loads(l) for l in open(f) if l.strip().startswith("{")]
+    json.dump({"benchmark": bench, "results": rows}, open(os.path.join(out, bench + ".json"), "w"), indent=1)
+    print(f"bench/mtx.sh: {len(rows)} {bench} results in {out}/{bench}.json")
+PYEOF
