@@ -5,6 +5,7 @@
 #   target/release/lib/libmpich.so.12        the library (a copy)
 #   target/release/lib/libmpi.so.12          -> libmpich.so.12
 #   target/release/lib/libmpich.so, libmpi.so -> libmpich.so.12   (for -lmpich / -lmpi at link time)
+#   target/release/lib/libvmfabric.so -> libmpich.so.12  (-lvmfabric: the vmf_* functions of vmfabric/mtx.h)
 #   target/release/include/mpi.h             our header
 #   target/release/include/vmfabric/mtx.h    minitransactions and barriers (vmfabric's extension)
 #   target/release/mpicc, mpiexec, mpirun    wrappers
@@ -21,7 +22,7 @@ mkdir -p "$rel/lib" "$rel/include"
 # Copy to a temporary name and rename, so running programs keep their mapping of the old file.
 cp -f "$so" "$rel/lib/.libmpich.so.12.tmp"
 mv -f "$rel/lib/.libmpich.so.12.tmp" "$rel/lib/libmpich.so.12"
-for l in libmpi.so.12 libmpich.so libmpi.so; do
+for l in libmpi.so.12 libmpich.so libmpi.so libvmfabric.so; do
     ln -sfn libmpich.so.12 "$rel/lib/$l"
 done
 cp -f "$root/mpi/include/mpi.h" "$rel/include/mpi.h"

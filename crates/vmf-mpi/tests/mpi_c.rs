@@ -126,12 +126,16 @@ fn setup() -> &'static Setup {
                 let src = root.join(format!("mpi/tests/{p}.c"));
                 let mut c = Command::new(&cc);
                 c.arg("-O1").arg("-Werror=implicit-function-declaration");
-                if *p == "mtx" {
-                    // vmfabric/mtx.h after the compiler's own directories (MPICH's mpi.h stays first for
-                    // mpicc.mpich), and our library to link vmf_* against (same soname as MPICH's).
-                    c.arg("-idirafter").arg(rel.join("include")).arg(format!("-L{}", rel.join("lib").display()));
+                let mtx = *p == "mtx";
+                if mtx {
+                    // As vmfabric/mtx.h says: -I$(vmfabric info --incdir) ... -L$(vmfabric info --libdir) -lvmfabric.
+                    c.arg(format!("-I{}", rel.join("include").display()));
                 }
-                sh(c.arg("-o").arg(build.join(kind).join(p)).arg(&src));
+                c.arg("-o").arg(build.join(kind).join(p)).arg(&src);
+                if mtx {
+                    c.arg(format!("-L{}", rel.join("lib").display())).arg("-lvmfabric");
+                }
+                sh(&mut c);
             }
         }
         Setup { libdir: rel.join("lib"), rel, build, mpich }

@@ -1,10 +1,10 @@
 /*
  * vmfabric/mtx.h -- minitransactions and barriers for MPI programs (vmfabric's extension; docs/minitransactions.md).
  *
- * Include after <mpi.h> (ours or MPICH's): compile with -I$(vmfabric info --incdir). The functions are in the
- * library `vmfabric info --libdir` gives (libmpich.so.12), so a program built with Debian's mpicc.mpich and
- * run by `vmfabric run` needs nothing extra at link time if it declares them weak, or `-L$(vmfabric info
- * --libdir) -lmpich` to link against ours.
+ * Include after <mpi.h>. Build: `cc -I$(vmfabric info --incdir) prog.c -L$(vmfabric info --libdir) -lvmfabric`
+ * (with Debian's mpicc.mpich too: libvmfabric.so is our libmpich.so.12, so the program's only library
+ * dependency stays libmpich.so.12 and `vmfabric run` gives it ours; our mpi.h in that directory has MPICH's
+ * ABI). Our own mpicc needs only -lvmfabric, or nothing: it links libmpich.so.12 already.
  *
  * Return codes: VMF_MTX_COMMITTED (0), VMF_MTX_COMPARE_FAILED, VMF_MTX_LOCK_FAILED, or a negative VMF_ERR_*;
  * vmf_strerror(code) describes it (this thread's last error message when it had that code).
