@@ -511,6 +511,105 @@ impl Drop for Store {
     }
 }
 
+/// How a commit waits for a held lock, across its locks: looks since the last lock taken, when it started
+/// waiting, whether it raised the turnstile.
+#[derive(Default)]
+struct Wait {
+    spins: u32,
+    since: Option<Instant>,
+    raised: bool,
+}
+
+impl Store {
+    /// The start of every commit: let a starving commit through first (a `Try` commit fails instead:
+    /// `Some(LockFailed)`), and renew the lease — what tells a participant in another kernel that we live —
+    /// when it is a quarter old (a coarse clock read otherwise).
+    fn enter_commit(&self, mode: Mode) -> Result<Option<Outcome>> {
+        let tag = self.me as u64 + 1;
+        let u = self.hdr(H_URGENT).load(Ordering::Acquire);
+        if u != 0 && u != tag {
+            if mode == Mode::Try {
+                return Ok(Some(Outcome::LockFailed));
+            }
+            self.wait_turnstile(u)?;
+        }
+        let now = realtime_ns();
+        let lease = self.slot_word(self.me, S_LEASE);
+        if now.saturating_sub(lease.load(Ordering::Relaxed)) > self.lease_ns / 4 {
+            lease.store(now, Ordering::Relaxed);
+        }
+        Ok(None)
+    }
+
+    /// Take lock `key`: `Ok(true)` once ours; `Ok(false)` if held and `mode` is `Try`. `Blocking` waits —
+    /// spins, yields every 64 looks, every 1024 looks recovers a dead holder, and after `STARVE_AFTER`
+    /// raises the turnstile (noted in `wait`; the caller lowers it).
+    fn take_lock(&self, key: u64, mode: Mode, wait: &mut Wait) -> Result<bool> {
+        let tag = self.me as u64 + 1;
+        let w = self.lock(key)?;
+        loop {
+            let cur = w.load(Ordering::Relaxed);
+            if cur == 0 {
+                if w.compare_exchange_weak(0, tag, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+                    wait.spins = 0;
+                    return Ok(true);
+                }
+                continue;
+            }
+            if cur > self.nslots as u64 || cur == tag {
+                return Err(Error::Corrupt(format!("lock word {key:#x} holds {cur:#x}")));
+            }
+            if mode == Mode::Try {
+                return Ok(false);
+            }
+            wait.spins += 1;
+            if wait.spins % 64 == 0 {
+                let now = Instant::now();
+                let t0 = *wait.since.get_or_insert(now);
+                // A dead holder never lets go: recover it (checked now and then, not per look).
+                if wait.spins % 1024 == 0 && !self.alive(cur as usize - 1) {
+                    self.recover(cur as usize - 1, Some(key))?;
+                }
+                if !wait.raised && now - t0 > STARVE_AFTER {
+                    wait.raised = self
+                        .hdr(H_URGENT)
+                        .compare_exchange(0, tag, Ordering::AcqRel, Ordering::Relaxed)
+                        .is_ok();
+                }
+                vmf_pal::yield_now();
+            } else {
+                vmf_pal::cpu_relax();
+            }
+        }
+    }
+
+    /// Lower the turnstile if this commit raised it.
+    fn lower_turnstile(&self, raised: bool) {
+        if raised {
+            let tag = self.me as u64 + 1;
+            let _ = self.hdr(H_URGENT).compare_exchange(tag, 0, Ordering::AcqRel, Ordering::Relaxed);
+        }
+    }
+
+    /// Wait while another commit holds the turnstile (it will release it when done, or die: recovered).
+    fn wait_turnstile(&self, mut u: u64) -> Result<()> {
+        let urgent = self.hdr(H_URGENT);
+        let mut n = 0u32;
+        while u != 0 {
+            if u > self.nslots as u64 {
+                return Err(Error::Corrupt(format!("turnstile holds {u:#x}")));
+            }
+            n += 1;
+            if n % 4096 == 0 && !self.alive(u as usize - 1) {
+                self.recover(u as usize - 1, None)?;
+            }
+            vmf_pal::yield_now();
+            u = urgent.load(Ordering::Acquire);
+        }
+        Ok(())
+    }
+}
+
 /// Open options helper: `create_new` files readable by their owner only.
 trait Mode0600 {
     fn mode_0600(&mut self) -> &mut Self;
@@ -650,86 +749,40 @@ impl Mtx {
             )));
         }
         let me = store.me;
-        let tag = me as u64 + 1;
-        let urgent = store.hdr(H_URGENT);
-        // Someone starving: let it through first.
-        let u = urgent.load(Ordering::Acquire);
-        if u != 0 && u != tag {
-            if mode == Mode::Try {
-                return Ok(Outcome::LockFailed);
-            }
-            self.wait_turnstile(store, u)?;
-        }
-        // Renew the lease (what tells a participant in another kernel that we live) when it is a quarter
-        // old; a coarse clock read otherwise.
-        let now = realtime_ns();
-        let lease = store.slot_word(me, S_LEASE);
-        if now.saturating_sub(lease.load(Ordering::Relaxed)) > store.lease_ns / 4 {
-            lease.store(now, Ordering::Relaxed);
+        if let Some(o) = store.enter_commit(mode)? {
+            return Ok(o);
         }
         store.slot_word(me, S_PHASE).store(LOCKING, Ordering::Relaxed);
         let mut got = 0;
-        let mut since: Option<Instant> = None;
-        let mut spins = 0u32;
-        let mut raised = false;
+        let mut wait = Wait::default();
         while got < self.keys.len() {
             let key = self.keys[got];
             // Intent first: a recoverer releases only words that hold our tag.
             store.slot_word(me, S_LOCKS + got as u64 * 8).store(key, Ordering::Relaxed);
             store.slot_word(me, S_NLOCKS).store(got as u64 + 1, Ordering::Release);
-            let w = store.lock(key)?;
-            match w.compare_exchange(0, tag, Ordering::Acquire, Ordering::Relaxed) {
-                Ok(_) => {
-                    got += 1;
-                    spins = 0;
+            match store.take_lock(key, mode, &mut wait) {
+                Ok(true) => got += 1,
+                Ok(false) => {
+                    self.unlock(store, got, wait.raised);
+                    return Ok(Outcome::LockFailed);
                 }
-                Err(holder) => {
-                    if holder == 0 || holder > store.nslots as u64 || holder == tag {
-                        self.unlock(store, got, raised);
-                        return Err(Error::Corrupt(format!("lock word {key:#x} holds {holder:#x}")));
-                    }
-                    if mode == Mode::Try {
-                        self.unlock(store, got, raised);
-                        return Ok(Outcome::LockFailed);
-                    }
-                    spins += 1;
-                    if spins % 64 == 0 {
-                        let now = Instant::now();
-                        let t0 = *since.get_or_insert(now);
-                        // A dead holder never lets go: recover it (checked now and then, not per spin).
-                        if spins % 1024 == 0 && !store.alive(holder as usize - 1) {
-                            if let Err(e) = store.recover(holder as usize - 1, Some(key)) {
-                                self.unlock(store, got, raised);
-                                return Err(e);
-                            }
-                        }
-                        if !raised && now - t0 > STARVE_AFTER {
-                            raised = urgent
-                                .compare_exchange(0, tag, Ordering::AcqRel, Ordering::Relaxed)
-                                .is_ok();
-                        }
-                        vmf_pal::yield_now();
-                    } else {
-                        vmf_pal::cpu_relax();
-                    }
+                Err(e) => {
+                    self.unlock(store, got, wait.raised);
+                    return Err(e);
                 }
             }
         }
+        let raised = wait.raised;
         crash_point(1);
-        // Locked. Reads first (they are returned even when a compare fails), then the compares.
-        for r in &self.reads {
-            let p = store.data(r.node, r.offset as u64, r.len as u64)?;
-            // SAFETY: checked; the stripes are locked by us; the arena holds r.len bytes at r.at.
-            unsafe { std::ptr::copy_nonoverlapping(p, self.arena.as_mut_ptr().add(r.at), r.len) };
-        }
-        for (i, c) in self.compares.iter().enumerate() {
-            let p = store.data(c.node, c.offset as u64, c.len as u64)?;
-            // SAFETY: as above.
-            let cur = unsafe { std::slice::from_raw_parts(p, c.len) };
-            if cur != self.bytes(c) {
-                self.failed = Some(i);
+        match self.read_and_compare(store) {
+            Ok(None) => {}
+            Ok(Some(i)) => {
                 self.unlock(store, got, raised);
                 return Ok(Outcome::CompareFailed(i));
+            }
+            Err(e) => {
+                self.unlock(store, got, raised);
+                return Err(e);
             }
         }
         if single {
@@ -789,70 +842,38 @@ impl Mtx {
     }
 
     fn commit_fast(&mut self, store: &Store, mode: Mode, key: u64) -> Result<Outcome> {
-        let me = store.me;
-        let tag = me as u64 + 1;
-        let urgent = store.hdr(H_URGENT);
-        let u = urgent.load(Ordering::Acquire);
-        if u != 0 && u != tag {
-            if mode == Mode::Try {
-                return Ok(Outcome::LockFailed);
-            }
-            self.wait_turnstile(store, u)?;
+        if let Some(o) = store.enter_commit(mode)? {
+            return Ok(o);
         }
-        let now = realtime_ns();
-        let lease = store.slot_word(me, S_LEASE);
-        if now.saturating_sub(lease.load(Ordering::Relaxed)) > store.lease_ns / 4 {
-            lease.store(now, Ordering::Relaxed);
-        }
-        let w = store.lock(key)?;
-        let mut spins = 0u32;
-        let mut since: Option<Instant> = None;
-        let mut raised = false;
-        loop {
-            let cur = w.load(Ordering::Relaxed);
-            if cur == 0 {
-                if w.compare_exchange_weak(0, tag, Ordering::Acquire, Ordering::Relaxed).is_ok() {
-                    break;
-                }
-                continue;
-            }
-            if cur > store.nslots as u64 || cur == tag {
-                return Err(Error::Corrupt(format!("lock word {key:#x} holds {cur:#x}")));
-            }
-            if mode == Mode::Try {
-                return Ok(Outcome::LockFailed);
-            }
-            spins += 1;
-            if spins % 64 == 0 {
-                let now = Instant::now();
-                let t0 = *since.get_or_insert(now);
-                if spins % 1024 == 0 && !store.alive(cur as usize - 1) {
-                    store.recover(cur as usize - 1, Some(key))?;
-                }
-                if !raised && now - t0 > STARVE_AFTER {
-                    raised = urgent.compare_exchange(0, tag, Ordering::AcqRel, Ordering::Relaxed).is_ok();
-                }
-                vmf_pal::yield_now();
-            } else {
-                vmf_pal::cpu_relax();
-            }
+        let mut wait = Wait::default();
+        let taken = store.take_lock(key, mode, &mut wait);
+        if !matches!(taken, Ok(true)) {
+            store.lower_turnstile(wait.raised);
+            return taken.map(|_| Outcome::LockFailed);
         }
         crash_point(1);
-        let done = |raised: bool| {
-            w.store(0, Ordering::Release);
-            if raised {
-                let _ = urgent.compare_exchange(tag, 0, Ordering::AcqRel, Ordering::Relaxed);
+        let r = self.read_and_compare(store).and_then(|failed| {
+            if let Some(i) = failed {
+                return Ok(Outcome::CompareFailed(i));
             }
-        };
+            if let Some(wr) = self.writes.first() {
+                let p = store.data(wr.node, wr.offset as u64, wr.len as u64)?;
+                // SAFETY: aligned to its power-of-two size, in bounds; one atomic store.
+                unsafe { atomic_store(p, self.bytes(wr)) };
+            }
+            Ok(Outcome::Committed)
+        });
+        store.lock(key)?.store(0, Ordering::Release);
+        store.lower_turnstile(wait.raised);
+        r
+    }
+
+    /// Under the locks: copy the read items out (they are returned even when a compare fails), then check
+    /// the compares in order. Returns the first failing compare's index (also kept for `failed_item`).
+    fn read_and_compare(&mut self, store: &Store) -> Result<Option<usize>> {
         for r in &self.reads {
-            let p = match store.data(r.node, r.offset as u64, r.len as u64) {
-                Ok(p) => p,
-                Err(e) => {
-                    done(raised);
-                    return Err(e);
-                }
-            };
-            // SAFETY: checked; locked by us; the arena holds r.len bytes at r.at.
+            let p = store.data(r.node, r.offset as u64, r.len as u64)?;
+            // SAFETY: checked; the stripes are locked by us; the arena holds r.len bytes at r.at.
             unsafe { std::ptr::copy_nonoverlapping(p, self.arena.as_mut_ptr().add(r.at), r.len) };
         }
         for (i, c) in self.compares.iter().enumerate() {
@@ -861,35 +882,10 @@ impl Mtx {
             let cur = unsafe { std::slice::from_raw_parts(p, c.len) };
             if cur != self.bytes(c) {
                 self.failed = Some(i);
-                done(raised);
-                return Ok(Outcome::CompareFailed(i));
+                return Ok(Some(i));
             }
         }
-        if let Some(wr) = self.writes.first() {
-            let p = store.data(wr.node, wr.offset as u64, wr.len as u64)?;
-            // SAFETY: aligned to its power-of-two size, in bounds; one atomic store.
-            unsafe { atomic_store(p, self.bytes(wr)) };
-        }
-        done(raised);
-        Ok(Outcome::Committed)
-    }
-
-    /// Wait while another commit holds the turnstile (it will release it when done, or die: recovered).
-    fn wait_turnstile(&self, store: &Store, mut u: u64) -> Result<()> {
-        let urgent = store.hdr(H_URGENT);
-        let mut n = 0u32;
-        while u != 0 {
-            if u > store.nslots as u64 {
-                return Err(Error::Corrupt(format!("turnstile holds {u:#x}")));
-            }
-            n += 1;
-            if n % 4096 == 0 && !store.alive(u as usize - 1) {
-                store.recover(u as usize - 1, None)?;
-            }
-            vmf_pal::yield_now();
-            u = urgent.load(Ordering::Acquire);
-        }
-        Ok(())
+        Ok(None)
     }
 
     /// Release the first `got` locks of this commit, then leave the LOCKING/COMMITTING phase.
@@ -904,9 +900,7 @@ impl Mtx {
             }
         }
         store.slot_word(me, S_NLOCKS).store(0, Ordering::Release);
-        if raised {
-            let _ = store.hdr(H_URGENT).compare_exchange(tag, 0, Ordering::AcqRel, Ordering::Relaxed);
-        }
+        store.lower_turnstile(raised);
     }
 }
 
