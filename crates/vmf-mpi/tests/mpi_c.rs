@@ -170,6 +170,28 @@ fn run_ok(launcher: &str, kind: &str, prog: &str, n: usize) {
     );
 }
 
+/// Run `prog` (a built test program) with `args` on `n` ranks over 2 emulated hosts and check it prints
+/// `want` and exits 0.
+fn on_two_hosts(prog: &Path, n: usize, args: &[&str], want: &str) {
+    let s = setup();
+    let o = Command::new("timeout")
+        .arg("180")
+        .arg(s.rel.join("vmfabric"))
+        .args(["run", "--hosts", "2", "-n", &n.to_string()])
+        .arg(prog)
+        .args(args)
+        .env("LD_LIBRARY_PATH", &s.libdir)
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success() && out.contains(want),
+        "{} on 2 emulated hosts ({n} ranks):\n{out}\n{}",
+        prog.display(),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
 fn semantic(prog: &str) {
     for kind in builds() {
         for n in 1..=4 {
@@ -272,20 +294,7 @@ fn rma_every_window_flavor_synchronisation_and_atomic_works() {
         return;
     }
     for n in [3, 4] {
-        let o = Command::new("timeout")
-            .arg("180")
-            .arg(s.rel.join("vmfabric"))
-            .args(["run", "--hosts", "2", "-n", &n.to_string()])
-            .arg(&bin)
-            .env("LD_LIBRARY_PATH", &s.libdir)
-            .output()
-            .unwrap();
-        let out = String::from_utf8_lossy(&o.stdout);
-        assert!(
-            o.status.success() && out.contains("PASS"),
-            "rma on 2 emulated hosts ({n} ranks):\n{out}\n{}",
-            String::from_utf8_lossy(&o.stderr)
-        );
+        on_two_hosts(&bin, n, &[], "PASS");
     }
 }
 
@@ -443,6 +452,35 @@ fn hydra_serves_the_pmi2_client_too() {
     }
 }
 
+/// Wait until the `migstress` job with region directory `dir` has made its region, `kill -9` one of its
+/// ranks, wait for the job (`wait` says whether it succeeded: it must not), and check that the region is
+/// gone within `grace_s` seconds.
+fn kill_a_rank_then_no_region(dir: &Path, wait: impl FnOnce() -> bool, grace_s: u64) {
+    let region = || {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".shm"))
+            .count()
+    };
+    let t0 = std::time::Instant::now();
+    while region() == 0 && t0.elapsed() < std::time::Duration::from_secs(30) {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert_eq!(region(), 1, "the job made no region in {}", dir.display());
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let victim = *ranks_in(dir, "migstress").last().expect("a rank to kill");
+    // SAFETY: kill on a rank of the job the caller started.
+    unsafe { libc::kill(victim, libc::SIGKILL) };
+    assert!(!wait(), "the job should fail after a rank was killed");
+    let t1 = std::time::Instant::now();
+    while region() != 0 && t1.elapsed() < std::time::Duration::from_secs(grace_s) {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let left: Vec<_> = std::fs::read_dir(dir).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert!(left.is_empty(), "left behind after the job died: {left:?}");
+}
+
 /// Pids (ascending) of the ranks running program `comm` whose environment names region directory `dir`: the
 /// ranks of one job, not the launcher's processes (which carry the same command line) nor the region
 /// watchdog (named `vmf-watchdog`), nor the ranks of other tests' jobs.
@@ -484,30 +522,7 @@ fn hydra_killed_rank_leaves_no_region() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let region = || {
-        std::fs::read_dir(&dir)
-            .unwrap()
-            .flatten()
-            .filter(|e| e.file_name().to_string_lossy().ends_with(".shm"))
-            .count()
-    };
-    let t0 = std::time::Instant::now();
-    while region() == 0 && t0.elapsed() < std::time::Duration::from_secs(30) {
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    assert_eq!(region(), 1, "the job made no region in {}", dir.display());
-    std::thread::sleep(std::time::Duration::from_millis(500));
-    let victim = *ranks_in(&dir, "migstress").last().expect("a rank to kill");
-    // SAFETY: kill on a rank of the job this test started.
-    unsafe { libc::kill(victim, libc::SIGKILL) };
-    let o = child.wait_with_output().unwrap();
-    assert!(!o.status.success(), "the job should fail after a rank was killed");
-    let t1 = std::time::Instant::now();
-    while region() != 0 && t1.elapsed() < std::time::Duration::from_secs(5) {
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    let left: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().map(|e| e.file_name()).collect();
-    assert!(left.is_empty(), "left behind after the job died: {left:?}");
+    kill_a_rank_then_no_region(&dir, || child.wait_with_output().unwrap().status.success(), 5);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -681,30 +696,7 @@ fn slurm_srun_pmi2_runs_mpich_programs() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let region = || {
-        std::fs::read_dir(&dir)
-            .unwrap()
-            .flatten()
-            .filter(|e| e.file_name().to_string_lossy().ends_with(".shm"))
-            .count()
-    };
-    let t0 = std::time::Instant::now();
-    while region() == 0 && t0.elapsed() < std::time::Duration::from_secs(30) {
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    assert_eq!(region(), 1, "the step made no region in {}", dir.display());
-    std::thread::sleep(std::time::Duration::from_millis(500));
-    let victim = *ranks_in(&dir, "migstress").last().expect("a rank to kill");
-    // SAFETY: kill on a rank of the step this test started.
-    unsafe { libc::kill(victim, libc::SIGKILL) };
-    let st = child.wait().unwrap();
-    assert!(!st.success(), "the step should fail after a rank was killed");
-    let t1 = std::time::Instant::now();
-    while region() != 0 && t1.elapsed() < std::time::Duration::from_secs(10) {
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    let left: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().map(|e| e.file_name()).collect();
-    assert!(left.is_empty(), "left behind after the step died: {left:?}");
+    kill_a_rank_then_no_region(&dir, || child.wait().unwrap().success(), 10);
     let _ = std::fs::remove_dir_all(&dir);
     drop(slurm);
 }
@@ -891,22 +883,7 @@ fn intercomm_create_merge_p2p_and_collectives_work() {
 fn mtx_c_api_minitransactions_and_barriers_work() {
     semantic("mtx");
     semantic_wide("mtx");
-    let s = setup();
-    let o = Command::new("timeout")
-        .arg("180")
-        .arg(s.rel.join("vmfabric"))
-        .args(["run", "--hosts", "2", "-n", "3"])
-        .arg(s.build.join("ours").join("mtx"))
-        .arg("remote")
-        .env("LD_LIBRARY_PATH", &s.libdir)
-        .output()
-        .unwrap();
-    let out = String::from_utf8_lossy(&o.stdout);
-    assert!(
-        o.status.success() && out.contains("PASS mtx remote"),
-        "mtx on 2 emulated hosts:\n{out}\n{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    on_two_hosts(&setup().build.join("ours").join("mtx"), 3, &["remote"], "PASS mtx remote");
 }
 
 /// MPICH's fault-tolerance extension: revocation interrupts blocked receives, probes, barriers and
@@ -917,23 +894,9 @@ fn ulfm_revoke_interrupts_blocked_calls_agree_and_shrink_work() {
     semantic("ulfm");
     semantic_wide("ulfm");
     semantic_p2p_colls("ulfm");
-    let s = setup();
-    let bin = s.build.join("ours").join("ulfm");
+    let bin = setup().build.join("ours").join("ulfm");
     for n in [2, 3, 4] {
-        let o = Command::new("timeout")
-            .arg("180")
-            .arg(s.rel.join("vmfabric"))
-            .args(["run", "--hosts", "2", "-n", &n.to_string()])
-            .arg(&bin)
-            .env("LD_LIBRARY_PATH", &s.libdir)
-            .output()
-            .unwrap();
-        let out = String::from_utf8_lossy(&o.stdout);
-        assert!(
-            o.status.success() && out.contains("PASS"),
-            "ulfm on 2 emulated hosts ({n} ranks):\n{out}\n{}",
-            String::from_utf8_lossy(&o.stderr)
-        );
+        on_two_hosts(&bin, n, &[], "PASS");
     }
 }
 
@@ -964,18 +927,7 @@ fn spawn_under_hydra_and_on_emulated_hosts_works() {
         run_ok("hydra", builds().last().unwrap(), "spawn", 2);
     }
     // Children start on the spawning rank's host; parents on two hosts reach them over TCP.
-    let s = setup();
-    let bin = s.build.join("ours").join("spawn");
-    let o = Command::new("timeout")
-        .arg("180")
-        .arg(s.rel.join("vmfabric"))
-        .args(["run", "--hosts", "2", "-n", "3"])
-        .arg(&bin)
-        .env("LD_LIBRARY_PATH", &s.libdir)
-        .output()
-        .unwrap();
-    let out = String::from_utf8_lossy(&o.stdout);
-    assert!(o.status.success() && out.contains("PASS"), "spawn --hosts 2:\n{out}\n{}", String::from_utf8_lossy(&o.stderr));
+    on_two_hosts(&setup().build.join("ours").join("spawn"), 3, &[], "PASS");
 }
 
 #[test]
