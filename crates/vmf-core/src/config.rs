@@ -18,13 +18,14 @@ pub struct Param {
 pub const PARAMS: &[Param] = &[
     Param { name: "REGION_DIR", default: "/dev/shm", doc: "directory that holds each host's shared region file" },
     Param { name: "REGION_PATH", default: "", doc: "existing mappable file or device to use as the region (e.g. an ivshmem BAR /sys/bus/pci/devices/*/resource2); empty: a file in REGION_DIR" },
-    Param { name: "SHM_EAGER_LIMIT", default: "64K", doc: "largest message (bytes) copied through the ring; larger ones use rendezvous" },
+    Param { name: "SHM_EAGER_LIMIT", default: "auto", doc: "largest message (bytes) copied through the ring; larger ones use rendezvous; auto: this host's calibration (see CALIBRATION), else 64K" },
     Param { name: "SHM_RING_SIZE", default: "1M", doc: "largest ring (bytes) per ordered pair of co-resident ranks; shrunk to fit SHM_BUDGET" },
     Param { name: "SHM_BUDGET", default: "48M", doc: "ring memory per host region (bytes); rings get min(SHM_RING_SIZE, budget / pairs), at least 64K" },
     Param { name: "SHM_DUPLEX", default: "1", doc: "1: besides the rings, each pair of co-resident ranks shares one duplex box (a 128-byte area written in turn) that carries packets up to 104 bytes, so a request and its reply share one cache line; jobs on emulated hosts (where ranks can migrate) never use it; every rank must agree" },
     Param { name: "SHM_CMA", default: "1", doc: "1: large messages by a single process_vm_readv copy where the kernel allows; 0: pipelined copy through the region (the path between VMs)" },
-    Param { name: "SHM_CMA_MIN", default: "auto", doc: "smallest rendezvous message (bytes) moved by single copy when SHM_CMA=1; auto: every rendezvous message when this host's ranks outnumber its CPUs, else none (the pipelined copy measured faster)" },
-    Param { name: "SHM_CHUNK", default: "64K", doc: "chunk size (bytes) of the pipelined rendezvous copy" },
+    Param { name: "SHM_CMA_MIN", default: "auto", doc: "smallest rendezvous message (bytes) moved by single copy (process_vm_readv) when SHM_CMA=1, smaller ones by the pipelined copy; auto: every rendezvous message when this host's ranks outnumber its CPUs, else the protocol per size that this host's calibration measured fastest (pipelined, receiver-side or sender-side single copy), else pipelined" },
+    Param { name: "SHM_CHUNK", default: "auto", doc: "chunk size (bytes) of the pipelined rendezvous copy; auto: this host's calibration, else 64K" },
+    Param { name: "CALIBRATION", default: "auto", doc: "cache of this host's large-message calibration (`vmfabric info --calibrate`; `vmfabric run` makes it when missing): auto: $XDG_CACHE_HOME/vmfabric/calibration-<host>.json (else ~/.cache/..., else /tmp/vmfabric-<uid>/...); off: none (built-in defaults); else a file path" },
     Param { name: "SHM", default: "1", doc: "1: co-resident ranks talk through shared memory; 0: over TCP too (to measure or test TCP on one host)" },
     Param { name: "TCP", default: "1", doc: "1: reach ranks that share no region over TCP; 0: shared memory only" },
     Param { name: "TCP_ADDR", default: "auto", doc: "address this rank listens on and publishes; auto: the first non-loopback IPv4 address of this host, else 127.0.0.1" },
@@ -120,8 +121,8 @@ pub struct Config {
     pub region_dir: String,
     /// REGION_PATH.
     pub region_path: String,
-    /// SHM_EAGER_LIMIT.
-    pub shm_eager_limit: usize,
+    /// SHM_EAGER_LIMIT (None = auto).
+    pub shm_eager_limit: Option<usize>,
     /// SHM_RING_SIZE.
     pub shm_ring_size: u64,
     /// SHM_BUDGET.
@@ -132,8 +133,13 @@ pub struct Config {
     pub shm_duplex: bool,
     /// SHM_CMA_MIN (None = auto).
     pub shm_cma_min: Option<usize>,
-    /// SHM_CHUNK.
-    pub shm_chunk: usize,
+    /// SHM_CHUNK (None = auto).
+    pub shm_chunk: Option<usize>,
+    /// CALIBRATION (the setting).
+    pub calibration: String,
+    /// This host's calibrated large-message choices, read from the CALIBRATION cache by
+    /// [`Config::from_env`] (never by [`Config::from_lookup`], so tests do not depend on the machine).
+    pub large: Option<crate::calibrate::LargePath>,
     /// SHM_MAX_LOCAL.
     pub shm_max_local: u32,
     /// SHM_POOL.
@@ -203,7 +209,11 @@ pub fn parse_size(s: &str) -> Option<u64> {
 impl Config {
     /// Defaults overridden by `VMF_*` variables of this process.
     pub fn from_env() -> Result<Config, ConfigError> {
-        Self::from_lookup(|k| std::env::var(k).ok())
+        let mut c = Self::from_lookup(|k| std::env::var(k).ok())?;
+        c.large = crate::calibrate::cache_path(&c.calibration)
+            .and_then(|p| crate::calibrate::load(&p))
+            .map(|c| c.path);
+        Ok(c)
     }
 
     /// Defaults overridden by `lookup("VMF_<NAME>")`.
@@ -269,7 +279,11 @@ impl Config {
         Ok(Config {
             region_dir: get("REGION_DIR"),
             region_path: get("REGION_PATH"),
-            shm_eager_limit: size("SHM_EAGER_LIMIT", 0, 1 << 30)? as usize,
+            shm_eager_limit: if get("SHM_EAGER_LIMIT") == "auto" {
+                None
+            } else {
+                Some(size("SHM_EAGER_LIMIT", 0, 1 << 30)? as usize)
+            },
             shm_ring_size: ring,
             shm_budget: size("SHM_BUDGET", 1 << 20, 1 << 40)?,
             shm_cma: flag("SHM_CMA")?,
@@ -282,7 +296,13 @@ impl Config {
             } else {
                 Some(size("SHM_CMA_MIN", 0, u64::MAX >> 1)? as usize)
             },
-            shm_chunk: size("SHM_CHUNK", 4096, 1 << 30)? as usize,
+            shm_chunk: if get("SHM_CHUNK") == "auto" {
+                None
+            } else {
+                Some(size("SHM_CHUNK", 4096, 1 << 30)? as usize)
+            },
+            calibration: get("CALIBRATION"),
+            large: None,
             shm_max_local: number("SHM_MAX_LOCAL", 1, 65536, "ranks")? as u32,
             shm: flag("SHM")?,
             tcp: flag("TCP")?,

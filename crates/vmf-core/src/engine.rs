@@ -11,7 +11,9 @@ use crate::config::{Config, WaitPolicy};
 use crate::error::{Error, Op, Result};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
-use vmf_transport::proto::{CtsInfo, DataInfo, FinInfo, Kind, PktHeader, RtsInfo, FLAG_SYNC};
+use vmf_transport::proto::{
+    CtsInfo, DataInfo, FinInfo, Kind, PktHeader, RtsInfo, FLAG_SYNC, FLAG_WRITTEN,
+};
 use vmf_transport::selfq::SelfTransport;
 use vmf_transport::shm::ShmTransport;
 use vmf_transport::tcp::TcpTransport;
@@ -361,7 +363,11 @@ pub struct Engine {
     eager_limit: usize,
     chunk: usize,
     cma: bool,
-    cma_min: usize,
+    /// Large-message choices (calibrated or configured): eager limit, chunk and strategy per size.
+    large: crate::calibrate::LargePath,
+    /// Ring-imposed maxima of the eager limit and the chunk.
+    eager_max: usize,
+    chunk_max: usize,
     cma_warned: bool,
     last_liveness: Instant,
     fatal: Option<Error>,
@@ -547,8 +553,10 @@ impl Engine {
         tcp: Option<TcpTransport>,
     ) -> Engine {
         let mut peers: Vec<Peer> = (0..n).map(|_| Peer::new(Route::None)).collect();
-        let mut eager_limit = cfg.shm_eager_limit;
-        let mut chunk = cfg.shm_chunk;
+        let cal = cfg.large.clone().unwrap_or_default();
+        let mut eager_limit = cfg.shm_eager_limit.unwrap_or(cal.eager_limit);
+        let mut chunk = cfg.shm_chunk.unwrap_or(cal.chunk);
+        let (mut eager_max, mut chunk_max) = (usize::MAX, usize::MAX);
         if let Some(s) = &shm {
             for (r, p) in peers.iter_mut().enumerate() {
                 if s.reaches(r) {
@@ -556,8 +564,10 @@ impl Engine {
                 }
             }
             let maxp = s.max_payload(0);
-            eager_limit = eager_limit.min(maxp - SYNC_PREFIX);
-            chunk = chunk.min(maxp - DataInfo::SIZE);
+            eager_max = maxp - SYNC_PREFIX;
+            chunk_max = maxp - DataInfo::SIZE;
+            eager_limit = eager_limit.min(eager_max);
+            chunk = chunk.min(chunk_max);
         }
         let mut tcp = tcp;
         if let Some(t) = tcp.as_mut() {
@@ -580,17 +590,22 @@ impl Engine {
         if let Some(s) = shm.as_mut() {
             s.set_wake_check(matches!(cfg.wait, WaitPolicy::Block | WaitPolicy::Adaptive));
         }
-        // Single copy pays for page pinning and copies on one core; the pipelined copy overlaps sender and
-        // receiver and stays in cache, which measured 2-3x faster at every size when both ranks have a core.
-        // When ranks outnumber cores the pipeline stalls whenever one side is descheduled: use CMA then.
+        // Which protocol moves a rendezvous message between co-resident ranks: as configured
+        // (SHM_CMA_MIN), else single copy for every size when ranks outnumber cores (the pipeline stalls
+        // whenever one side is descheduled), else what this host's calibration measured fastest per size
+        // (see `calibrate`), else the pipelined copy.
         let local = shm.as_ref().map_or(1, |s| s.peer_count() + 1);
-        let cma_min = cfg
-            .shm_cma_min
-            .unwrap_or(if local > vmf_pal::available_cpus() {
-                0
-            } else {
-                usize::MAX
-            });
+        use crate::calibrate::Strategy;
+        let steps = match cfg.shm_cma_min {
+            Some(m) => vec![(m, Strategy::Read)],
+            None if local > vmf_pal::available_cpus() => vec![(0, Strategy::Read)],
+            None => cal.steps,
+        };
+        let large = crate::calibrate::LargePath {
+            eager_limit,
+            chunk,
+            steps,
+        };
         Engine {
             me,
             n,
@@ -613,7 +628,9 @@ impl Engine {
             eager_limit,
             chunk,
             cma,
-            cma_min,
+            large,
+            eager_max,
+            chunk_max,
             cma_warned: false,
             last_liveness: Instant::now(),
             fatal: None,
@@ -819,13 +836,22 @@ impl Engine {
     pub fn eager_limit(&self) -> usize {
         self.eager_limit
     }
-    /// True if large messages use single-copy CMA (for messages of at least [`Engine::cma_min`] bytes).
+    /// True if some large messages use a single copy (`process_vm_readv` or `process_vm_writev`).
     pub fn cma_enabled(&self) -> bool {
-        self.cma && self.cma_min != usize::MAX
+        self.cma && !self.large.steps.is_empty()
     }
-    /// Smallest rendezvous message moved by CMA.
-    pub fn cma_min(&self) -> usize {
-        self.cma_min
+    /// The large-message choices in use (eager limit, chunk, strategy per size).
+    pub fn large_path(&self) -> &crate::calibrate::LargePath {
+        &self.large
+    }
+    /// Use other large-message choices from now on (calibration; the eager limit and chunk are capped by
+    /// the rings). Only the sender's choices matter: a receiver follows what each message asks for.
+    pub fn set_large_path(&mut self, p: &crate::calibrate::LargePath) {
+        self.large = p.clone();
+        self.large.eager_limit = p.eager_limit.min(self.eager_max);
+        self.large.chunk = p.chunk.clamp(1, self.chunk_max);
+        self.eager_limit = self.large.eager_limit;
+        self.chunk = self.large.chunk;
     }
     /// The shm transport, if any.
     pub fn shm(&self) -> Option<&ShmTransport> {
@@ -1393,10 +1419,15 @@ impl Engine {
             }
         } else {
             let hdr = PktHeader::new(Kind::Rts, self.me as u32, tag, ctx, 0, len as u64);
-            let pid = if route == Route::Shm && self.cma && len >= self.cma_min {
-                std::process::id() as u64
+            let strategy = if route == Route::Shm && self.cma {
+                self.large.pick(len)
             } else {
+                crate::calibrate::Strategy::Pipelined
+            };
+            let pid = if strategy == crate::calibrate::Strategy::Pipelined {
                 0
+            } else {
+                std::process::id() as u64
             };
             let pool = if route == Route::Shm {
                 self.pool_offset(buf, len).unwrap_or(0)
@@ -1408,6 +1439,7 @@ impl Engine {
                 addr: buf as u64,
                 pid,
                 pool,
+                write: (strategy == crate::calibrate::Strategy::Write) as u64,
             };
             self.reqs[id.idx as usize].phase = Phase::AwaitAck;
             self.send_packet(dest, hdr, info.as_bytes(), std::ptr::null(), 0, None)
@@ -1572,6 +1604,23 @@ impl Engine {
             self.count_recvd(want);
             return self.send_ctl(src, Kind::Fin, FinInfo { sreq: info.sreq }.as_bytes());
         }
+        if info.pid != 0 && self.cma && want > 0 && info.write == 1 {
+            // The sender asks to copy the data itself: name our buffer. It answers with a FIN flagged
+            // FLAG_WRITTEN once the data is here, or with DATA chunks if the kernel refuses the copy.
+            self.reqs[id.idx as usize].phase = Phase::Receiving {
+                peer: src,
+                want,
+                got: 0,
+            };
+            let cts = CtsInfo {
+                sreq: info.sreq,
+                rreq: id.wire(),
+                want: want as u64,
+                addr: buf as u64,
+                pid: std::process::id() as u64,
+            };
+            return self.send_ctl(src, Kind::Cts, cts.as_bytes());
+        }
         if info.pid != 0 && self.cma && want > 0 {
             // SAFETY: buf has cap >= want bytes (irecv contract).
             let dst = unsafe { std::slice::from_raw_parts_mut(buf, want) };
@@ -1621,6 +1670,8 @@ impl Engine {
             sreq: info.sreq,
             rreq: id.wire(),
             want: want as u64,
+            addr: 0,
+            pid: 0,
         };
         self.send_ctl(src, Kind::Cts, cts.as_bytes())?;
         if want == 0 {
@@ -1628,6 +1679,45 @@ impl Engine {
             self.count_recvd(0);
         }
         Ok(())
+    }
+
+    /// Sender-side single copy: write the message of send `id` into the receiver's buffer named by `c`
+    /// and tell the receiver (a FIN flagged [`FLAG_WRITTEN`]). `Ok(false)`: the kernel forbids the copy
+    /// (single copies are then off for this rank); the caller streams DATA chunks instead, which the
+    /// receiver accepts just as well.
+    fn write_to_receiver(&mut self, peer: usize, id: ReqId, c: &CtsInfo) -> Result<bool> {
+        let buf = self.reqs[id.idx as usize].buf;
+        let want = c.want as usize;
+        // SAFETY: want <= the send's length (checked by the caller); the buffer is valid until completion.
+        let data = unsafe { slice(buf, want) };
+        match vmf_pal::cma::write_to(c.pid as i32, c.addr, data) {
+            Ok(()) => {
+                let hdr = PktHeader {
+                    flags: FLAG_WRITTEN,
+                    ..PktHeader::new(Kind::Fin, self.me as u32, 0, 0, 0, 0)
+                };
+                self.send_packet(peer, hdr, FinInfo { sreq: c.rreq }.as_bytes(), std::ptr::null(), 0, None)?;
+                self.complete(id);
+                Ok(true)
+            }
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EPERM) | Some(libc::ENOSYS) | Some(libc::EACCES) | Some(libc::ESRCH)
+                ) =>
+            {
+                self.cma = false;
+                if self.cfg.verbose && !self.cma_warned {
+                    eprintln!("vmfabric: rank {}: process_vm_writev not permitted ({e}); using pipelined copies", self.me);
+                }
+                self.cma_warned = true;
+                Ok(false)
+            }
+            Err(e) => Err(self.corrupt(
+                peer,
+                format!("single-copy write of {want} bytes to {:#x} failed: {e}", c.addr),
+            )),
+        }
     }
 
     fn send_ctl(&mut self, peer: usize, kind: Kind, a: &[u8]) -> Result<()> {
@@ -1763,6 +1853,8 @@ impl Engine {
                 }
                 if c.want == 0 {
                     self.complete(id);
+                } else if c.pid != 0 && self.cma && self.write_to_receiver(peer, id, &c)? {
+                    // Written by a single copy; the receiver has been told.
                 } else {
                     self.reqs[id.idx as usize].phase = Phase::Streaming {
                         rreq: c.rreq,
@@ -1808,6 +1900,20 @@ impl Engine {
                 self.handle_migration(peer, kind, payload)?
             }
             Kind::Revoke => self.handle_revoke(peer, payload)?,
+            Kind::Fin if hdr.flags & FLAG_WRITTEN != 0 => {
+                // The sender wrote the whole message into our buffer (sender-side single copy).
+                let f = FinInfo::parse(payload)
+                    .ok_or_else(|| self.corrupt(peer, "short FIN".into()))?;
+                let id = self.wire_req(peer, f.sreq, false)?;
+                let r = &mut self.reqs[id.idx as usize];
+                match r.phase {
+                    Phase::Receiving { peer: p, want, got: 0 } if p == peer => {
+                        r.state = State::Done;
+                        self.count_recvd(want);
+                    }
+                    _ => return Err(self.corrupt(peer, "FIN for a receive not waiting for a write".into())),
+                }
+            }
             Kind::Fin | Kind::SyncAck => {
                 let f = FinInfo::parse(payload)
                     .ok_or_else(|| self.corrupt(peer, "short FIN".into()))?;
@@ -2624,6 +2730,7 @@ unsafe fn slice<'a>(p: *const u8, len: usize) -> &'a [u8] {
 mod tests {
     use super::*;
     use std::sync::Arc;
+    use crate::calibrate::{LargePath, Strategy};
     use vmf_transport::shm::region::{Region, RegionSizing, RegionSource};
 
     /// Two engines (ranks 0 and 1) sharing a real region in one thread.
@@ -2686,7 +2793,15 @@ mod tests {
     }
 
     fn roundtrip_sizes(env: &[(&str, &str)], name: &str) {
+        roundtrip_sizes_with(env, name, None)
+    }
+
+    fn roundtrip_sizes_with(env: &[(&str, &str)], name: &str, path: Option<LargePath>) {
         let (mut a, mut b, d) = pair(name, env);
+        if let Some(p) = &path {
+            a.set_large_path(p);
+            b.set_large_path(p);
+        }
         for &n in &[
             0usize, 1, 8, 100, 4000, 16384, 16385, 65536, 300_000, 3_000_001,
         ] {
@@ -2706,6 +2821,46 @@ mod tests {
     #[test]
     fn all_protocols_cma_work() {
         roundtrip_sizes(&[("VMF_SHM_CMA_MIN", "0")], "cma");
+    }
+
+    #[test]
+    fn sender_side_single_copy_and_calibrated_paths_work() {
+        // Sender-side single copy at every rendezvous size, with a 16 KiB eager limit.
+        let write = LargePath {
+            eager_limit: 16 << 10,
+            chunk: 16 << 10,
+            steps: vec![(0, Strategy::Write)],
+        };
+        roundtrip_sizes_with(&[], "write", Some(write));
+        // A mixed path: 8 KiB eager, 16 KiB chunks to 64 KiB, read to 1 MB, write above.
+        let mixed = LargePath {
+            eager_limit: 8 << 10,
+            chunk: 16 << 10,
+            steps: vec![(65_537, Strategy::Read), (1_000_001, Strategy::Write)],
+        };
+        roundtrip_sizes_with(&[], "mixed", Some(mixed));
+    }
+
+    #[test]
+    fn a_receiver_that_forbids_single_copy_still_gets_a_write_request_by_chunks() {
+        // The receiver has single copies off (as where the kernel refuses them): it answers the sender's
+        // write request with a plain CTS and the data comes in DATA chunks.
+        let (mut a, mut b, d) = pair("write-refused", &[]);
+        a.set_large_path(&LargePath {
+            eager_limit: 1024,
+            chunk: 16 << 10,
+            steps: vec![(0, Strategy::Write)],
+        });
+        b.cma = false;
+        let s = pattern(300_000, 9);
+        let mut r = vec![0u8; s.len()];
+        let rid = unsafe { b.irecv(r.as_mut_ptr(), r.len(), 0, 5, 0).unwrap() };
+        let sid = unsafe { a.isend(s.as_ptr(), s.len(), 1, 5, 0, SendMode::Standard).unwrap() };
+        drive(&mut a, &mut b, &[(true, sid), (false, rid)]);
+        a.take(sid).unwrap();
+        assert_eq!(b.take(rid).unwrap().count, s.len());
+        assert!(r == s);
+        std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]

@@ -235,7 +235,7 @@ impl Engine {
                 }
             }
             UnexpBody::Rts { info, .. } => {
-                let cts = CtsInfo { sreq: info.sreq, rreq: 0, want: 0 };
+                let cts = CtsInfo { sreq: info.sreq, rreq: 0, want: 0, addr: 0, pid: 0 };
                 self.send_ctl(u.src, Kind::Cts, cts.as_bytes())?;
             }
         }

@@ -27,6 +27,7 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod calibrate;
 pub mod config;
 pub mod engine;
 pub mod error;

@@ -1,10 +1,11 @@
 //! Wire format shared by all transports: the packet header and the version checked at connection time.
 //!
 //! Versions: 1 = initial format (32-byte header; kinds Eager, Rts, Cts, Data, Fin, SyncAck);
-//! 2 = live migration (Moved, MovedAck, Ready); 3 = communicator revocation (Revoke).
+//! 2 = live migration (Moved, MovedAck, Ready); 3 = communicator revocation (Revoke);
+//! 4 = sender-side single copy (`RtsInfo::write`, `CtsInfo::addr`/`pid`, `FLAG_WRITTEN` on a FIN).
 
 /// Version of the packet format.
-pub const PROTO_VERSION: u32 = 3;
+pub const PROTO_VERSION: u32 = 4;
 
 /// Packet kinds.
 #[repr(u8)]
@@ -53,6 +54,9 @@ impl Kind {
 
 /// Header flag: the sender wants an acknowledgement when the message is matched (synchronous mode).
 pub const FLAG_SYNC: u8 = 1;
+/// Header flag of a FIN sent by the *sender* of a rendezvous: it wrote the whole message into the
+/// receiver's buffer (sender-side single copy); the FIN names the receive request.
+pub const FLAG_WRITTEN: u8 = 2;
 
 /// Header of every packet (32 bytes, little-endian, `repr(C)`).
 #[repr(C)]
@@ -143,7 +147,10 @@ wire_struct!(
         pid: u64,
         /// Region offset of the data when it lies in the sender's pool partition (the receiver copies it
         /// straight out of the shared region); 0: not offered.
-        pool: u64
+        pool: u64,
+        /// 1: the sender prefers to copy the data itself (`process_vm_writev`): the receiver answers with
+        /// a CTS naming its buffer (`CtsInfo::addr`, `CtsInfo::pid`); 0: the receiver reads or asks for chunks.
+        write: u64
     }
 );
 wire_struct!(
@@ -154,7 +161,11 @@ wire_struct!(
         /// Receiver's request id.
         rreq: u64,
         /// Bytes the receiver will take (the message, or less if its buffer is smaller).
-        want: u64
+        want: u64,
+        /// Receiver's buffer address, for a sender-side single copy (with `pid`).
+        addr: u64,
+        /// Receiver's pid when it accepts a sender-side single copy into `addr`; 0: send DATA chunks.
+        pid: u64
     }
 );
 wire_struct!(
@@ -212,12 +223,13 @@ mod tests {
 
     #[test]
     fn short_payload_parse_fails() {
-        assert!(RtsInfo::parse(&[0u8; 31]).is_none());
+        assert!(RtsInfo::parse(&[0u8; RtsInfo::SIZE - 1]).is_none());
         let r = RtsInfo {
             sreq: 1,
             addr: 2,
             pid: 3,
             pool: 4,
+            write: 1,
         };
         assert_eq!(RtsInfo::parse(r.as_bytes()), Some(r));
     }

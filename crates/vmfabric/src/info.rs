@@ -62,6 +62,80 @@ fn in_job() -> i32 {
     }
 }
 
+/// `vmfabric info --calibrate`: measure, print the curves and the choice, cache it.
+pub fn calibrate() -> i32 {
+    use vmf_core::calibrate;
+    let cfg = match Config::from_env() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("vmfabric: {e}");
+            return 2;
+        }
+    };
+    let c = match calibrate::measure(&cfg) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("vmfabric info: calibration failed: {e}");
+            return 1;
+        }
+    };
+    println!("Large-message calibration ({} ms): median ping-pong half round trip, microseconds", c.took_ms);
+    let mut methods: Vec<&str> = Vec::new();
+    for p in &c.points {
+        if !methods.contains(&p.method.as_str()) {
+            methods.push(&p.method);
+        }
+    }
+    print!("  {:>9}", "size");
+    for m in &methods {
+        print!("  {m:>15}");
+    }
+    println!();
+    for &s in calibrate::SIZES {
+        print!("  {:>9}", s);
+        for m in &methods {
+            match c.points.iter().find(|p| p.size == s && p.method == *m) {
+                Some(p) => print!("  {:>15.2}", p.us),
+                None => print!("  {:>15}", "-"),
+            }
+        }
+        println!();
+    }
+    println!("Chosen: {}", c.path.describe());
+    match calibrate::cache_path(&cfg.calibration) {
+        Some(path) => match calibrate::save(&path, &c) {
+            Ok(()) => println!("Cached in {} (used by every job on this host)", path.display()),
+            Err(e) => {
+                eprintln!("vmfabric info: cannot write {}: {e}", path.display());
+                return 1;
+            }
+        },
+        None => println!("Not cached (VMF_CALIBRATION={})", cfg.calibration),
+    }
+    0
+}
+
+/// Before `vmfabric run` starts a job: make this host's calibration if there is no valid cache (well under
+/// a second; once per host). A failure only costs the calibrated choices: it is reported, the job runs.
+pub fn calibrate_on_first_use(verbose: bool) {
+    let Ok(cfg) = Config::from_env() else {
+        return; // the ranks report the bad setting
+    };
+    if cfg.large.is_some() || !cfg.shm {
+        return;
+    }
+    let t0 = std::time::Instant::now();
+    match vmf_core::calibrate::ensure(&cfg) {
+        Ok(Some(c)) if verbose => eprintln!(
+            "vmfabric: calibrated large messages on this host in {} ms: {}",
+            t0.elapsed().as_millis(),
+            c.path.describe()
+        ),
+        Ok(_) => {}
+        Err(e) => eprintln!("vmfabric: warning: large-message calibration failed ({e}); using the defaults"),
+    }
+}
+
 pub fn run(ranks: Option<usize>) -> i32 {
     if std::env::var_os("PMI_FD").is_some() || std::env::var_os("PMI_PORT").is_some() {
         return in_job();
@@ -79,6 +153,15 @@ pub fn run(ranks: Option<usize>) -> i32 {
     println!("  self   loopback to the same rank");
     println!("  shm    shared-memory rings between ranks that map the same region (same UUID)");
     println!("         large messages: process_vm_readv {}", cma_status());
+    match (&cfg.large, vmf_core::calibrate::cache_path(&cfg.calibration)) {
+        (Some(l), Some(p)) => println!("         calibrated ({}): {}", p.display(), l.describe()),
+        (None, Some(p)) => println!(
+            "         not calibrated yet ({} missing or stale; `vmfabric info --calibrate` or the next `vmfabric run` makes it): {}",
+            p.display(),
+            vmf_core::calibrate::LargePath::default().describe()
+        ),
+        (_, None) => println!("         calibration off: {}", vmf_core::calibrate::LargePath::default().describe()),
+    }
     println!("  tcp    authenticated TCP between ranks that share no region (other hosts); selection per pair:");
     println!("         self, then shm, then tcp (run a job with `vmfabric run -n N vmfabric info` to see it)");
     println!();

@@ -101,6 +101,11 @@ enum Cmd {
         /// Print only the directory holding mpi.h and vmfabric/mtx.h (for -I).
         #[arg(long, conflicts_with = "libdir")]
         incdir: bool,
+        /// Measure how large messages move fastest between co-resident ranks on this host (eager limit,
+        /// pipeline chunk, pipelined or single copy per size), print the curves and cache the choice
+        /// (VMF_CALIBRATION) for every later job.
+        #[arg(long, conflicts_with_all = ["libdir", "incdir"])]
+        calibrate: bool,
     },
     /// Benchmarks (run inside a job: `vmfabric run -n 2 vmfabric bench latency`).
     Bench(bench::BenchArgs),
@@ -159,6 +164,9 @@ fn main() {
                     _ => None,
                 },
             };
+            if np >= 2 {
+                info::calibrate_on_first_use(verbose);
+            }
             let opts = vmf_launch::RunOptions {
                 np,
                 program: command[0].clone(),
@@ -250,8 +258,15 @@ fn main() {
                 }
             }
         }
-        Cmd::Info { ranks, libdir, incdir } => {
-            if libdir {
+        Cmd::Info {
+            ranks,
+            libdir,
+            incdir,
+            calibrate,
+        } => {
+            if calibrate {
+                info::calibrate()
+            } else if libdir {
                 println!("{}", vmf_launch::mpi_libdir().display());
                 0
             } else if incdir {
