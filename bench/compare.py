@@ -66,6 +66,15 @@ TARGETS = [
      "bw", 65536, "ge_best", 1.5),
     ("bw4m_vs_best", "bw at 4 MiB >= 1.0x best of {others}",
      "bw", 4194304, "ge_best", 1.0),
+    # Issue 28: ping-pong bandwidth (size / half round trip) of the same C ping-pong through our
+    # libmpich.so.12 >= 1.5x at 64 KiB and >= 1.2x at 1 and 4 MiB, i.e. its half round trip <= 1/1.5 and
+    # <= 1/1.2 of the better of MPICH and Open MPI.
+    ("pp64k_vs_best", "MPI ping-pong bandwidth at 64 KiB >= 1.5x best of {others} (half round trip <= 0.667x)",
+     "latency", 65536, "le_best", 1 / 1.5, "vmfabric-mpi"),
+    ("pp1m_vs_best", "MPI ping-pong bandwidth at 1 MiB >= 1.2x best of {others} (half round trip <= 0.833x)",
+     "latency", 1048576, "le_best", 1 / 1.2, "vmfabric-mpi"),
+    ("pp4m_vs_best", "MPI ping-pong bandwidth at 4 MiB >= 1.2x best of {others} (half round trip <= 0.833x)",
+     "latency", 4194304, "le_best", 1 / 1.2, "vmfabric-mpi"),
     # One-sided (issue 21): lock_all + operation + MPI_Win_flush on an MPI_Win_allocate window.
     ("rma_put8", "RMA: put 8 B + flush <= 1.0x best of {others}", "rma-put", 8, "le_best", 1.0, "vmfabric-mpi"),
     ("rma_get8", "RMA: get 8 B + flush <= 1.0x best of {others}", "rma-get", 8, "le_best", 1.0, "vmfabric-mpi"),

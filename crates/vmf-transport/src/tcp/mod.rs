@@ -72,6 +72,8 @@ const TAG_CONN: u64 = 0;
 const DIRECT_POLL_MAX: usize = 2;
 /// In direct-poll mode, ask epoll about the listeners (a new peer connecting) every this many polls.
 const ADMIN_EVERY: u32 = 64;
+/// Largest read into the receive buffer while a rendezvous streams DATA frames (see `Conn::streaming`).
+const STREAM_READ: usize = 4096;
 /// Frames up to this size are copied into one buffer and sent with `send` instead of `writev`.
 const SMALL_FRAME: usize = 256;
 
@@ -179,6 +181,10 @@ struct Conn {
     /// Which connection this is (unique within the transport).
     gen: u64,
     direct_a: Vec<u8>,
+    /// The last frame was a DATA frame read straight into its destination: the next one probably is
+    /// too, so [`TcpTransport::fill`] reads only [`STREAM_READ`] bytes (its header and a little more)
+    /// instead of pulling up to a buffer's worth of payload through `rx` (a second copy of it).
+    streaming: bool,
 }
 
 /// Token returned with incoming packets.
@@ -503,6 +509,8 @@ impl TcpTransport {
         ttrace!("{}: establish conn to {peer} fd {} {:?}->{:?}", self.me, stream.as_raw_fd(), stream.local_addr(), stream.peer_addr());
         self.retiring[peer] = false;
         // Large socket buffers: a rendezvous frame of several MiB then needs few wake-ups.
+        // (Measured against the kernel's autotuning, which reaches 4 MiB send / 32 MiB receive buffers
+        // here: no better, and these fixed sizes keep the footprint per connection known.)
         let sz: libc::c_int = 4 << 20;
         for opt in [libc::SO_SNDBUF, libc::SO_RCVBUF] {
             // SAFETY: setsockopt with a valid int option on our socket.
@@ -526,6 +534,7 @@ impl TcpTransport {
             lent: None,
             direct_a: Vec::new(),
             gen: self.next_gen,
+            streaming: false,
         });
         self.next_gen += 1;
         self.epoll_dirty = true;
@@ -990,8 +999,13 @@ impl TcpTransport {
         if c.rx_end == c.rx.len() {
             return Ok(false); // full: the caller grows it if a frame needs more
         }
+        let end = if c.streaming {
+            (c.rx_end + STREAM_READ).min(c.rx.len())
+        } else {
+            c.rx.len()
+        };
         loop {
-            match recv(c.stream.as_raw_fd(), &mut c.rx[c.rx_end..]) {
+            match recv(c.stream.as_raw_fd(), &mut c.rx[c.rx_end..end]) {
                 Ok(0) if peer >= self.world && c.rx_end == c.rx_start && c.backlog.is_none() => {
                     // A process of another job disconnected or finished: forget the connection (a
                     // later send connects anew).
@@ -1005,7 +1019,7 @@ impl TcpTransport {
                     })
                 }
                 Ok(k) => {
-                    let drained = c.rx_end + k < c.rx.len();
+                    let drained = c.rx_end + k < end;
                     c.rx_end += k;
                     // A short read emptied the socket: no need to ask it again until epoll says so.
                     if drained {
@@ -1058,6 +1072,7 @@ impl TcpTransport {
             }
             let d = c.direct.take().unwrap();
             c.direct_a = d.a;
+            c.streaming = true;
             let mut inc = Incoming::new(
                 peer,
                 d.hdr,
@@ -1118,6 +1133,7 @@ impl TcpTransport {
                 }
                 if avail >= FRAME_HDR + len {
                     let c = self.conns[peer].as_mut().unwrap();
+                    c.streaming = false;
                     let start = c.rx_start + FRAME_HDR + HDR_SIZE;
                     c.lent = Some(FRAME_HDR + len);
                     let payload = c.rx[start..].as_ptr();
@@ -1133,8 +1149,10 @@ impl TcpTransport {
                         },
                     )));
                 }
-                // Need more bytes: make room for the whole frame.
+                // Need more bytes: make room for the whole frame (read in full-size reads: this one
+                // goes through the buffer anyway).
                 let c = self.conns[peer].as_mut().unwrap();
+                c.streaming = false;
                 if c.rx.len() < FRAME_HDR + len {
                     c.rx.copy_within(c.rx_start..c.rx_end, 0);
                     c.rx_end -= c.rx_start;
