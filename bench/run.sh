@@ -27,6 +27,8 @@
 #   BENCH_OVERCOMMIT=0        skip the overcommit sweep (bench/overcommit.sh, which
 #                             has its own knobs: BENCH_OVERCOMMIT_QUICK=1, ...)
 #   BENCH_NEIGHBOURS=0        skip the two-jobs-sharing-CPUs comparison (bench/neighbours.sh)
+#   BENCH_LARGE=0             skip the large-message and TCP rounds of issue 28 (bench/large.sh;
+#                             BENCH_LARGE_ROUNDS=R, default 5)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -413,6 +415,17 @@ if [ "${BENCH_MTX:-1}" != 0 ]; then
         BENCH_PYTHON="$PY" BENCH_RESULTS_DIR="$RESULTS" BENCH_VMFABRIC="$VMF" BENCH_BUILD_DIR="$BUILD"
 else
     log "BENCH_MTX=0: minitransactions and barriers skipped"
+fi
+
+# ---------------------------------------------------------------- large messages and TCP
+# Issue 28: the C ping-pong at 16 KiB-4 MiB (calibrated vmfabric, vmfabric with the built-in defaults,
+# MPICH, Open MPI) and TCP latency/bandwidth (bare sockets, vmfabric, Open MPI's tcp BTL, emulated hosts)
+# in interleaved rounds (results in $RESULTS/large.json). BENCH_LARGE=0 skips it.
+if [ "${BENCH_LARGE:-1}" != 0 ]; then
+    sub_bench "large messages and TCP" bench/large.sh \
+        BENCH_PYTHON="$PY" BENCH_RESULTS_DIR="$RESULTS" BENCH_VMFABRIC="$VMF" BENCH_BUILD_DIR="$BUILD"
+else
+    log "BENCH_LARGE=0: large messages and TCP skipped"
 fi
 
 # ---------------------------------------------------------------- one-sided (RMA)
