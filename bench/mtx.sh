@@ -2,8 +2,9 @@
 # bench/mtx.sh -- issue 25's microbenchmarks (002_*'s increment counters and barriers) at 2, 4 and 8 ranks
 # on this host: vmfabric's minitransactions and spin lock (`vmfabric bench mtx`) and barriers (`vmfabric
 # bench barrier`), beside MPI RMA doing the same update and MPI_Barrier on MPICH and Open MPI
-# (bench/c/mpi_mtx.c), in the same run. Writes $BENCH_RESULTS_DIR/mtx.json and barrier.json in the
-# formats `vmfabric bench mtx|barrier --json` write, with every implementation's rows.
+# (bench/c/mpi_mtx.c), in the same run; and the particle application (bench/c/particles.c) at 1/2/4/8 ranks.
+# Writes $BENCH_RESULTS_DIR/mtx.json and barrier.json in the formats `vmfabric bench mtx|barrier --json`
+# write, with every implementation's rows, and particles.json.
 #
 # Called by bench/run.sh (BENCH_MTX=0 skips it), or alone after a release build: bash bench/mtx.sh
 set -euo pipefail
@@ -39,6 +40,27 @@ for n in 2 4 8; do
             | sed 's/"mpi"/"mpi-openmpi"/' >"$TMP/o-bar-$n.jsonl" || echo "bench/mtx.sh: Open MPI barrier at $n ranks failed" >&2
     fi
 done
+# The application: bench/c/particles.c (FLUIDS-style particles in shared memory, one barrier per step) at
+# 1, 2, 4 and 8 ranks with each vmfabric barrier (spin only while every rank has a core) and MPI_Barrier,
+# and the same program on MPICH and Open MPI (built without vmfabric, MPI_Barrier).
+VINC="$("$VMF" info --incdir)"; VLIB="$("$VMF" info --libdir)"
+PART=()
+if command -v mpicc.mpich >/dev/null && mpicc.mpich -O2 -I"$VINC" -o "$BUILD/particles" bench/c/particles.c -L"$VLIB" -lvmfabric -lm; then
+    mpicc.mpich -O2 -DNO_VMFABRIC -o "$BUILD/particles.mpich" bench/c/particles.c -lm || true
+    command -v mpicc.openmpi >/dev/null && mpicc.openmpi -O2 -DNO_VMFABRIC -o "$BUILD/particles.openmpi" bench/c/particles.c -lm || true
+    for n in 1 2 4 8; do
+        for b in spin adaptive block mpi; do
+            if [ "$b" = spin ] && [ "$n" -gt "$CPUS" ]; then continue; fi
+            timeout 300 env LD_LIBRARY_PATH="$VLIB" "$VMF" run --quiet -n $n "$BUILD/particles" --barrier $b \
+                --json "$TMP/part-vmf-$b-$n.json" >/dev/null || echo "bench/mtx.sh: particles $b at $n ranks failed" >&2
+        done
+        [ -x "$BUILD/particles.mpich" ] && { timeout 600 env -u LD_LIBRARY_PATH mpiexec.mpich -n $n "$BUILD/particles.mpich" \
+            --barrier mpi --json "$TMP/part-mpich-$n.json" >/dev/null || echo "bench/mtx.sh: MPICH particles at $n ranks failed" >&2; }
+        [ -x "$BUILD/particles.openmpi" ] && { timeout 600 env -u LD_LIBRARY_PATH mpirun.openmpi --allow-run-as-root --oversubscribe \
+            -n $n "$BUILD/particles.openmpi" --barrier mpi --json "$TMP/part-openmpi-$n.json" >/dev/null 2>&1 \
+            || echo "bench/mtx.sh: Open MPI particles at $n ranks failed" >&2; }
+    done
+fi
 "$PY" - "$TMP" "$OUT" <<'PYEOF'
 import glob, json, os, sys
 tmp, out = sys.argv[1], sys.argv[2]
@@ -50,4 +72,13 @@ for bench, vmf, mpi in (("mtx", "vmf-mtx-*.json", "*-mtx-*.jsonl"), ("barrier", 
         rows += [json.loads(l) for l in open(f) if l.strip().startswith("{")]
     json.dump({"benchmark": bench, "results": rows}, open(os.path.join(out, bench + ".json"), "w"), indent=1)
     print(f"bench/mtx.sh: {len(rows)} {bench} results in {out}/{bench}.json")
+rows = []
+for f in sorted(glob.glob(os.path.join(tmp, "part-*.json"))):
+    r = json.load(open(f))
+    impl = os.path.basename(f)[5:].rsplit("-", 1)[0]
+    r["impl"] = "vmfabric" if impl.startswith("vmf-") else impl
+    rows.append(r)
+if rows:
+    json.dump({"benchmark": "particles", "results": rows}, open(os.path.join(out, "particles.json"), "w"), indent=1)
+    print(f"bench/mtx.sh: {len(rows)} particles results in {out}/particles.json")
 PYEOF

@@ -106,6 +106,25 @@ if mt or ba:
             v = {x["kind"]: x["barriers_per_s"] for x in r if x["ranks"] == n}
             rows.append("| %d | " % n + " | ".join("%.3g" % v[k] if k in v else "-" for k in kinds) + " |")
         rows.append("")
+    pa = read("particles.json")
+    if pa:
+        r = _json.loads(pa)["results"]
+        cols = [("vmfabric", b) for b in ("spin", "adaptive", "block", "mpi")] + [("mpich", "mpi"), ("openmpi", "mpi")]
+        cols = [c for c in cols if any(x["impl"] == c[0] and x["barrier"] == c[1] for x in r)]
+        name = lambda c: ("vmfabric %s barrier" % c[1] if c[1] != "mpi" else "vmfabric MPI_Barrier") if c[0] == "vmfabric" \
+            else {"mpich": "MPICH", "openmpi": "Open MPI"}[c[0]] + " MPI_Barrier"
+        n0 = r[0]
+        rows += ["The application (`bench/c/particles.c`, 002_*'s FLUIDS case in spirit): %d particles in shared memory, "
+                 "%d steps, one barrier per step; run time in seconds (2 cores: 4 and 8 ranks are oversubscribed). "
+                 "Every run printed the same checksum.\n" % (n0["n"], n0["steps"]),
+                 "| ranks | " + " | ".join(name(c) for c in cols) + " |", "|" + "---|" * (len(cols) + 1)]
+        for n in sorted({x["ranks"] for x in r}):
+            v = {(x["impl"], x["barrier"]): x["seconds"] for x in r if x["ranks"] == n}
+            rows.append("| %d | " % n + " | ".join("%.3f" % v[c] if c in v else "-" for c in cols) + " |")
+        sums = {x["checksum"] for x in r}
+        if len(sums) != 1:
+            rows.append("\n**Checksums differ between runs: %s**" % ", ".join(sorted(sums)))
+        rows.append("")
     parts.append("\n".join(rows) + "\n")
 
 

@@ -1,7 +1,8 @@
 /* vmfabric/mtx.h from an MPI program: a store with one memory node per rank, minitransactions (counters under
  * high contention in both modes, multi-node transfers audited by read-only transactions, compare failures),
- * bad arguments and stale handles, and the three barrier kinds. With the argument "remote" (ranks on
- * several hosts): the store is refused with VMF_ERR_REMOTE on every rank and barriers work over MPI. */
+ * bad arguments and stale handles, the three barrier kinds, and condition variables of the three kinds (a
+ * turn passed round the ranks). With the argument "remote" (ranks on several hosts): the store and condition
+ * variables are refused with VMF_ERR_REMOTE on every rank and barriers work over MPI. */
 #include "check.h"
 #include <stdint.h>
 #include <vmfabric/mtx.h>
@@ -46,6 +47,46 @@ static void barriers(void)
     CHECK(vmf_barrier_create(MPI_COMM_WORLD, 42, &b) == VMF_ERR_ARG);
 }
 
+/* Each kind: the ranks take turns (rank r acts when turn % size == r) 50 times each, the turn kept in a
+ * store and changed only under the condition variable's mutex; waiters wait on the condition, the actor
+ * broadcasts. Every rank sees exactly its own turns, and the final turn is 50 * size. */
+static void conds(void)
+{
+    int kinds[3] = {VMF_COND_SPIN, VMF_COND_BLOCK, VMF_COND_ADAPTIVE};
+    vmf_store_t s;
+    CHECK(vmf_store_create(MPI_COMM_WORLD, 64, &s) == 0);
+    for (int k = 0; k < 3; k++) {
+        vmf_cond_t c;
+        CHECK(vmf_cond_create(MPI_COMM_WORLD, kinds[k], &c) == 0);
+        const uint64_t base = (uint64_t)k * 50 * size;
+        for (int i = 0; i < 50; i++) {
+            CHECK(vmf_cond_lock(c) == 0);
+            uint64_t turn;
+            while ((turn = get64(s, 0, 0)) % size != (uint64_t)rank || turn < base + (uint64_t)i * size)
+                CHECK(vmf_cond_wait(c) == 0);
+            CHECK(turn == base + (uint64_t)i * size + rank);
+            vmf_mtx_t t;
+            uint64_t next = turn + 1;
+            CHECK(vmf_mtx_begin(s, &t) == 0);
+            CHECK(vmf_mtx_write(t, 0, 0, &next, 8) == 0);
+            CHECK(vmf_mtx_commit(t, VMF_MTX_BLOCKING) == VMF_MTX_COMMITTED);
+            vmf_mtx_free(&t);
+            CHECK(vmf_cond_broadcast(c) == 0);
+            CHECK(vmf_cond_unlock(c) == 0);
+        }
+        MPI_Barrier(MPI_COMM_WORLD);
+        CHECK(get64(s, 0, 0) == base + 50 * (uint64_t)size);
+        CHECK(vmf_cond_unlock(c) == VMF_ERR_ARG); /* not held */
+        CHECK(vmf_cond_signal(c) == 0);
+        MPI_Barrier(MPI_COMM_WORLD);
+        CHECK(vmf_cond_free(&c) == 0 && c == NULL);
+        CHECK(vmf_cond_lock(c) == VMF_ERR_HANDLE);
+    }
+    vmf_cond_t c;
+    CHECK(vmf_cond_create(MPI_COMM_WORLD, 7, &c) == VMF_ERR_ARG && c == NULL);
+    CHECK(vmf_store_free(&s) == 0);
+}
+
 int main(int argc, char **argv)
 {
     MPI_Init(&argc, &argv);
@@ -56,6 +97,8 @@ int main(int argc, char **argv)
     if (argc > 1 && strcmp(argv[1], "remote") == 0) {
         CHECK(vmf_store_create(MPI_COMM_WORLD, 4096, &s) == VMF_ERR_REMOTE && s == NULL);
         CHECK(strstr(vmf_strerror(VMF_ERR_REMOTE), "host") != NULL);
+        vmf_cond_t c;
+        CHECK(vmf_cond_create(MPI_COMM_WORLD, VMF_COND_BLOCK, &c) == VMF_ERR_REMOTE && c == NULL);
         barriers();
         MPI_Barrier(MPI_COMM_WORLD);
         if (rank == 0)
@@ -161,6 +204,7 @@ int main(int argc, char **argv)
     CHECK(vmf_store_open("/nonexistent/store", &s) == VMF_ERR_IO);
 
     barriers();
+    conds();
     MPI_Barrier(MPI_COMM_WORLD);
     if (rank == 0)
         printf("PASS mtx (%ld retries)\n", failures);

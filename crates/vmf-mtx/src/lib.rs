@@ -22,14 +22,21 @@
 //! **Validation.** The header is checked on open; a lock word naming no slot, a slot's lock list or log
 //! naming bytes outside the store are [`Error::Corrupt`], never an out-of-bounds access or a hang.
 //!
+//! **Barriers and condition variables** ([`Barrier`], [`Cond`] with its mutex) live in small files of their
+//! own, with a participant table whose liveness waiters check; they spin, block or adapt ([`WaitKind`]).
+//!
 //! **Progress.** [`Mode::Try`] fails with [`Outcome::LockFailed`] on the first held lock (002_*'s
 //! non-blocking minitransactions). [`Mode::Blocking`] waits for held locks (spinning, then yielding) in
 //! lock order; a commit that has waited longer than [`STARVE_AFTER`] raises the store's turnstile, and new
 //! commits wait for it to fall before taking any lock, so no commit starves forever.
 mod barrier;
+mod cond;
+mod shared;
 mod store;
 
 pub use barrier::{Barrier, BarrierKind};
+pub use cond::{Cond, CondKind};
+pub use shared::{WaitKind, MAX_PARTICIPANTS};
 pub use store::{Mode, Mtx, Outcome, Store, StoreOptions, STARVE_AFTER};
 
 use thiserror::Error;

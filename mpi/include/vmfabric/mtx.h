@@ -1,5 +1,5 @@
 /*
- * vmfabric/mtx.h -- minitransactions and barriers for MPI programs (vmfabric's extension; docs/minitransactions.md).
+ * vmfabric/mtx.h -- minitransactions, barriers and condition variables for MPI programs (vmfabric's extension; docs/minitransactions.md).
  *
  * Include after <mpi.h>. Build: `cc -I$(vmfabric info --incdir) prog.c -L$(vmfabric info --libdir) -lvmfabric`
  * (with Debian's mpicc.mpich too: libvmfabric.so is our libmpich.so.12, so the program's only library
@@ -21,6 +21,7 @@ extern "C" {
 typedef struct vmf_store *vmf_store_t;
 typedef struct vmf_mtx *vmf_mtx_t;
 typedef struct vmf_barrier *vmf_barrier_t;
+typedef struct vmf_cond *vmf_cond_t;
 
 #define VMF_MTX_COMMITTED 0
 #define VMF_MTX_COMPARE_FAILED 1
@@ -33,6 +34,10 @@ typedef struct vmf_barrier *vmf_barrier_t;
 #define VMF_BARRIER_BLOCK 1
 #define VMF_BARRIER_ADAPTIVE 2
 
+#define VMF_COND_SPIN 0     /* waiters busy-wait (002_*'s non-blocking condition variable) */
+#define VMF_COND_BLOCK 1    /* waiters sleep (futex in one kernel; bounded sleeps between VMs) */
+#define VMF_COND_ADAPTIVE 2 /* spin, then yield, then sleep */
+
 #define VMF_ERR_ARG (-1)      /* invalid argument: node, offset+len, kind, flags, NULL pointer */
 #define VMF_ERR_HANDLE (-2)   /* NULL, freed or foreign handle */
 #define VMF_ERR_CORRUPT (-3)  /* the store's shared state is corrupt */
@@ -41,7 +46,7 @@ typedef struct vmf_barrier *vmf_barrier_t;
 #define VMF_ERR_TOOLARGE (-6) /* too many stripes or write bytes in one minitransaction */
 #define VMF_ERR_REMOTE (-7)   /* memory nodes on other hosts (not supported yet) */
 #define VMF_ERR_MPI (-8)      /* an MPI call inside failed */
-#define VMF_ERR_PEER (-9)     /* a barrier participant died */
+#define VMF_ERR_PEER (-9)     /* a barrier or condition-variable participant (or the mutex holder) died */
 
 int vmf_store_create(MPI_Comm comm, size_t bytes, vmf_store_t *store); /* collective; rank r of comm is memory node r */
 int vmf_store_open(const char *path, vmf_store_t *store);              /* a store made by `vmfabric mtx create PATH` */
@@ -60,6 +65,16 @@ int vmf_mtx_free(vmf_mtx_t *tx);
 int vmf_barrier_create(MPI_Comm comm, int kind, vmf_barrier_t *b); /* collective */
 int vmf_barrier_wait(vmf_barrier_t b);
 int vmf_barrier_free(vmf_barrier_t *b);
+
+/* A process-shared condition variable with its mutex, among the ranks of comm (all on one host). As with
+ * POSIX condition variables, wait may return without a signal: re-check the predicate in a loop. */
+int vmf_cond_create(MPI_Comm comm, int kind, vmf_cond_t *c); /* collective */
+int vmf_cond_lock(vmf_cond_t c);
+int vmf_cond_unlock(vmf_cond_t c);
+int vmf_cond_wait(vmf_cond_t c);      /* with the lock held: release it, wait, take it again */
+int vmf_cond_signal(vmf_cond_t c);    /* wake at least one waiter */
+int vmf_cond_broadcast(vmf_cond_t c); /* wake every waiter */
+int vmf_cond_free(vmf_cond_t *c);
 
 const char *vmf_strerror(int code);
 

@@ -204,14 +204,23 @@ unsafe fn name_of<'a>(p: *const c_char) -> Result<std::borrow::Cow<'a, str>, c_i
     Ok(CStr::from_ptr(p).to_string_lossy())
 }
 
+/// Sizes whose default `auto` means this host's calibration (docs/transports/shm.md): MPI_T shows them as
+/// the number in use, as it did when their defaults were constants.
+const CALIBRATED_SIZES: &[&str] = &["SHM_EAGER_LIMIT", "SHM_CHUNK"];
+
 /// A control variable's value as the fabric sees it.
 fn cvar_value(i: usize) -> String {
     let p = &PARAMS[i];
-    std::env::var(format!("VMF_{}", p.name)).unwrap_or_else(|_| p.default.to_string())
+    let v = std::env::var(format!("VMF_{}", p.name)).unwrap_or_else(|_| p.default.to_string());
+    if v == "auto" && CALIBRATED_SIZES.contains(&p.name) {
+        let l = vmf_core::Config::from_env().ok().and_then(|c| c.large).unwrap_or_default();
+        return (if p.name == "SHM_CHUNK" { l.chunk } else { l.eager_limit }).to_string();
+    }
+    v
 }
 
 fn cvar_numeric(i: usize) -> bool {
-    parse_size(PARAMS[i].default).is_some()
+    parse_size(PARAMS[i].default).is_some() || CALIBRATED_SIZES.contains(&PARAMS[i].name)
 }
 
 fn pvar_readonly(i: usize) -> bool {

@@ -22,7 +22,7 @@ use std::ffi::{c_char, c_int, c_void, CString};
 use std::path::PathBuf;
 use std::sync::Mutex;
 use vmf_core::Route;
-use vmf_mtx::{Barrier, BarrierKind, Mode, Mtx, Outcome, Store};
+use vmf_mtx::{Barrier, BarrierKind, Cond, Mode, Mtx, Outcome, Store, WaitKind};
 
 /// MPI_INT (MPICH's handle).
 const MPI_INT: MPI_Datatype = 0x4c00_0405;
@@ -35,6 +35,9 @@ pub const VMF_MTX_BLOCKING: c_int = 1;
 pub const VMF_BARRIER_SPIN: c_int = 0;
 pub const VMF_BARRIER_BLOCK: c_int = 1;
 pub const VMF_BARRIER_ADAPTIVE: c_int = 2;
+pub const VMF_COND_SPIN: c_int = 0;
+pub const VMF_COND_BLOCK: c_int = 1;
+pub const VMF_COND_ADAPTIVE: c_int = 2;
 
 pub const VMF_ERR_ARG: c_int = -1;
 pub const VMF_ERR_HANDLE: c_int = -2;
@@ -59,7 +62,7 @@ fn describe(code: c_int) -> &'static str {
         VMF_ERR_TOOLARGE => "the minitransaction is too large",
         VMF_ERR_REMOTE => "memory nodes on other hosts are not supported yet (two-phase commit over TCP)",
         VMF_ERR_MPI => "an MPI call failed",
-        VMF_ERR_PEER => "a barrier participant died",
+        VMF_ERR_PEER => "a barrier or condition-variable participant (or the mutex holder) died",
         _ => "unknown vmfabric code",
     }
 }
@@ -106,10 +109,11 @@ pub enum BarH {
 }
 
 /// Live handles (addresses), per kind.
-static LIVE: Mutex<Option<[HashSet<usize>; 3]>> = Mutex::new(None);
+static LIVE: Mutex<Option<[HashSet<usize>; 4]>> = Mutex::new(None);
 const K_STORE: usize = 0;
 const K_TX: usize = 1;
 const K_BAR: usize = 2;
+const K_COND: usize = 3;
 
 fn live(kind: usize, p: usize) -> bool {
     p != 0 && LIVE.lock().unwrap().as_ref().is_some_and(|l| l[kind].contains(&p))
@@ -494,29 +498,41 @@ pub unsafe extern "C" fn vmf_barrier_create(comm: MPI_Comm, kind: c_int, b: *mut
         *b = h;
         return 0;
     }
-    let path = tri!(shared_name(comm, me, &dir, "bar"));
-    let made = if me == 0 { Barrier::create(&path, m.len()) } else { Ok(()) };
-    if !tri!(all_ok(comm, made.is_ok())) {
-        return match made {
+    let x = tri!(shared_object(comm, me, &dir, "bar", |p| Barrier::create(p, m.len()), |p| Barrier::open(p, me, k)));
+    let h = Box::into_raw(Box::new(BarH::Shared(x)));
+    register(K_BAR, h as usize);
+    *b = h;
+    0
+}
+
+/// A shared object of the co-resident ranks of `comm`: rank 0 creates its file, every rank opens it, rank 0
+/// unlinks the name once all have it open. Collective; every rank learns whether all succeeded.
+unsafe fn shared_object<T>(
+    comm: MPI_Comm,
+    me: usize,
+    dir: &std::path::Path,
+    what: &str,
+    create: impl FnOnce(&std::path::Path) -> vmf_mtx::Result<()>,
+    open: impl FnOnce(&std::path::Path) -> vmf_mtx::Result<T>,
+) -> Result<T, c_int> {
+    let path = shared_name(comm, me, dir, what)?;
+    let made = if me == 0 { create(&path) } else { Ok(()) };
+    if !all_ok(comm, made.is_ok())? {
+        return Err(match made {
             Err(e) => from_mtx(e),
-            Ok(()) => fail(VMF_ERR_IO, "rank 0 could not create the barrier"),
-        };
+            Ok(()) => fail(VMF_ERR_IO, format!("rank 0 could not create the {what} file")),
+        });
     }
-    let opened = Barrier::open(&path, me, k);
+    let opened = open(&path);
     let everyone = all_ok(comm, opened.is_ok());
     if me == 0 {
         let _ = std::fs::remove_file(&path);
     }
     match (opened, everyone) {
-        (Ok(x), Ok(true)) => {
-            let h = Box::into_raw(Box::new(BarH::Shared(x)));
-            register(K_BAR, h as usize);
-            *b = h;
-            0
-        }
-        (Err(e), _) => from_mtx(e),
-        (Ok(_), Ok(false)) => fail(VMF_ERR_IO, "another rank could not open the barrier"),
-        (Ok(_), Err(c)) => c,
+        (Ok(x), Ok(true)) => Ok(x),
+        (Err(e), _) => Err(from_mtx(e)),
+        (Ok(_), Ok(false)) => Err(fail(VMF_ERR_IO, format!("another rank could not open the {what} file"))),
+        (Ok(_), Err(c)) => Err(c),
     }
 }
 
@@ -558,6 +574,106 @@ pub unsafe extern "C" fn vmf_barrier_free(b: *mut *mut BarH) -> c_int {
         crate::comm::PMPI_Comm_free(&mut c);
     }
     *b = std::ptr::null_mut();
+    0
+}
+
+// ---------------------------------------------------------------- condition variables
+
+/// # Safety
+/// `c` writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmf_cond_create(comm: MPI_Comm, kind: c_int, c: *mut *mut Cond) -> c_int {
+    if c.is_null() {
+        return fail(VMF_ERR_ARG, "cond is NULL");
+    }
+    *c = std::ptr::null_mut();
+    let k = match kind {
+        VMF_COND_SPIN => WaitKind::Spin,
+        VMF_COND_BLOCK => WaitKind::Block,
+        VMF_COND_ADAPTIVE => WaitKind::Adaptive,
+        _ => return fail(VMF_ERR_ARG, format!("condition variable kind {kind} (VMF_COND_SPIN, _BLOCK or _ADAPTIVE)")),
+    };
+    let (m, me, dir) = {
+        let _mt = crate::mt::enter();
+        tri!(members(comm))
+    };
+    let local = tri!(co_resident(&m));
+    if !tri!(all_ok(comm, local)) {
+        return fail(VMF_ERR_REMOTE, "condition variables need every rank of the communicator on one host (shared memory)");
+    }
+    let x = tri!(shared_object(comm, me, &dir, "cnd", |p| Cond::create(p, m.len()), |p| Cond::open(p, me, k)));
+    let h = Box::into_raw(Box::new(x));
+    register(K_COND, h as usize);
+    *c = h;
+    0
+}
+
+/// The condition variable behind `c`, or VMF_ERR_HANDLE.
+unsafe fn cond_ref<'a>(c: *mut Cond) -> Result<&'a Cond, c_int> {
+    if live(K_COND, c as usize) {
+        Ok(&*c)
+    } else {
+        Err(fail(VMF_ERR_HANDLE, "the condition variable handle is NULL, freed, or not a condition variable"))
+    }
+}
+
+fn cond_rc(r: vmf_mtx::Result<()>) -> c_int {
+    match r {
+        Ok(()) => 0,
+        Err(e) => from_mtx(e),
+    }
+}
+
+/// # Safety
+/// A handle from vmf_cond_create (checked).
+#[no_mangle]
+pub unsafe extern "C" fn vmf_cond_lock(c: *mut Cond) -> c_int {
+    cond_rc(tri!(cond_ref(c)).lock())
+}
+
+/// # Safety
+/// A handle from vmf_cond_create (checked).
+#[no_mangle]
+pub unsafe extern "C" fn vmf_cond_unlock(c: *mut Cond) -> c_int {
+    cond_rc(tri!(cond_ref(c)).unlock())
+}
+
+/// # Safety
+/// A handle from vmf_cond_create (checked).
+#[no_mangle]
+pub unsafe extern "C" fn vmf_cond_wait(c: *mut Cond) -> c_int {
+    cond_rc(tri!(cond_ref(c)).wait())
+}
+
+/// # Safety
+/// A handle from vmf_cond_create (checked).
+#[no_mangle]
+pub unsafe extern "C" fn vmf_cond_signal(c: *mut Cond) -> c_int {
+    tri!(cond_ref(c)).signal();
+    0
+}
+
+/// # Safety
+/// A handle from vmf_cond_create (checked).
+#[no_mangle]
+pub unsafe extern "C" fn vmf_cond_broadcast(c: *mut Cond) -> c_int {
+    tri!(cond_ref(c)).broadcast();
+    0
+}
+
+/// # Safety
+/// `c` writable.
+#[no_mangle]
+pub unsafe extern "C" fn vmf_cond_free(c: *mut *mut Cond) -> c_int {
+    if c.is_null() {
+        return fail(VMF_ERR_ARG, "cond is NULL");
+    }
+    let h = *c;
+    if !unregister(K_COND, h as usize) {
+        return fail(VMF_ERR_HANDLE, "the condition variable handle is NULL, freed, or not a condition variable");
+    }
+    drop(Box::from_raw(h));
+    *c = std::ptr::null_mut();
     0
 }
 
