@@ -136,7 +136,10 @@ pub fn run_mtx(iters: usize, json: Option<PathBuf>) -> i32 {
                     w.store(w.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
                     lock.store(0, Ordering::Release);
                 } else {
-                    // 002_*'s pattern: read the counter, commit compare-old + write-new, retry on failure.
+                    // 002_*'s pattern: read the counter, commit compare-old + write-new, retry on failure
+                    // after a short exponential backoff (as the spin lock's waiters back off: without it
+                    // two ranks on one counter keep failing each other's compares).
+                    let mut backoff = 16u32;
                     loop {
                         let v = counter(c).load(Ordering::Acquire);
                         tx.reset();
@@ -144,7 +147,13 @@ pub fn run_mtx(iters: usize, json: Option<PathBuf>) -> i32 {
                         let _ = tx.write(&store, 0, 64 * c, &(v + 1).to_le_bytes());
                         match tx.commit(&store, Mode::Blocking) {
                             Ok(Outcome::Committed) => break,
-                            Ok(_) => aborts += 1,
+                            Ok(_) => {
+                                aborts += 1;
+                                for _ in 0..backoff {
+                                    vmf_pal::cpu_relax();
+                                }
+                                backoff = (backoff * 2).min(4096);
+                            }
                             Err(e) => return fail(e),
                         }
                     }
