@@ -84,6 +84,26 @@ static void conds(void)
     }
     vmf_cond_t c;
     CHECK(vmf_cond_create(MPI_COMM_WORLD, 7, &c) == VMF_ERR_ARG && c == NULL);
+    /* A prepared transaction: every rank adds 1 to node 0's word 1 a hundred times by resetting only
+     * the values of its compare and write items. */
+    vmf_mtx_t t;
+    uint64_t zero = 0;
+    CHECK(vmf_mtx_begin(s, &t) == 0);
+    CHECK(vmf_mtx_compare(t, 0, 8, &zero, 8) == 0 && vmf_mtx_write(t, 0, 8, &zero, 8) == 0);
+    for (int i = 0; i < 100; i++)
+        for (;;) {
+            uint64_t v = get64(s, 0, 8), nv = v + 1;
+            CHECK(vmf_mtx_set_compare(t, 0, &v, 8) == 0 && vmf_mtx_set_write(t, 0, &nv, 8) == 0);
+            int rc = vmf_mtx_commit(t, VMF_MTX_BLOCKING);
+            CHECK(rc == VMF_MTX_COMMITTED || rc == VMF_MTX_COMPARE_FAILED);
+            if (rc == VMF_MTX_COMMITTED)
+                break;
+        }
+    CHECK(vmf_mtx_set_compare(t, 0, &zero, 4) == VMF_ERR_ARG);
+    CHECK(vmf_mtx_set_write(t, 1, &zero, 8) == VMF_ERR_ARG);
+    vmf_mtx_free(&t);
+    MPI_Barrier(MPI_COMM_WORLD);
+    CHECK(get64(s, 0, 8) == 100 * (uint64_t)size);
     CHECK(vmf_store_free(&s) == 0);
 }
 

@@ -728,6 +728,27 @@ impl Mtx {
         Ok(())
     }
 
+    /// Replace the expected bytes of compare item `i` (same length): a transaction prepared once is then
+    /// re-committed with new values, its items' places checked only when they were added.
+    pub fn set_compare(&mut self, i: usize, expected: &[u8]) -> Result<()> {
+        let it = *self.compares.get(i).ok_or_else(|| Error::InvalidArgument(format!("compare item {i} of {}", self.compares.len())))?;
+        self.set_bytes(it, expected)
+    }
+
+    /// Replace the data of write item `i` (same length); see [`Mtx::set_compare`].
+    pub fn set_write(&mut self, i: usize, data: &[u8]) -> Result<()> {
+        let it = *self.writes.get(i).ok_or_else(|| Error::InvalidArgument(format!("write item {i} of {}", self.writes.len())))?;
+        self.set_bytes(it, data)
+    }
+
+    fn set_bytes(&mut self, it: Item, bytes: &[u8]) -> Result<()> {
+        if bytes.len() != it.len {
+            return Err(Error::InvalidArgument(format!("{} bytes for an item of {}", bytes.len(), it.len)));
+        }
+        self.arena[it.at..it.at + it.len].copy_from_slice(bytes);
+        Ok(())
+    }
+
     fn put(&mut self, node: usize, offset: usize, bytes: &[u8]) -> Item {
         let at = self.arena.len();
         self.arena.extend_from_slice(bytes);

@@ -284,3 +284,43 @@ fn a_process_dying_at_each_point_of_a_commit_leaves_the_store_consistent_works()
     s.recover_dead().unwrap();
     std::fs::remove_file(&p).unwrap();
 }
+
+/// A prepared transaction re-committed with new values (set_compare / set_write), its items checked once;
+/// the lean path trusts the bounds only for the store they were checked against.
+#[test]
+fn prepared_transactions_take_new_values_and_check_lengths_works() {
+    let p = tmp("prepared");
+    let s = Store::create(&p, 2, 256, &StoreOptions::default()).unwrap();
+    let mut t = s.begin();
+    t.compare(&s, 1, 64, &0u64.to_le_bytes()).unwrap();
+    t.write(&s, 1, 64, &0u64.to_le_bytes()).unwrap();
+    for v in 0..100u64 {
+        t.set_compare(0, &v.to_le_bytes()).unwrap();
+        t.set_write(0, &(v + 1).to_le_bytes()).unwrap();
+        assert_eq!(t.commit(&s, Mode::Try).unwrap(), Outcome::Committed);
+    }
+    assert_eq!(u64at(&s, 1, 64), 100);
+    // A stale expected value fails the compare and writes nothing.
+    t.set_compare(0, &5u64.to_le_bytes()).unwrap();
+    t.set_write(0, &999u64.to_le_bytes()).unwrap();
+    assert_eq!(t.commit(&s, Mode::Try).unwrap(), Outcome::CompareFailed(0));
+    assert_eq!(u64at(&s, 1, 64), 100);
+    assert!(t.set_compare(0, b"short").is_err());
+    assert!(t.set_write(1, &1u64.to_le_bytes()).is_err());
+    assert!(t.set_compare(3, &1u64.to_le_bytes()).is_err());
+    // The same transaction against another store (more nodes, different mapping) takes the checked path
+    // and still commits there correctly.
+    let p2 = tmp("prepared2");
+    let s2 = Store::create(&p2, 3, 4096, &StoreOptions::default()).unwrap();
+    t.set_compare(0, &0u64.to_le_bytes()).unwrap();
+    t.set_write(0, &1u64.to_le_bytes()).unwrap();
+    assert_eq!(t.commit(&s2, Mode::Try).unwrap(), Outcome::Committed);
+    assert_eq!(u64at(&s2, 1, 64), 1);
+    // A transaction whose item lies beyond a smaller store fails there with an error, not a wild write.
+    let mut big = s2.begin();
+    big.write(&s2, 2, 4000, &1u64.to_le_bytes()).unwrap();
+    assert!(big.commit(&s, Mode::Try).is_err());
+    drop((s, s2));
+    std::fs::remove_file(&p).unwrap();
+    std::fs::remove_file(&p2).unwrap();
+}

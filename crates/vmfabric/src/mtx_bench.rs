@@ -95,7 +95,17 @@ pub fn run_mtx(iters: usize, json: Option<PathBuf>) -> i32 {
     let counter = |i: usize| store.word_at(0, 64 * i).expect("in the store");
     let lock = store.word_at(0, lock_off).expect("in the store");
     let mut results = Vec::new();
-    let mut tx = store.begin();
+    // One prepared minitransaction per counter (compare-old + write-new at its place); each update only
+    // sets the two values (Mtx::set_compare / set_write) and commits.
+    let mut txs = Vec::with_capacity(n);
+    for i in 0..n {
+        let mut t = store.begin();
+        let prepared = t.compare(&store, 0, 64 * i, &[0; 8]).and_then(|_| t.write(&store, 0, 64 * i, &[0; 8]));
+        if let Err(e) = prepared {
+            return fail(e);
+        }
+        txs.push(t);
+    }
     for contention in ["none", "medium", "high"] {
         for imp in ["spinlock", "minitransaction"] {
             if me == 0 {
@@ -140,11 +150,12 @@ pub fn run_mtx(iters: usize, json: Option<PathBuf>) -> i32 {
                     // after a short exponential backoff (as the spin lock's waiters back off: without it
                     // two ranks on one counter keep failing each other's compares).
                     let mut backoff = 16u32;
+                    let w = counter(c);
+                    let tx = &mut txs[c];
                     loop {
-                        let v = counter(c).load(Ordering::Acquire);
-                        tx.reset();
-                        let _ = tx.compare(&store, 0, 64 * c, &v.to_le_bytes());
-                        let _ = tx.write(&store, 0, 64 * c, &(v + 1).to_le_bytes());
+                        let v = w.load(Ordering::Acquire);
+                        let _ = tx.set_compare(0, &v.to_le_bytes());
+                        let _ = tx.set_write(0, &(v + 1).to_le_bytes());
                         match tx.commit(&store, Mode::Blocking) {
                             Ok(Outcome::Committed) => break,
                             Ok(_) => {

@@ -57,6 +57,8 @@ int vmf_mtx_begin(vmf_store_t store, vmf_mtx_t *tx);
 int vmf_mtx_compare(vmf_mtx_t tx, int node, size_t offset, const void *expected, size_t len);
 int vmf_mtx_read(vmf_mtx_t tx, int node, size_t offset, void *out, size_t len); /* out filled on commit */
 int vmf_mtx_write(vmf_mtx_t tx, int node, size_t offset, const void *data, size_t len);
+int vmf_mtx_set_compare(vmf_mtx_t tx, int item, const void *expected, size_t len); /* new bytes for compare item `item` (same len) */
+int vmf_mtx_set_write(vmf_mtx_t tx, int item, const void *data, size_t len);       /* new bytes for write item `item` (same len) */
 int vmf_mtx_commit(vmf_mtx_t tx, int flags);
 int vmf_mtx_failed_item(vmf_mtx_t tx); /* index of the first failing compare item, or -1 */
 int vmf_mtx_reset(vmf_mtx_t tx);       /* forget the items; the tx can be reused */

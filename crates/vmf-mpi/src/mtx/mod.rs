@@ -399,6 +399,36 @@ pub unsafe extern "C" fn vmf_mtx_write(tx: *mut TxH, node: c_int, offset: usize,
 }
 
 /// # Safety
+/// `expected` valid for `len` bytes (copied).
+#[no_mangle]
+pub unsafe extern "C" fn vmf_mtx_set_compare(tx: *mut TxH, item: c_int, expected: *const c_void, len: usize) -> c_int {
+    let t = tri!(tx_ref(tx));
+    let d = tri!(bytes(expected, len, "expected"));
+    if item < 0 {
+        return fail(VMF_ERR_ARG, format!("compare item {item}"));
+    }
+    match t.tx.set_compare(item as usize, d) {
+        Ok(()) => 0,
+        Err(e) => from_mtx(e),
+    }
+}
+
+/// # Safety
+/// `data` valid for `len` bytes (copied).
+#[no_mangle]
+pub unsafe extern "C" fn vmf_mtx_set_write(tx: *mut TxH, item: c_int, data: *const c_void, len: usize) -> c_int {
+    let t = tri!(tx_ref(tx));
+    let d = tri!(bytes(data, len, "data"));
+    if item < 0 {
+        return fail(VMF_ERR_ARG, format!("write item {item}"));
+    }
+    match t.tx.set_write(item as usize, d) {
+        Ok(()) => 0,
+        Err(e) => from_mtx(e),
+    }
+}
+
+/// # Safety
 /// The read items' `out` buffers still valid.
 #[no_mangle]
 pub unsafe extern "C" fn vmf_mtx_commit(tx: *mut TxH, flags: c_int) -> c_int {
