@@ -1604,24 +1604,10 @@ impl Engine {
             self.count_recvd(want);
             return self.send_ctl(src, Kind::Fin, FinInfo { sreq: info.sreq }.as_bytes());
         }
-        if info.pid != 0 && self.cma && want > 0 && info.write == 1 {
-            // The sender asks to copy the data itself: name our buffer. It answers with a FIN flagged
-            // FLAG_WRITTEN once the data is here, or with DATA chunks if the kernel refuses the copy.
-            self.reqs[id.idx as usize].phase = Phase::Receiving {
-                peer: src,
-                want,
-                got: 0,
-            };
-            let cts = CtsInfo {
-                sreq: info.sreq,
-                rreq: id.wire(),
-                want: want as u64,
-                addr: buf as u64,
-                pid: std::process::id() as u64,
-            };
-            return self.send_ctl(src, Kind::Cts, cts.as_bytes());
-        }
-        if info.pid != 0 && self.cma && want > 0 {
+        // The sender asks to copy the data itself: the CTS names our buffer, and the sender answers with a
+        // FIN flagged FLAG_WRITTEN once the data is here, or with DATA chunks if the kernel refuses the copy.
+        let written = info.pid != 0 && self.cma && want > 0 && info.write == 1;
+        if info.pid != 0 && self.cma && want > 0 && !written {
             // SAFETY: buf has cap >= want bytes (irecv contract).
             let dst = unsafe { std::slice::from_raw_parts_mut(buf, want) };
             match vmf_pal::cma::read_from(info.pid as i32, info.addr, dst) {
@@ -1636,12 +1622,7 @@ impl Engine {
                         Some(libc::EPERM) | Some(libc::ENOSYS) | Some(libc::EACCES)
                     ) =>
                 {
-                    // The kernel forbids CMA here: use the pipelined path from now on.
-                    self.cma = false;
-                    if self.cfg.verbose && !self.cma_warned {
-                        eprintln!("vmfabric: rank {me}: process_vm_readv not permitted ({e}); using pipelined copies");
-                    }
-                    self.cma_warned = true;
+                    self.cma_refused("process_vm_readv", &e);
                 }
                 Err(e) => {
                     let err = Error::Transport {
@@ -1670,8 +1651,8 @@ impl Engine {
             sreq: info.sreq,
             rreq: id.wire(),
             want: want as u64,
-            addr: 0,
-            pid: 0,
+            addr: if written { buf as u64 } else { 0 },
+            pid: if written { std::process::id() as u64 } else { 0 },
         };
         self.send_ctl(src, Kind::Cts, cts.as_bytes())?;
         if want == 0 {
@@ -1706,11 +1687,7 @@ impl Engine {
                     Some(libc::EPERM) | Some(libc::ENOSYS) | Some(libc::EACCES) | Some(libc::ESRCH)
                 ) =>
             {
-                self.cma = false;
-                if self.cfg.verbose && !self.cma_warned {
-                    eprintln!("vmfabric: rank {}: process_vm_writev not permitted ({e}); using pipelined copies", self.me);
-                }
-                self.cma_warned = true;
+                self.cma_refused("process_vm_writev", &e);
                 Ok(false)
             }
             Err(e) => Err(self.corrupt(
@@ -1718,6 +1695,16 @@ impl Engine {
                 format!("single-copy write of {want} bytes to {:#x} failed: {e}", c.addr),
             )),
         }
+    }
+
+    /// The kernel forbids single copies here (Yama, containers, seccomp): use the pipelined path from now
+    /// on, and say so once when verbose.
+    fn cma_refused(&mut self, call: &str, e: &std::io::Error) {
+        self.cma = false;
+        if self.cfg.verbose && !self.cma_warned {
+            eprintln!("vmfabric: rank {}: {call} not permitted ({e}); using pipelined copies", self.me);
+        }
+        self.cma_warned = true;
     }
 
     fn send_ctl(&mut self, peer: usize, kind: Kind, a: &[u8]) -> Result<()> {
