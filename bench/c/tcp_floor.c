@@ -56,6 +56,18 @@ static void xfer(int s, char *b, long n, int out)
     }
 }
 
+/* A listening socket on a kernel-chosen loopback port; its address in *a. */
+static int loopback_listener(struct sockaddr_in *a)
+{
+    int ls = socket(AF_INET, SOCK_STREAM, 0);
+    socklen_t al = sizeof *a;
+    memset(a, 0, sizeof *a);
+    a->sin_family = AF_INET;
+    a->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (ls < 0 || bind(ls, (void *)a, sizeof *a) || listen(ls, 1) || getsockname(ls, (void *)a, &al)) die("listen");
+    return ls;
+}
+
 #ifndef SO_ZEROCOPY
 #define SO_ZEROCOPY 60
 #endif
@@ -100,12 +112,9 @@ static int bandwidth(const char *mode_s, long *sizes, int ns, long iters, const 
         fprintf(stderr, "tcp_floor: --bw takes plain, zerocopy or splice\n");
         return 2;
     }
-    int one = 1, buf = 4 << 20, ls = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {0};
-    socklen_t al = sizeof a;
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (ls < 0 || bind(ls, (void *)&a, sizeof a) || listen(ls, 1) || getsockname(ls, (void *)&a, &al)) die("listen");
+    int one = 1, buf = 4 << 20;
+    struct sockaddr_in a;
+    int ls = loopback_listener(&a);
     long maxs = 1;
     for (int k = 0; k < ns; k++) if (sizes[k] > maxs) maxs = sizes[k];
     char *b = aligned_alloc(4096, (maxs + 4095) / 4096 * 4096);
@@ -171,12 +180,9 @@ int main(int argc, char **argv)
         }
     }
     if (bw) return bandwidth(bw, sizes, ns, iters, json);
-    int one = 1, ls = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {0};
-    socklen_t al = sizeof a;
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (ls < 0 || bind(ls, (void *)&a, sizeof a) || listen(ls, 1) || getsockname(ls, (void *)&a, &al)) die("listen");
+    int one = 1;
+    struct sockaddr_in a;
+    int ls = loopback_listener(&a);
     long maxs = 1;
     for (int k = 0; k < ns; k++) if (sizes[k] > maxs) maxs = sizes[k];
     char *b = calloc(1, maxs);

@@ -37,19 +37,24 @@ enum MtxCmd {
     Check { path: PathBuf },
 }
 
+/// `vmfabric: store PATH: N nodes of B bytes, S-byte stripes` (what create and check both print first).
+fn describe(path: &std::path::Path, s: &Store) -> String {
+    format!(
+        "vmfabric: store {}: {} nodes of {} bytes, {}-byte stripes",
+        path.display(),
+        s.nodes(),
+        s.node_bytes(),
+        s.stripe()
+    )
+}
+
 pub fn run(a: MtxArgs) -> i32 {
     match a.cmd {
         MtxCmd::Create { path, nodes, bytes, stripe, slots, lease_ms } => {
             let o = StoreOptions { stripe, slots, lease: Duration::from_millis(lease_ms) };
             match Store::create(&path, nodes, bytes, &o) {
                 Ok(s) => {
-                    println!(
-                        "vmfabric: store {}: {} nodes of {} bytes, {}-byte stripes, {slots} slots",
-                        path.display(),
-                        s.nodes(),
-                        s.node_bytes(),
-                        s.stripe()
-                    );
+                    println!("{}, {slots} slots", describe(&path, &s));
                     0
                 }
                 Err(e) => {
@@ -60,13 +65,7 @@ pub fn run(a: MtxArgs) -> i32 {
         }
         MtxCmd::Check { path } => match Store::open(&path).and_then(|s| s.recover_dead().map(|n| (s, n))) {
             Ok((s, n)) => {
-                println!(
-                    "vmfabric: store {}: {} nodes of {} bytes, {}-byte stripes; {n} dead participant(s) recovered",
-                    path.display(),
-                    s.nodes(),
-                    s.node_bytes(),
-                    s.stripe()
-                );
+                println!("{}; {n} dead participant(s) recovered", describe(&path, &s));
                 0
             }
             Err(e) => {
