@@ -79,7 +79,7 @@ impl Barrier {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicU64, AtomicUsize};
+    use std::sync::atomic::AtomicUsize;
     use std::sync::Arc;
 
     fn tmp(name: &str) -> std::path::PathBuf {
@@ -127,14 +127,7 @@ mod tests {
         let p = tmp("dead");
         Barrier::create(&p, 2).unwrap();
         let mut b = Barrier::open(&p, 0, BarrierKind::Block).unwrap();
-        // Participant 1 registered by a process that has exited.
-        let mut c = std::process::Command::new("true").spawn().unwrap();
-        let pid = c.id() as u64;
-        c.wait().unwrap();
-        let at = B_PART + 24;
-        b.f.seg.at::<AtomicU64>(at).unwrap().store(pid, Ordering::Relaxed);
-        b.f.seg.at::<AtomicU64>(at + 8).unwrap().store(0, Ordering::Relaxed);
-        b.f.seg.at::<AtomicU64>(at + 16).unwrap().store(vmf_pal::process::kernel_id(), Ordering::Release);
+        b.f.register_exited(1);
         let e = b.wait().unwrap_err();
         assert!(e.to_string().contains("participant 1"), "{e}");
         assert!(Barrier::open(&p, 2, BarrierKind::Spin).is_err());

@@ -236,13 +236,7 @@ mod tests {
         let p = tmp("dead");
         Cond::create(&p, 2).unwrap();
         let c = Cond::open(&p, 0, CondKind::Block).unwrap();
-        let mut child = std::process::Command::new("true").spawn().unwrap();
-        let pid = child.id() as u64;
-        child.wait().unwrap();
-        let at = C_PART + 24;
-        c.f.seg.at::<AtomicU64>(at).unwrap().store(pid, Ordering::Relaxed);
-        c.f.seg.at::<AtomicU64>(at + 8).unwrap().store(0, Ordering::Relaxed);
-        c.f.seg.at::<AtomicU64>(at + 16).unwrap().store(vmf_pal::process::kernel_id(), Ordering::Release);
+        c.f.register_exited(1);
         c.f.u32at(C_MUTEX).store(2, Ordering::Release); // participant 1 holds it
         let e = c.lock().unwrap_err();
         assert!(e.to_string().contains("participant 1"), "{e}");

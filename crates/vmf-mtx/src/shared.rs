@@ -110,18 +110,32 @@ impl SharedFile {
         if index >= n as usize {
             return Err(Error::InvalidArgument(format!("participant {index} of a {n}-participant {what}")));
         }
-        let me = ProcessId::current();
-        let at = part + index as u64 * 24;
-        seg.at::<AtomicU64>(at).unwrap().store(me.pid as u64, Ordering::Relaxed);
-        seg.at::<AtomicU64>(at + 8).unwrap().store(me.start_time, Ordering::Relaxed);
-        seg.at::<AtomicU64>(at + 16).unwrap().store(vmf_pal::process::kernel_id(), Ordering::Release);
-        Ok(SharedFile {
+        let f = SharedFile {
             seg,
             n: n as u32,
             part,
             one_kernel: std::cell::Cell::new(true),
             oversubscribed: n as usize > vmf_pal::available_cpus(),
-        })
+        };
+        f.register(index, ProcessId::current());
+        Ok(f)
+    }
+
+    /// Enter `who` as participant `index` (in this kernel).
+    fn register(&self, index: usize, who: ProcessId) {
+        let at = self.part + index as u64 * 24;
+        self.seg.at::<AtomicU64>(at).unwrap().store(who.pid as u64, Ordering::Relaxed);
+        self.seg.at::<AtomicU64>(at + 8).unwrap().store(who.start_time, Ordering::Relaxed);
+        self.seg.at::<AtomicU64>(at + 16).unwrap().store(vmf_pal::process::kernel_id(), Ordering::Release);
+    }
+
+    /// Tests: participant `index` registered by a process that has exited.
+    #[cfg(test)]
+    pub fn register_exited(&self, index: usize) {
+        let mut c = std::process::Command::new("true").spawn().unwrap();
+        let pid = c.id() as i32;
+        c.wait().unwrap();
+        self.register(index, ProcessId { pid, start_time: 0 });
     }
 
     /// The 32-bit word at `off` (an offset the caller laid out below `part`).

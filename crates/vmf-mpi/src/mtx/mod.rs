@@ -348,19 +348,33 @@ unsafe fn bytes<'a>(p: *const c_void, len: usize, what: &str) -> Result<&'a [u8]
     Ok(std::slice::from_raw_parts(p as *const u8, len))
 }
 
+/// The checks every call that hands a transaction bytes makes (a live handle, non-NULL bytes, a
+/// non-negative node or item index `k`), then `f` on them.
+unsafe fn with_bytes(
+    tx: *mut TxH,
+    k: c_int,
+    k_what: &str,
+    p: *const c_void,
+    len: usize,
+    what: &str,
+    f: impl FnOnce(&mut TxH, usize, &[u8]) -> vmf_mtx::Result<()>,
+) -> c_int {
+    let t = tri!(tx_ref(tx));
+    let d = tri!(bytes(p, len, what));
+    if k < 0 {
+        return fail(VMF_ERR_ARG, format!("{k_what} {k}"));
+    }
+    match f(t, k as usize, d) {
+        Ok(()) => 0,
+        Err(e) => from_mtx(e),
+    }
+}
+
 /// # Safety
 /// `expected` valid for `len` bytes.
 #[no_mangle]
 pub unsafe extern "C" fn vmf_mtx_compare(tx: *mut TxH, node: c_int, offset: usize, expected: *const c_void, len: usize) -> c_int {
-    let t = tri!(tx_ref(tx));
-    let d = tri!(bytes(expected, len, "expected"));
-    if node < 0 {
-        return fail(VMF_ERR_ARG, format!("memory node {node}"));
-    }
-    match t.tx.compare(&(*t.store).store, node as usize, offset, d) {
-        Ok(()) => 0,
-        Err(e) => from_mtx(e),
-    }
+    with_bytes(tx, node, "memory node", expected, len, "expected", |t, n, d| t.tx.compare(&(*t.store).store, n, offset, d))
 }
 
 /// # Safety
@@ -387,45 +401,21 @@ pub unsafe extern "C" fn vmf_mtx_read(tx: *mut TxH, node: c_int, offset: usize, 
 /// `data` valid for `len` bytes (copied).
 #[no_mangle]
 pub unsafe extern "C" fn vmf_mtx_write(tx: *mut TxH, node: c_int, offset: usize, data: *const c_void, len: usize) -> c_int {
-    let t = tri!(tx_ref(tx));
-    let d = tri!(bytes(data, len, "data"));
-    if node < 0 {
-        return fail(VMF_ERR_ARG, format!("memory node {node}"));
-    }
-    match t.tx.write(&(*t.store).store, node as usize, offset, d) {
-        Ok(()) => 0,
-        Err(e) => from_mtx(e),
-    }
+    with_bytes(tx, node, "memory node", data, len, "data", |t, n, d| t.tx.write(&(*t.store).store, n, offset, d))
 }
 
 /// # Safety
 /// `expected` valid for `len` bytes (copied).
 #[no_mangle]
 pub unsafe extern "C" fn vmf_mtx_set_compare(tx: *mut TxH, item: c_int, expected: *const c_void, len: usize) -> c_int {
-    let t = tri!(tx_ref(tx));
-    let d = tri!(bytes(expected, len, "expected"));
-    if item < 0 {
-        return fail(VMF_ERR_ARG, format!("compare item {item}"));
-    }
-    match t.tx.set_compare(item as usize, d) {
-        Ok(()) => 0,
-        Err(e) => from_mtx(e),
-    }
+    with_bytes(tx, item, "compare item", expected, len, "expected", |t, i, d| t.tx.set_compare(i, d))
 }
 
 /// # Safety
 /// `data` valid for `len` bytes (copied).
 #[no_mangle]
 pub unsafe extern "C" fn vmf_mtx_set_write(tx: *mut TxH, item: c_int, data: *const c_void, len: usize) -> c_int {
-    let t = tri!(tx_ref(tx));
-    let d = tri!(bytes(data, len, "data"));
-    if item < 0 {
-        return fail(VMF_ERR_ARG, format!("write item {item}"));
-    }
-    match t.tx.set_write(item as usize, d) {
-        Ok(()) => 0,
-        Err(e) => from_mtx(e),
-    }
+    with_bytes(tx, item, "write item", data, len, "data", |t, i, d| t.tx.set_write(i, d))
 }
 
 /// # Safety
