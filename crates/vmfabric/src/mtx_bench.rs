@@ -33,6 +33,28 @@ fn shared_path(f: &Fabric, what: &str) -> Result<PathBuf, String> {
     Ok(PathBuf::from(dir).join(String::from_utf8_lossy(&name[..n]).into_owned()))
 }
 
+/// A shared file every rank attaches: rank 0 names it and `create`s it (keeping what that returns, else
+/// opening it like the others), every rank `open`s it, and rank 0 unlinks the name once all have it.
+fn shared_file<T>(
+    f: &Fabric,
+    what: &str,
+    create: impl FnOnce(&std::path::Path) -> vmf_mtx::Result<Option<T>>,
+    open: impl FnOnce(&std::path::Path) -> vmf_mtx::Result<T>,
+) -> Result<T, String> {
+    let path = shared_path(f, what)?;
+    let made = if f.rank() == 0 { create(&path).map_err(|e| e.to_string())? } else { None };
+    f.barrier().map_err(|e| e.to_string())?;
+    let t = match made {
+        Some(t) => t,
+        None => open(&path).map_err(|e| e.to_string())?,
+    };
+    f.barrier().map_err(|e| e.to_string())?;
+    if f.rank() == 0 {
+        let _ = std::fs::remove_file(&path);
+    }
+    Ok(t)
+}
+
 /// Sum `v` over ranks at rank 0 (others get their own value back).
 fn sum_at_0(f: &Fabric, v: u64) -> Result<u64, String> {
     if f.rank() == 0 {
@@ -65,33 +87,18 @@ pub fn run_mtx(iters: usize, json: Option<PathBuf>) -> i32 {
         Err(e) => return fail(e),
     };
     let (me, n) = (f.rank(), f.size());
-    let path = match shared_path(&f, "mtx") {
-        Ok(p) => p,
-        Err(e) => return fail(e),
-    };
     // Counters 64 bytes apart on node 0 (one stripe each); the spin lock in a stripe of its own.
     let lock_off = 64 * n;
     let opts = StoreOptions { slots: 2 * n + 4, ..Default::default() };
-    let made = if me == 0 { Store::create(&path, 1, 64 * (n + 1), &opts).map(Some) } else { Ok(None) };
-    if let Err(e) = &made {
-        return fail(e);
-    }
-    if let Err(e) = f.barrier() {
-        return fail(e);
-    }
-    let store = match made {
-        Ok(Some(s)) => s,
-        _ => match Store::open(&path) {
-            Ok(s) => s,
-            Err(e) => return fail(e),
-        },
+    let store = match shared_file(
+        &f,
+        "mtx",
+        |p| Store::create(p, 1, 64 * (n + 1), &opts).map(Some),
+        Store::open,
+    ) {
+        Ok(s) => s,
+        Err(e) => return fail(e),
     };
-    if let Err(e) = f.barrier() {
-        return fail(e);
-    }
-    if me == 0 {
-        let _ = std::fs::remove_file(&path);
-    }
     let counter = |i: usize| store.word_at(0, 64 * i).expect("in the store");
     let lock = store.word_at(0, lock_off).expect("in the store");
     let mut results = Vec::new();
@@ -208,28 +215,10 @@ pub fn run_barrier(iters: usize, json: Option<PathBuf>) -> i32 {
     let (me, n) = (f.rank(), f.size());
     let mut results = Vec::new();
     for kind in [BarrierKind::Spin, BarrierKind::Block, BarrierKind::Adaptive] {
-        let path = match shared_path(&f, kind.name()) {
-            Ok(p) => p,
-            Err(e) => return fail(e),
-        };
-        if me == 0 {
-            if let Err(e) = Barrier::create(&path, n) {
-                return fail(e);
-            }
-        }
-        if let Err(e) = f.barrier() {
-            return fail(e);
-        }
-        let mut b = match Barrier::open(&path, me, kind) {
+        let mut b = match shared_file(&f, kind.name(), |p| Barrier::create(p, n).map(|_| None), |p| Barrier::open(p, me, kind)) {
             Ok(b) => b,
             Err(e) => return fail(e),
         };
-        if let Err(e) = f.barrier() {
-            return fail(e);
-        }
-        if me == 0 {
-            let _ = std::fs::remove_file(&path);
-        }
         for _ in 0..iters.min(1000) {
             if let Err(e) = b.wait() {
                 return fail(e);
