@@ -22,7 +22,7 @@ use std::ffi::{c_char, c_int, c_void, CString};
 use std::path::PathBuf;
 use std::sync::Mutex;
 use vmf_core::Route;
-use vmf_mtx::{Barrier, BarrierKind, Cond, Mode, Mtx, Outcome, Store, WaitKind};
+use vmf_mtx::{Barrier, Cond, Mode, Mtx, Outcome, Store, WaitKind};
 
 /// MPI_INT (MPICH's handle).
 const MPI_INT: MPI_Datatype = 0x4c00_0405;
@@ -473,16 +473,36 @@ pub unsafe extern "C" fn vmf_mtx_reset(tx: *mut TxH) -> c_int {
 /// `tx` writable.
 #[no_mangle]
 pub unsafe extern "C" fn vmf_mtx_free(tx: *mut *mut TxH) -> c_int {
-    if tx.is_null() {
-        return fail(VMF_ERR_ARG, "tx is NULL");
-    }
-    let h = *tx;
-    if !unregister(K_TX, h as usize) {
-        return fail(VMF_ERR_HANDLE, "the minitransaction handle is NULL, freed, or not one");
-    }
-    drop(Box::from_raw(h));
-    *tx = std::ptr::null_mut();
+    drop(tri!(take_handle(tx, K_TX, "tx", "the minitransaction handle is NULL, freed, or not one")));
     0
+}
+
+/// Unregister the handle in `*p` (of registry `kind`), clear `*p` and hand back the box to drop.
+unsafe fn take_handle<T>(p: *mut *mut T, kind: usize, name: &str, bad: &str) -> Result<Box<T>, c_int> {
+    if p.is_null() {
+        return Err(fail(VMF_ERR_ARG, format!("{name} is NULL")));
+    }
+    let h = *p;
+    if !unregister(kind, h as usize) {
+        return Err(fail(VMF_ERR_HANDLE, bad));
+    }
+    *p = std::ptr::null_mut();
+    Ok(Box::from_raw(h))
+}
+
+// The barrier and condition-variable kinds share their values (one parser below).
+const _: () = assert!(
+    VMF_BARRIER_SPIN == VMF_COND_SPIN && VMF_BARRIER_BLOCK == VMF_COND_BLOCK && VMF_BARRIER_ADAPTIVE == VMF_COND_ADAPTIVE
+);
+
+/// The waiting of a barrier or condition variable kind (`prefix`: the constants' names in errors).
+fn wait_kind(kind: c_int, what: &str, prefix: &str) -> Result<WaitKind, c_int> {
+    match kind {
+        VMF_BARRIER_SPIN => Ok(WaitKind::Spin),
+        VMF_BARRIER_BLOCK => Ok(WaitKind::Block),
+        VMF_BARRIER_ADAPTIVE => Ok(WaitKind::Adaptive),
+        _ => Err(fail(VMF_ERR_ARG, format!("{what} kind {kind} ({prefix}_SPIN, _BLOCK or _ADAPTIVE)"))),
+    }
 }
 
 // ---------------------------------------------------------------- barriers
@@ -495,12 +515,7 @@ pub unsafe extern "C" fn vmf_barrier_create(comm: MPI_Comm, kind: c_int, b: *mut
         return fail(VMF_ERR_ARG, "barrier is NULL");
     }
     *b = std::ptr::null_mut();
-    let k = match kind {
-        VMF_BARRIER_SPIN => BarrierKind::Spin,
-        VMF_BARRIER_BLOCK => BarrierKind::Block,
-        VMF_BARRIER_ADAPTIVE => BarrierKind::Adaptive,
-        _ => return fail(VMF_ERR_ARG, format!("barrier kind {kind} (VMF_BARRIER_SPIN, _BLOCK or _ADAPTIVE)")),
-    };
+    let k = tri!(wait_kind(kind, "barrier", "VMF_BARRIER"));
     let (m, me, dir) = {
         let _mt = crate::mt::enter();
         tri!(members(comm))
@@ -583,17 +598,10 @@ pub unsafe extern "C" fn vmf_barrier_wait(b: *mut BarH) -> c_int {
 /// `b` writable.
 #[no_mangle]
 pub unsafe extern "C" fn vmf_barrier_free(b: *mut *mut BarH) -> c_int {
-    if b.is_null() {
-        return fail(VMF_ERR_ARG, "barrier is NULL");
-    }
-    let h = *b;
-    if !unregister(K_BAR, h as usize) {
-        return fail(VMF_ERR_HANDLE, "the barrier handle is NULL, freed, or not a barrier");
-    }
-    if let BarH::Mpi(mut c) = *Box::from_raw(h) {
+    let h = tri!(take_handle(b, K_BAR, "barrier", "the barrier handle is NULL, freed, or not a barrier"));
+    if let BarH::Mpi(mut c) = *h {
         crate::comm::PMPI_Comm_free(&mut c);
     }
-    *b = std::ptr::null_mut();
     0
 }
 
@@ -607,12 +615,7 @@ pub unsafe extern "C" fn vmf_cond_create(comm: MPI_Comm, kind: c_int, c: *mut *m
         return fail(VMF_ERR_ARG, "cond is NULL");
     }
     *c = std::ptr::null_mut();
-    let k = match kind {
-        VMF_COND_SPIN => WaitKind::Spin,
-        VMF_COND_BLOCK => WaitKind::Block,
-        VMF_COND_ADAPTIVE => WaitKind::Adaptive,
-        _ => return fail(VMF_ERR_ARG, format!("condition variable kind {kind} (VMF_COND_SPIN, _BLOCK or _ADAPTIVE)")),
-    };
+    let k = tri!(wait_kind(kind, "condition variable", "VMF_COND"));
     let (m, me, dir) = {
         let _mt = crate::mt::enter();
         tri!(members(comm))
@@ -685,15 +688,7 @@ pub unsafe extern "C" fn vmf_cond_broadcast(c: *mut Cond) -> c_int {
 /// `c` writable.
 #[no_mangle]
 pub unsafe extern "C" fn vmf_cond_free(c: *mut *mut Cond) -> c_int {
-    if c.is_null() {
-        return fail(VMF_ERR_ARG, "cond is NULL");
-    }
-    let h = *c;
-    if !unregister(K_COND, h as usize) {
-        return fail(VMF_ERR_HANDLE, "the condition variable handle is NULL, freed, or not a condition variable");
-    }
-    drop(Box::from_raw(h));
-    *c = std::ptr::null_mut();
+    drop(tri!(take_handle(c, K_COND, "cond", "the condition variable handle is NULL, freed, or not a condition variable")));
     0
 }
 
