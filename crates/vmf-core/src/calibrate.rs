@@ -377,7 +377,7 @@ pub fn measure(cfg: &Config) -> Result<Calibration, String> {
             plan.push((s, Method::Eager));
         }
         for &c in CHUNKS {
-            if c < s || c == CHUNKS[0] {
+            if c <= s || c == CHUNKS[0] {
                 plan.push((s, Method::Pipelined(c)));
             }
         }
@@ -455,7 +455,10 @@ fn derive(plan: &[(usize, Method)], times: &[f64], cma: bool) -> LargePath {
     let mut prev = eager_limit;
     let mut current = Strategy::Pipelined;
     for &s in &rndv {
-        let pipe = best_at(s, &|m| m == Method::Pipelined(chunk.min(s)) || m == Method::Pipelined(chunk));
+        // The pipeline with the chosen chunk; where that chunk was not tried (larger than the message) the
+        // best pipeline measured at this size stands for it.
+        let pipe = best_at(s, &|m| m == Method::Pipelined(chunk))
+            .or_else(|| best_at(s, &|m| matches!(m, Method::Pipelined(_))));
         let single = if cma {
             best_at(s, &|m| matches!(m, Method::Single(_)))
         } else {
@@ -634,6 +637,27 @@ mod tests {
         assert_eq!(p.steps, vec![((256 << 10) + 1, Strategy::Read)]);
         // Without CMA the single copies are never chosen.
         assert!(derive(&plan, &times, false).steps.is_empty());
+        // The 64 KiB chunk wins at large sizes, so at 32 KiB (where it was not tried) the best pipeline
+        // measured there stands for it, and a faster single copy is still chosen there.
+        let (mut plan, mut times) = (Vec::new(), Vec::new());
+        for &s in SIZES {
+            let k = s as f64 / 1024.0;
+            if s <= EAGER_MAX_TRY {
+                plan.push((s, Method::Eager));
+                times.push(if s <= 16 << 10 { k * 0.01 } else { k * 1.0 });
+            }
+            plan.push((s, Method::Pipelined(16 << 10)));
+            times.push(k * 0.06);
+            if s >= 64 << 10 {
+                plan.push((s, Method::Pipelined(64 << 10)));
+                times.push(k * 0.05);
+            }
+            plan.push((s, Method::Single(Strategy::Read)));
+            times.push(if s == 32 << 10 { k * 0.02 } else { k * 0.2 });
+        }
+        let p = derive(&plan, &times, true);
+        assert_eq!((p.eager_limit, p.chunk), (16 << 10, 64 << 10));
+        assert_eq!(p.steps, vec![((16 << 10) + 1, Strategy::Read), ((32 << 10) + 1, Strategy::Pipelined)]);
     }
 
     #[test]
