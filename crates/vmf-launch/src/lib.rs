@@ -138,6 +138,9 @@ pub struct RunOptions {
     pub hosts: usize,
     /// Placement on hosts: block (consecutive ranks together) instead of round robin.
     pub map_block: bool,
+    /// The host of each rank, when the caller decides it (e.g. `vmfabric dvm run` from nodes.txt);
+    /// overrides `map_block`. Every entry must be below `hosts`.
+    pub placement: Option<Vec<usize>>,
     /// The universe size the ranks are told (`MPI_UNIVERSE_SIZE`, PMI `get_universe_size`); None: not
     /// known (answered as -1, as Hydra does without `-usize`). At least `np`, at most [`MAX_RANKS`].
     pub universe_size: Option<usize>,
@@ -168,6 +171,7 @@ impl RunOptions {
             bind: None,
             hosts: 0,
             map_block: false,
+            placement: None,
             universe_size: None,
         }
     }
@@ -257,8 +261,18 @@ pub fn run(opts: &RunOptions) -> Result<i32, LaunchError> {
     } else {
         None
     };
+    if let Some(p) = &opts.placement {
+        if p.len() != opts.np || p.iter().any(|&h| h >= opts.hosts.max(1)) {
+            return Err(LaunchError::InvalidOptions(format!(
+                "the placement {p:?} does not give each of {} ranks one of {} hosts",
+                opts.np,
+                opts.hosts.max(1)
+            )));
+        }
+    }
     let placement: Vec<usize> = (0..opts.np)
         .map(|r| match opts.hosts {
+            _ if opts.placement.is_some() => opts.placement.as_ref().map_or(0, |p| p[r]),
             0 => 0,
             h if opts.map_block => r / opts.np.div_ceil(h),
             h => r % h,

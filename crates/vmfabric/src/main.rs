@@ -3,6 +3,7 @@ use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 
 mod bench;
+mod dvm_cli;
 mod info;
 mod migrate_bench;
 mod mtx_bench;
@@ -111,6 +112,8 @@ enum Cmd {
     Bench(bench::BenchArgs),
     /// Minitransaction stores that outlive processes (`vmfabric mtx create PATH --nodes N --bytes B`).
     Mtx(mtx_cli::MtxArgs),
+    /// The distributed virtual machine: run DASS applications (`vmfabric dvm run APPDIR`).
+    Dvm(dvm_cli::DvmArgs),
     /// Rank programs for the integration tests.
     #[command(hide = true)]
     Selftest(selftest::SelftestArgs),
@@ -183,6 +186,7 @@ fn main() {
                 bind,
                 hosts: hosts.map_or(0, usize::from),
                 map_block: map == "block",
+                placement: None,
                 universe_size,
             };
             match vmf_launch::run(&opts) {
@@ -278,6 +282,7 @@ fn main() {
         }
         Cmd::Bench(a) => bench::run(a),
         Cmd::Mtx(a) => mtx_cli::run(a),
+        Cmd::Dvm(a) => dvm_cli::run(a),
         Cmd::Selftest(a) => selftest::run(a),
     };
     std::process::exit(code);
