@@ -52,6 +52,8 @@ pub struct Options {
     pub hosts: usize,
     /// Always work on page copies, even where home frames are mapped.
     pub copy: bool,
+    /// Interpret every instruction (no compilation to native code).
+    pub interpret: bool,
 }
 
 impl Default for Options {
@@ -64,6 +66,7 @@ impl Default for Options {
             lease_us: None,
             hosts: 0,
             copy: false,
+            interpret: false,
         }
     }
 }
@@ -85,6 +88,9 @@ impl Options {
         }
         if self.copy {
             a.push("--copy".into());
+        }
+        if self.interpret {
+            a.push("--interpret".into());
         }
         a
     }

@@ -13,7 +13,11 @@ pub mod app;
 pub mod asm;
 pub mod backend;
 pub mod isa;
+pub mod jit;
 pub mod node;
 pub mod space;
 pub mod sync;
 pub mod vm;
+
+#[cfg(test)]
+mod vm_tests;

@@ -80,6 +80,7 @@ pub fn run_node(fab: &Fabric, app: &App) -> Result<NodeEnd, NodeError> {
         stack_words: app.opts.stack_words,
         lease,
         inplace: !app.opts.copy,
+        jit: !app.opts.interpret,
     };
     let console = Stdio;
     let result = if direct {

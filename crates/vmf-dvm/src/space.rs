@@ -123,6 +123,17 @@ struct Held {
     deadline: Instant,
 }
 
+/// The page a thread used last: its frame, and whether it is held for writing. Compiled code reads it
+/// (`#[repr(C)]`: page at 0, frame at 8, write at 16).
+#[repr(C)]
+pub struct Tlb {
+    /// u64::MAX: none.
+    pub page: u64,
+    pub frame: *mut u8,
+    /// 1 when held for writing.
+    pub write: u64,
+}
+
 /// Page-protocol counters of one thread.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct PagerStats {
@@ -160,10 +171,8 @@ pub struct Pager<'a> {
     held: Vec<Held>,
     /// Cached copies (copy mode): page -> (version, bytes).
     copies: std::collections::HashMap<u64, (u64, Box<[u8]>)>,
-    // one-entry translation cache
-    tlb_page: u64,
-    tlb_frame: *mut u8,
-    tlb_write: bool,
+    /// One-entry translation cache (boxed: compiled code reads it through a stable pointer).
+    tlb: Box<Tlb>,
     pub stats: PagerStats,
     /// Set when the thread must stop waiting (the node stops).
     stop: &'a std::sync::atomic::AtomicBool,
@@ -191,9 +200,11 @@ impl<'a> Pager<'a> {
             inplace,
             held: Vec::new(),
             copies: Default::default(),
-            tlb_page: u64::MAX,
-            tlb_frame: std::ptr::null_mut(),
-            tlb_write: false,
+            tlb: Box::new(Tlb {
+                page: u64::MAX,
+                frame: std::ptr::null_mut(),
+                write: 0,
+            }),
             stats: PagerStats::default(),
             stop,
         }
@@ -203,10 +214,10 @@ impl<'a> Pager<'a> {
     #[inline(always)]
     pub fn at(&mut self, addr: u64, write: bool) -> Result<*mut u8, Fault> {
         let page = addr >> self.l.page_shift;
-        if page == self.tlb_page && (self.tlb_write || !write) {
+        if page == self.tlb.page && (self.tlb.write != 0 || !write) {
             let off = (addr & (self.l.page_size as u64 - 1)) as usize;
             // SAFETY: off < page size; the frame is page_size bytes.
-            return Ok(unsafe { self.tlb_frame.add(off) });
+            return Ok(unsafe { self.tlb.frame.add(off) });
         }
         self.at_slow(addr, write)
     }
@@ -230,9 +241,11 @@ impl<'a> Pager<'a> {
         if write {
             h.dirty = true;
         }
-        self.tlb_page = page;
-        self.tlb_frame = h.frame;
-        self.tlb_write = h.write;
+        *self.tlb = Tlb {
+            page,
+            frame: h.frame,
+            write: u64::from(h.write),
+        };
         let off = (addr & (self.l.page_size as u64 - 1)) as usize;
         // SAFETY: as in `at`.
         Ok(unsafe { h.frame.add(off) })
@@ -368,8 +381,8 @@ impl<'a> Pager<'a> {
 
     fn release(&mut self, i: usize) -> BResult<()> {
         let h = self.held.swap_remove(i);
-        if h.page == self.tlb_page {
-            self.tlb_page = u64::MAX;
+        if h.page == self.tlb.page {
+            self.tlb.page = u64::MAX;
         }
         let (t, pte, frame_off) = self.l.locate(h.page);
         let copied = self.copies.contains_key(&h.page) && !(self.inplace && self.b.frame(t, frame_off).is_some());
@@ -428,6 +441,11 @@ impl<'a> Pager<'a> {
             self.release(self.held.len() - 1)?;
         }
         Ok(())
+    }
+
+    /// The translation cache, for compiled code (valid while this pager lives).
+    pub fn tlb(&self) -> *const Tlb {
+        &*self.tlb
     }
 
     /// Pages held now.

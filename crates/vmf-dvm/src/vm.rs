@@ -42,6 +42,8 @@ pub struct VmOptions {
     pub lease: Duration,
     /// Work on mapped home frames in place (else always on copies).
     pub inplace: bool,
+    /// Compile the program to native code (else interpret every instruction).
+    pub jit: bool,
 }
 
 /// A run-time error that stops the application.
@@ -105,12 +107,16 @@ pub struct Node<'a> {
     trap: Mutex<Option<Trap>>,
     instructions: AtomicU64,
     stats: Mutex<PagerStats>,
+    jit: Option<crate::jit::Compiled>,
 }
 
 /// What a node did.
 #[derive(Clone, Debug, Default)]
 pub struct NodeReport {
-    pub instructions: u64,
+    /// Instructions the interpreter executed (compiled code runs the others).
+    pub interpreted: u64,
+    /// Whether the program ran compiled.
+    pub compiled: bool,
     pub pages: PagerStats,
 }
 
@@ -126,6 +132,17 @@ impl<'a> Node<'a> {
         console: &'a dyn Console,
     ) -> Node<'a> {
         let (t, off) = layout.sync_home();
+        let jit = if opts.jit {
+            match crate::jit::compile(prog, layout.page_shift) {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    eprintln!("dvm: node {id}: interpreting {} ({e})", prog.file);
+                    None
+                }
+            }
+        } else {
+            None
+        };
         Node {
             id,
             index,
@@ -140,6 +157,7 @@ impl<'a> Node<'a> {
             trap: Mutex::new(None),
             instructions: AtomicU64::new(0),
             stats: Mutex::new(PagerStats::default()),
+            jit,
         }
     }
 
@@ -164,7 +182,8 @@ impl<'a> Node<'a> {
             return Err(t);
         }
         Ok(NodeReport {
-            instructions: self.instructions.load(Ordering::Relaxed),
+            interpreted: self.instructions.load(Ordering::Relaxed),
+            compiled: self.jit.is_some(),
             pages: *self.stats.lock().unwrap(),
         })
     }
@@ -193,7 +212,8 @@ impl<'a> Node<'a> {
             scope,
             tid,
             regs,
-            stack: Vec::with_capacity(self.opts.stack_words.min(1 << 16)),
+            stack: vec![0i64; self.opts.stack_words].into_boxed_slice(),
+            sp: 0,
             flags: 0,
             start: Instant::now(),
             pager: Pager::new(self.b, self.layout, me, self.opts.lease, self.opts.inplace, &self.stop),
@@ -242,7 +262,9 @@ struct Thread<'s, 'a, 'e> {
     scope: &'s Scope<'s, 'e>,
     tid: u64,
     regs: Box<[i64]>,
-    stack: Vec<i64>,
+    /// The thread's stack (zeroed pages are only touched as it grows) and its depth.
+    stack: Box<[i64]>,
+    sp: usize,
     flags: i8,
     start: Instant,
     pager: Pager<'s>,
@@ -289,7 +311,8 @@ impl<'s, 'a: 's, 'e> Thread<'s, 'a, 'e> {
     }
     /// Registers d..d+n-1 as a range (checked).
     fn range(&self, d: u32, n: i64, pc: usize) -> Result<std::ops::Range<usize>, Stop> {
-        if n < 0 || d as i64 + n > self.regs.len() as i64 {
+        // (n compared with the room left, not d + n with the length: d + n overflows for huge n)
+        if n < 0 || n > self.regs.len() as i64 - d as i64 {
             return Err(Stop::Trap(pc, format!("registers {d}..{d}+{n} outside 0..{}", self.regs.len() - 1)));
         }
         Ok(d as usize..d as usize + n as usize)
@@ -351,6 +374,7 @@ impl<'s, 'a: 's, 'e> Thread<'s, 'a, 'e> {
 
     fn run(&mut self, mut pc: usize) -> Result<(), Stop> {
         let code: &[Insn] = &self.node.prog.code;
+        let jit = self.node.jit.as_ref();
         let mut budget = BUDGET;
         let mut executed: u64 = 0;
         macro_rules! jump {
@@ -368,6 +392,31 @@ impl<'s, 'a: 's, 'e> Thread<'s, 'a, 'e> {
             }};
         }
         let r = loop {
+            if let Some(j) = jit {
+                if j.entry.get(pc).copied().unwrap_or(false) {
+                    let mut ctx = crate::jit::JitCtx {
+                        regs: self.regs.as_mut_ptr(),
+                        tlb: self.pager.tlb(),
+                        stack: self.stack.as_mut_ptr(),
+                        sp: self.sp as u64,
+                        cap: self.stack.len() as u64,
+                        budget: budget as i64,
+                        flags: self.flags as i64,
+                    };
+                    // SAFETY: the context describes this thread's registers (the program's count),
+                    // stack and translation cache, all live for the call.
+                    pc = unsafe { j.run(&mut ctx, pc) };
+                    self.sp = ctx.sp as usize;
+                    self.flags = ctx.flags as i8;
+                    if ctx.budget <= 0 {
+                        budget = BUDGET;
+                        self.safe_point(pc)?;
+                    } else {
+                        budget = ctx.budget as u32;
+                    }
+                }
+            }
+            // one instruction: where compiled code stopped, or one it does not run
             let Some(&insn) = code.get(pc) else {
                 break Err(Stop::Trap(pc, "ran past the last instruction (no hlt)".into()));
             };
@@ -505,24 +554,26 @@ impl<'s, 'a: 's, 'e> Thread<'s, 'a, 'e> {
                     let s = self.dst(src, pc)?;
                     let n = self.src(n, pc)?;
                     let rg = self.range(s, n, pc)?;
-                    if self.stack.len() + rg.len() > self.node.opts.stack_words {
-                        break Err(Stop::Trap(pc, format!("stack overflow ({} words)", self.node.opts.stack_words)));
+                    if self.sp + rg.len() > self.stack.len() {
+                        break Err(Stop::Trap(pc, format!("stack overflow ({} words)", self.stack.len())));
                     }
-                    self.stack.extend_from_slice(&self.regs[rg]);
+                    let to = self.sp..self.sp + rg.len();
+                    self.stack[to].copy_from_slice(&self.regs[rg]);
+                    self.sp += n as usize;
                 }
                 Insn::Pop { dst, n } => {
                     let d = self.dst(dst, pc)?;
                     let n = self.src(n, pc)?;
                     let rg = self.range(d, n, pc)?;
-                    if rg.len() > self.stack.len() {
+                    if rg.len() > self.sp {
                         break Err(Stop::Trap(
                             pc,
-                            format!("stack underflow (pop of {} words, {} on the stack)", rg.len(), self.stack.len()),
+                            format!("stack underflow (pop of {} words, {} on the stack)", rg.len(), self.sp),
                         ));
                     }
-                    let from = self.stack.len() - rg.len();
-                    self.regs[rg].copy_from_slice(&self.stack[from..]);
-                    self.stack.truncate(from);
+                    let from = self.sp - rg.len();
+                    self.regs[rg].copy_from_slice(&self.stack[from..self.sp]);
+                    self.sp = from;
                 }
                 Insn::Out(s) => {
                     let v = self.src(s, pc)?;

@@ -34,6 +34,9 @@ struct AppOpts {
     /// Work on copies of pages even where the page node's memory is mapped (the path between hosts).
     #[arg(long)]
     copy: bool,
+    /// Interpret every instruction instead of compiling the programs to native code (Cranelift).
+    #[arg(long)]
+    interpret: bool,
     /// Print each compute node's instruction and page counters on stderr at the end.
     #[arg(long)]
     stats: bool,
@@ -87,6 +90,7 @@ fn options(o: &AppOpts) -> Options {
         lease_us: o.lease_us,
         hosts: o.hosts.map_or(0, usize::from),
         copy: o.copy,
+        interpret: o.interpret,
     }
 }
 
@@ -172,8 +176,11 @@ pub fn run(a: DvmArgs) -> i32 {
                     if opts.stats {
                         let p = r.pages;
                         eprintln!(
-                            "dvm: node {}: {} instructions, {} page acquisitions ({} waited), {} fetches, {} write-backs, {} given to waiters",
-                            me.id, r.instructions, p.acquires, p.waits, p.fetches, p.writebacks, p.releases_for_waiter
+                            "dvm: node {}: {}, {} instructions interpreted, {} page acquisitions ({} waited), {} fetches, {} write-backs, {} given to waiters",
+                            me.id,
+                            if r.compiled { "compiled" } else { "interpreted" },
+                            r.interpreted,
+                            p.acquires, p.waits, p.fetches, p.writebacks, p.releases_for_waiter
                         );
                     }
                     0
