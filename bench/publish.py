@@ -202,6 +202,68 @@ if lg:
     parts.append("\n".join(rows) + "\n")
 
 
+# bench/dvm.sh: the distributed virtual machine against the same loops in C (issue 27), interleaved rounds.
+dv = read("dvm.json")
+if dv:
+    import statistics as _st2
+    DR = _json.loads(dv)["rounds"]
+
+    def _dmed(xs):
+        xs = [x for x in xs if x is not None]
+        return _st2.median(xs) if xs else None
+
+    def _f(x, nd=2):
+        return "-" if x is None else ("%.*f" % (nd, x))
+
+    def _ratio(a, b, inverse=False):
+        xs = []
+        for rnd in DR:
+            x, y = rnd["dvm"].get(a), rnd["native"].get(b)
+            if x and y:
+                xs.append(y / x if inverse else x / y)
+        return _dmed(xs), xs
+
+    rows = ["## Distributed virtual machine (`bash bench/dvm.sh`, issue 27)\n",
+            "%d interleaved rounds; per cell the median over rounds; ratios are medians of within-round ratios. "
+            "DASS programs run compiled (Cranelift) as `vmfabric dvm run` with one page node and one compute node; "
+            "the native side is bench/c/dvm_native.c (gcc -O2). The thesis's factors are from its Table 4.1, "
+            "Figure 4.6 and Figure 4.7.\n" % len(DR),
+            "| benchmark | DVM | C | DVM / C | thesis | target |", "|---|---|---|---|---|---|"]
+    cases = [("iteration (Listing 4.2, 10^6), us", "iteration", "iteration", False, 2.0, "8.81x"),
+             ("addition of volatile variables, us", "volatile", "volatile", False, 2.0, "9.29x")]
+    for name, a, b, inv, t, th in cases:
+        m, xs = _ratio(a, b, inv)
+        rows.append("| %s | %s | %s | %s (rounds %s) | %s | %s <= %.0fx |" % (
+            name, _f(_dmed([r["dvm"].get(a) for r in DR]), 0), _f(_dmed([r["native"].get(b) for r in DR]), 0),
+            _f(m) + "x", ", ".join("%.2f" % x for x in xs), th,
+            "**PASS**" if m is not None and m <= t else "**MISS**", t))
+    for n in (1, 16, 128):
+        m, xs = _ratio("store%d" % n, "store%d" % n, True)
+        rows.append("| store, %d register%s per str (10 MiB), us; ratio = bandwidth DVM / memcpy | %s | %s | %s (rounds %s) | %s | %s >= 0.5x |" % (
+            n, "s" if n > 1 else "", _f(_dmed([r["dvm"].get("store%d" % n) for r in DR]), 0),
+            _f(_dmed([r["native"].get("store%d" % n) for r in DR]), 0), _f(m) + "x", ", ".join("%.2f" % x for x in xs),
+            "~0.2x" if n < 128 else "0.39x (1 KiB)", "**PASS**" if m is not None and m >= 0.5 else "**MISS**"))
+    for n, th in ((1, ("7.91x", "8.98x")), (128, ("5.66x", "6.29x"))):
+        for k, op in enumerate(("push", "pop")):
+            m, xs = _ratio("%s%d" % (op, n), "%s1" % op)
+            rows.append("| %s of %d register%s, 1 MiB in 16 bursts, us (C: one x86 %s per iteration) | %s | %s | %s (rounds %s) | %s | %s <= 2x |" % (
+                op, n, "s" if n > 1 else "", op, _f(_dmed([r["dvm"].get("%s%d" % (op, n)) for r in DR]), 0),
+                _f(_dmed([r["native"].get("%s1" % op) for r in DR]), 0), _f(m) + "x", ", ".join("%.2f" % x for x in xs),
+                th[k], "**PASS**" if m is not None and m <= 2 else "**MISS**"))
+    for name, k, t, th in (("taking a page another node holds (contended), median us, in place", "take", 50, "1500 us"),
+                           ("the same on page copies (--copy)", "take_copy", 50, "1500 us"),
+                           ("uncontended 64 KiB remote page fetch, median us (--copy)", "fetch", 20, "-")):
+        xs = [r["dvm"].get(k) for r in DR]
+        m = _dmed(xs)
+        rows.append("| %s | %s | - | - (rounds %s) | %s | %s <= %d us |" % (
+            name, _f(m), ", ".join("%.1f" % x for x in xs if x is not None), th,
+            "**PASS**" if m is not None and m <= t else "**MISS**", t))
+    m = _dmed([r["dvm"].get("store_compete") for r in DR])
+    rows.append("\nThe store test with competition (Listings 4.4 and 4.5 on two compute nodes, 20 us lease): "
+                "median %s bytes/us.\n" % _f(m, 0))
+    parts.append("\n".join(rows) + "\n")
+
+
 def own_run(sub, prefix, title, env, what, word, extra=()):
     """A section of bench/run.sh run on its own (results in bench/results/SUB/) when the main run has none:
     its tables, and of its targets those whose text names WORD."""

@@ -29,6 +29,8 @@
 #   BENCH_NEIGHBOURS=0        skip the two-jobs-sharing-CPUs comparison (bench/neighbours.sh)
 #   BENCH_LARGE=0             skip the large-message and TCP rounds of issue 28 (bench/large.sh;
 #                             BENCH_LARGE_ROUNDS=R, default 5)
+#   BENCH_DVM=0               skip the distributed virtual machine rounds of issue 27 (bench/dvm.sh;
+#                             BENCH_DVM_ROUNDS=R, default 5)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -426,6 +428,16 @@ if [ "${BENCH_LARGE:-1}" != 0 ]; then
         BENCH_PYTHON="$PY" BENCH_RESULTS_DIR="$RESULTS" BENCH_VMFABRIC="$VMF" BENCH_BUILD_DIR="$BUILD"
 else
     log "BENCH_LARGE=0: large messages and TCP skipped"
+fi
+
+# ---------------------------------------------------------------- distributed virtual machine
+# Issue 27: DASS programs (compiled) against the same loops in C, and the page protocol's costs, in
+# interleaved rounds (results in $RESULTS/dvm.json). BENCH_DVM=0 skips it.
+if [ "${BENCH_DVM:-1}" != 0 ]; then
+    sub_bench "distributed virtual machine" bench/dvm.sh \
+        BENCH_PYTHON="$PY" BENCH_RESULTS_DIR="$RESULTS" BENCH_VMFABRIC="$VMF" BENCH_BUILD_DIR="$BUILD"
+else
+    log "BENCH_DVM=0: distributed virtual machine skipped"
 fi
 
 # ---------------------------------------------------------------- one-sided (RMA)

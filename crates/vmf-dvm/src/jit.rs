@@ -15,12 +15,13 @@
 //!   interpreter traps);
 //! - `div` (fallback on a zero divisor; `x / -1` wraps as in the interpreter).
 //!
-//! Everything else (`out`, `in`, `clk`, threads, synchronisation, `hlt`) exits. Backward jumps count
-//! down the safe-point budget and exit when it runs out, so leases, stops and deadlock checks happen
-//! as in the interpreter.
+//! Everything else (`out`, `in`, `clk`, threads, synchronisation, `hlt`) exits. Every backward jump
+//! compares the node's *poll word* with the value it had on entry (one load, no loop-carried state):
+//! a thread waiting for a page, a stopping node or the lease ticker changes it, and the code returns
+//! [`RESUME`]` | target` so the interpreter runs a safe point (leases, stop) and comes straight back.
 use crate::isa::{Alu, Cond, Dst, Insn, Program, Src};
 use cranelift_codegen::ir::condcodes::IntCC;
-use cranelift_codegen::ir::types::I64;
+use cranelift_codegen::ir::types::{I64, I64X2};
 use cranelift_codegen::ir::{AbiParam, Block, InstBuilder, MemFlags, Value};
 use cranelift_codegen::settings::{self, Configurable};
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext, Switch, Variable};
@@ -36,17 +37,24 @@ pub struct JitCtx {
     pub stack: *mut i64,
     pub sp: u64,
     pub cap: u64,
-    pub budget: i64,
     pub flags: i64,
+    /// The poll word, and its value when the code was entered.
+    pub poll: *const u64,
+    pub seen: u64,
 }
+
+/// Set in a returned pc: run a safe point, then enter compiled code again at the pc (the code has
+/// already executed the jump to it).
+pub const RESUME: usize = 1 << 62;
 
 const O_REGS: i32 = 0;
 const O_TLB: i32 = 8;
 const O_STACK: i32 = 16;
 const O_SP: i32 = 24;
 const O_CAP: i32 = 32;
-const O_BUDGET: i32 = 40;
-const O_FLAGS: i32 = 48;
+const O_FLAGS: i32 = 40;
+const O_POLL: i32 = 48;
+const O_SEEN: i32 = 56;
 
 type Entry = unsafe extern "C" fn(*mut JitCtx, u64) -> u64;
 
@@ -141,6 +149,9 @@ fn registers(p: &Program, ok: &[bool]) -> (BTreeSet<u32>, BTreeSet<u32>) {
                 src(a, &mut r);
                 src(b, &mut r);
             }
+            // bulk transfers move registers through the register file in memory: no variables
+            Insn::Lod { addr, .. } | Insn::Str { addr, .. } if bulk(insn) => src(addr, &mut r),
+            Insn::Push { .. } | Insn::Pop { .. } if bulk(insn) => {}
             Insn::Lod { addr, dst: Dst::Reg(d), n: Src::Imm(n) } => {
                 src(addr, &mut r);
                 // a fallback leaves them as they were: they are read too
@@ -164,6 +175,20 @@ fn registers(p: &Program, ok: &[bool]) -> (BTreeSet<u32>, BTreeSet<u32>) {
     (r, w)
 }
 
+/// Transfers of at least this many registers copy between memories (register file, frame, stack)
+/// instead of moving each register's variable.
+const BULK: i64 = 4;
+/// Above this many words a copy calls memcpy instead of inline loads and stores.
+const INLINE_COPY: i64 = 16;
+
+fn bulk(i: &Insn) -> bool {
+    matches!(
+        *i,
+        Insn::Lod { n: Src::Imm(n), .. } | Insn::Str { n: Src::Imm(n), .. } | Insn::Push { n: Src::Imm(n), .. } | Insn::Pop { n: Src::Imm(n), .. }
+            if n >= BULK
+    )
+}
+
 fn target(i: &Insn) -> Option<u32> {
     match *i {
         Insn::Jmp(l) | Insn::JFlag(_, l) | Insn::JCmp(.., l) | Insn::CJmp(.., l) | Insn::JCmpRR(.., l) => Some(l),
@@ -180,17 +205,17 @@ fn may_fall_back(i: &Insn) -> bool {
     )
 }
 
-/// Where the interpreter may enter compiled code: the start, every jump target, and the instruction
-/// after any the code returns (one it does not compile, a fallback, a jump target where the budget ran
-/// out).
+/// Where the interpreter may enter compiled code: the start, every jump target (also where code
+/// resumes after a safe point), and the instruction after any the code returns (one it does not
+/// compile, a fallback).
 fn entries(p: &Program, ok: &[bool]) -> Vec<bool> {
     let n = p.code.len();
-    let mut e = vec![false; n + 1];
+    // n + 2: a label after the last instruction is a jump target l = n, and l + 1 is marked too
+    let mut e = vec![false; n + 2];
     e[0] = true;
     for (i, insn) in p.code.iter().enumerate() {
         if let Some(l) = target(insn) {
             e[l as usize] = true;
-            e[l as usize + 1] = true;
         }
         if !ok[i] || may_fall_back(insn) {
             e[i + 1] = true;
@@ -223,14 +248,21 @@ pub fn compile(p: &Program, page_shift: u32) -> Result<Compiled, String> {
     let entry = entries(p, &ok);
     let mut flags = settings::builder();
     let set = |f: &mut settings::Builder, k: &str, v: &str| f.set(k, v).map_err(|e| format!("cranelift {k}: {e}"));
-    set(&mut flags, "opt_level", "speed")?;
+    // Cranelift's mid-end (opt_level "speed") sinks a loop body's arithmetic below the loop test, which
+    // costs a register copy per iteration of the DASS loops measured (Listing 4.2: 1.5-2x slower);
+    // DASS code is explicit enough that its other rewrites buy little. VMF_DVM_JIT_OPT overrides.
+    let opt = std::env::var("VMF_DVM_JIT_OPT").unwrap_or_else(|_| "none".into());
+    set(&mut flags, "opt_level", &opt)?;
     set(&mut flags, "is_pic", "false")?;
     set(&mut flags, "use_colocated_libcalls", "false")?;
     let isa = cranelift_native::builder()
         .map_err(|e| format!("no native code generator: {e}"))?
         .finish(settings::Flags::new(flags))
         .map_err(|e| format!("cranelift: {e}"))?;
-    let mut module = JITModule::new(JITBuilder::with_isa(isa, default_libcall_names()));
+    let mut jb = JITBuilder::with_isa(isa, default_libcall_names());
+    // the C library's memcpy (its vector variant for this CPU) for bulk transfers
+    jb.symbol("memcpy", libc::memcpy as *const u8);
+    let mut module = JITModule::new(jb);
     let mut ctx = module.make_context();
     ctx.func.signature.params.push(AbiParam::new(I64));
     ctx.func.signature.params.push(AbiParam::new(I64));
@@ -238,7 +270,7 @@ pub fn compile(p: &Program, page_shift: u32) -> Result<Compiled, String> {
     let mut fbc = FunctionBuilderContext::new();
     {
         let mut b = FunctionBuilder::new(&mut ctx.func, &mut fbc);
-        Gen::emit(&mut b, p, &ok, &entry, &read, &written, page_shift);
+        Gen::emit(&mut b, p, &ok, &entry, &read, &written, page_shift, module.target_config());
         b.seal_all_blocks();
         b.finalize();
     }
@@ -269,14 +301,19 @@ struct Gen {
     vars: std::collections::HashMap<u32, Variable>,
     ctx: Value,
     exit_pc: Variable,
-    budget: Variable,
     flags: Variable,
+    poll: Value,
+    seen: Value,
     sp: Variable,
     stack: Value,
     cap: Value,
     tlb_page: Value,
+    /// The cached page when it is held for writing, else u64::MAX (no page number).
+    tlb_wpage: Value,
     tlb_frame: Value,
-    tlb_write: Value,
+    regs: Value,
+    written: BTreeSet<u32>,
+    config: cranelift_codegen::isa::TargetFrontendConfig,
     exit: Block,
     blocks: Vec<Option<Block>>,
     page_shift: u32,
@@ -291,6 +328,7 @@ impl Gen {
         read: &BTreeSet<u32>,
         written: &BTreeSet<u32>,
         page_shift: u32,
+        config: cranelift_codegen::isa::TargetFrontendConfig,
     ) {
         let entry = b.create_block();
         b.append_block_params_for_function_params(entry);
@@ -313,6 +351,8 @@ impl Gen {
         let tlb_page = b.ins().load(I64, mf, tlb, 0);
         let tlb_frame = b.ins().load(I64, mf, tlb, 8);
         let tlb_write = b.ins().load(I64, mf, tlb, 16);
+        let none = b.ins().iconst(I64, -1);
+        let tlb_wpage = b.ins().select(tlb_write, tlb_page, none);
         let stack = b.ins().load(I64, mf, ctx, O_STACK);
         let cap = b.ins().load(I64, mf, ctx, O_CAP);
         let mk = |b: &mut FunctionBuilder, off: i32| {
@@ -322,8 +362,9 @@ impl Gen {
             v
         };
         let sp = mk(b, O_SP);
-        let budget = mk(b, O_BUDGET);
         let flags = mk(b, O_FLAGS);
+        let poll = b.ins().load(I64, mf, ctx, O_POLL);
+        let seen = b.ins().load(I64, mf, ctx, O_SEEN);
         let exit_pc = b.declare_var(I64);
         b.def_var(exit_pc, pc);
         let exit = b.create_block();
@@ -342,14 +383,18 @@ impl Gen {
             vars,
             ctx,
             exit_pc,
-            budget,
             flags,
+            poll,
+            seen,
             sp,
             stack,
             cap,
             tlb_page,
+            tlb_wpage,
             tlb_frame,
-            tlb_write,
+            regs,
+            written: written.clone(),
+            config,
             exit,
             blocks,
             page_shift,
@@ -377,7 +422,7 @@ impl Gen {
             let v = b.use_var(g.vars[&r]);
             b.ins().store(mf, v, regs, (r as i32) * 8);
         }
-        for (var, off) in [(g.sp, O_SP), (g.budget, O_BUDGET), (g.flags, O_FLAGS)] {
+        for (var, off) in [(g.sp, O_SP), (g.flags, O_FLAGS)] {
             let v = b.use_var(var);
             b.ins().store(mf, v, ctx, off);
         }
@@ -404,20 +449,21 @@ impl Gen {
         }
     }
 
-    /// Go to instruction `l` (from `pc`): a backward jump counts down the budget.
+    /// Go to instruction `l` (from `pc`): a backward jump first looks at the poll word.
     fn goto(&mut self, b: &mut FunctionBuilder, l: u32, pc: usize) {
         let target = self.blocks[l as usize].expect("jump targets have blocks");
         if (l as usize) > pc {
             b.ins().jump(target, &[]);
             return;
         }
-        let left = b.use_var(self.budget);
-        let left = b.ins().iadd_imm(left, -1);
-        b.def_var(self.budget, left);
+        // Not `trusted`: another thread writes it (an aligned 8-byte load is atomic on every target
+        // Cranelift compiles for here).
+        let now = b.ins().load(I64, MemFlags::new().with_aligned().with_notrap(), self.poll, 0);
+        let changed = b.ins().icmp(IntCC::NotEqual, now, self.seen);
         let out = b.create_block();
-        b.ins().brif(left, target, &[], out, &[]);
+        b.ins().brif(changed, out, &[], target, &[]);
         b.switch_to_block(out);
-        self.leave(b, l as usize);
+        self.leave(b, l as usize | RESUME);
     }
 
     /// Jump to `l` if `c`, else fall through to pc + 1.
@@ -427,16 +473,6 @@ impl Gen {
         b.ins().brif(c, taken, &[], next, &[]);
         b.switch_to_block(taken);
         self.goto(b, l, pc);
-    }
-
-    /// Fall back to the interpreter at `pc` unless `good`; continue in a new block.
-    fn guard(&mut self, b: &mut FunctionBuilder, good: Value, pc: usize) {
-        let cont = b.create_block();
-        let bad = b.create_block();
-        b.ins().brif(good, cont, &[], bad, &[]);
-        b.switch_to_block(bad);
-        self.leave(b, pc);
-        b.switch_to_block(cont);
     }
 
     fn alu(&mut self, b: &mut FunctionBuilder, op: Alu, d: u32, s: Value, pc: usize) {
@@ -453,8 +489,8 @@ impl Gen {
             Alu::Shl => b.ins().ishl(a, s),
             Alu::Shr => b.ins().ushr(a, s),
             Alu::Div => {
-                let nz = b.ins().icmp_imm(IntCC::NotEqual, s, 0);
-                self.guard(b, nz, pc);
+                let zero = b.ins().icmp_imm(IntCC::Equal, s, 0);
+                self.guard_zero(b, zero, pc);
                 // x / -1 wraps (idiv would fault on i64::MIN / -1)
                 let m1 = b.ins().icmp_imm(IntCC::Equal, s, -1);
                 let neg = b.ins().ineg(a);
@@ -481,24 +517,82 @@ impl Gen {
         b.ins().icmp_imm(cc(c), f, 0)
     }
 
-    /// The frame address of `n` words at `addr`, or a fallback at `pc`.
+    /// Fall back to the interpreter at `pc` if `bad` is non-zero; continue in a new block.
+    fn guard_zero(&mut self, b: &mut FunctionBuilder, bad: Value, pc: usize) {
+        let cont = b.create_block();
+        let out = b.create_block();
+        b.ins().brif(bad, out, &[], cont, &[]);
+        b.switch_to_block(out);
+        self.leave(b, pc);
+        b.switch_to_block(cont);
+    }
+
+    /// The frame address of `n` words at `addr` (aligned, inside the cached page, held for writing if
+    /// `write`), or a fallback at `pc`.
     fn frame(&mut self, b: &mut FunctionBuilder, addr: Value, n: i64, write: bool, pc: usize) -> Value {
+        let want = if write { self.tlb_wpage } else { self.tlb_page };
         let low = b.ins().band_imm(addr, 7);
-        let aligned = b.ins().icmp_imm(IntCC::Equal, low, 0);
+        self.guard_zero(b, low, pc);
         let page = b.ins().ushr_imm(addr, self.page_shift as i64);
-        let last = b.ins().iadd_imm(addr, 8 * n - 1);
-        let last_page = b.ins().ushr_imm(last, self.page_shift as i64);
-        let same = b.ins().icmp(IntCC::Equal, page, self.tlb_page);
-        let same_last = b.ins().icmp(IntCC::Equal, last_page, self.tlb_page);
-        let mut good = b.ins().band(aligned, same);
-        good = b.ins().band(good, same_last);
-        if write {
-            let w = b.ins().icmp_imm(IntCC::NotEqual, self.tlb_write, 0);
-            good = b.ins().band(good, w);
+        let other = b.ins().icmp(IntCC::NotEqual, page, want);
+        self.guard_zero(b, other, pc);
+        if n > 1 {
+            // an aligned single word never crosses a page; several may
+            let last = b.ins().iadd_imm(addr, 8 * n - 1);
+            let last_page = b.ins().ushr_imm(last, self.page_shift as i64);
+            let other = b.ins().icmp(IntCC::NotEqual, last_page, want);
+            self.guard_zero(b, other, pc);
         }
-        self.guard(b, good, pc);
         let off = b.ins().band_imm(addr, (1i64 << self.page_shift) - 1);
         b.ins().iadd(self.tlb_frame, off)
+    }
+
+    /// Store the variables of registers `first..first+n` that compiled code may have changed into the
+    /// register file (before a bulk transfer reads it).
+    fn spill(&mut self, b: &mut FunctionBuilder, first: u32, n: i64) {
+        for r in first..first + n as u32 {
+            if self.written.contains(&r) {
+                if let Some(&v) = self.vars.get(&r) {
+                    let x = b.use_var(v);
+                    b.ins().store(MemFlags::trusted(), x, self.regs, (r * 8) as i32);
+                }
+            }
+        }
+    }
+
+    /// Reload the variables of registers `first..first+n` from the register file (after a bulk
+    /// transfer wrote it).
+    fn reload(&mut self, b: &mut FunctionBuilder, first: u32, n: i64) {
+        for r in first..first + n as u32 {
+            if let Some(&v) = self.vars.get(&r) {
+                let x = b.ins().load(I64, MemFlags::trusted(), self.regs, (r * 8) as i32);
+                b.def_var(v, x);
+            }
+        }
+    }
+
+    /// Copy `n` words from `src` to `dst` (distinct memories).
+    fn copy(&mut self, b: &mut FunctionBuilder, dst: Value, src: Value, n: i64) {
+        let mf = MemFlags::trusted();
+        if n <= INLINE_COPY {
+            // 16-byte moves, then the odd word
+            let pairs = (n / 2) as i32;
+            for k in 0..pairs {
+                let x = b.ins().load(I64X2, mf, src, 16 * k);
+                b.ins().store(mf, x, dst, 16 * k);
+            }
+            if n % 2 == 1 {
+                let x = b.ins().load(I64, mf, src, 16 * pairs);
+                b.ins().store(mf, x, dst, 16 * pairs);
+            }
+        } else {
+            let size = b.ins().iconst(I64, 8 * n);
+            b.call_memcpy(self.config, dst, src, size);
+        }
+    }
+
+    fn reg_addr(&mut self, b: &mut FunctionBuilder, r: u32) -> Value {
+        b.ins().iadd_imm(self.regs, (r * 8) as i64)
     }
 
     fn insn(&mut self, b: &mut FunctionBuilder, insn: &Insn, pc: usize) {
@@ -574,6 +668,44 @@ impl Gen {
                 self.goto(b, l, pc);
                 return;
             }
+            Insn::Lod { addr, dst: Dst::Reg(d), n: Src::Imm(n) } if n >= BULK => {
+                let a = self.src(b, addr);
+                let p = self.frame(b, a, n, false, pc);
+                let to = self.reg_addr(b, d);
+                self.copy(b, to, p, n);
+                self.reload(b, d, n);
+            }
+            Insn::Str { addr, src: Dst::Reg(s), n: Src::Imm(n) } if n >= BULK => {
+                let a = self.src(b, addr);
+                let p = self.frame(b, a, n, true, pc);
+                self.spill(b, s, n);
+                let from = self.reg_addr(b, s);
+                self.copy(b, p, from, n);
+            }
+            Insn::Push { src: Dst::Reg(s), n: Src::Imm(n) } if n >= BULK => {
+                let sp = b.use_var(self.sp);
+                let end = b.ins().iadd_imm(sp, n);
+                let over = b.ins().icmp(IntCC::UnsignedGreaterThan, end, self.cap);
+                self.guard_zero(b, over, pc);
+                let off = b.ins().ishl_imm(sp, 3);
+                let to = b.ins().iadd(self.stack, off);
+                self.spill(b, s, n);
+                let from = self.reg_addr(b, s);
+                self.copy(b, to, from, n);
+                b.def_var(self.sp, end);
+            }
+            Insn::Pop { dst: Dst::Reg(d), n: Src::Imm(n) } if n >= BULK => {
+                let sp = b.use_var(self.sp);
+                let under = b.ins().icmp_imm(IntCC::UnsignedLessThan, sp, n);
+                self.guard_zero(b, under, pc);
+                let from_sp = b.ins().iadd_imm(sp, -n);
+                let off = b.ins().ishl_imm(from_sp, 3);
+                let from = b.ins().iadd(self.stack, off);
+                let to = self.reg_addr(b, d);
+                self.copy(b, to, from, n);
+                self.reload(b, d, n);
+                b.def_var(self.sp, from_sp);
+            }
             Insn::Lod { addr, dst: Dst::Reg(d), n: Src::Imm(n) } => {
                 let a = self.src(b, addr);
                 let p = self.frame(b, a, n, false, pc);
@@ -593,8 +725,8 @@ impl Gen {
             Insn::Push { src: Dst::Reg(s), n: Src::Imm(n) } => {
                 let sp = b.use_var(self.sp);
                 let end = b.ins().iadd_imm(sp, n);
-                let fits = b.ins().icmp(IntCC::UnsignedLessThanOrEqual, end, self.cap);
-                self.guard(b, fits, pc);
+                let over = b.ins().icmp(IntCC::UnsignedGreaterThan, end, self.cap);
+                self.guard_zero(b, over, pc);
                 let off = b.ins().ishl_imm(sp, 3);
                 let base = b.ins().iadd(self.stack, off);
                 for k in 0..n as u32 {
@@ -605,8 +737,8 @@ impl Gen {
             }
             Insn::Pop { dst: Dst::Reg(d), n: Src::Imm(n) } => {
                 let sp = b.use_var(self.sp);
-                let enough = b.ins().icmp_imm(IntCC::UnsignedGreaterThanOrEqual, sp, n);
-                self.guard(b, enough, pc);
+                let under = b.ins().icmp_imm(IntCC::UnsignedLessThan, sp, n);
+                self.guard_zero(b, under, pc);
                 let from = b.ins().iadd_imm(sp, -n);
                 let off = b.ins().ishl_imm(from, 3);
                 let base = b.ins().iadd(self.stack, off);

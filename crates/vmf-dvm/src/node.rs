@@ -9,7 +9,8 @@
 //! first page node.
 use crate::app::{App, Role};
 use crate::backend::{Backend, Direct, Remote};
-use crate::vm::{Node, NodeReport, Stdio, Trap, VmOptions};
+use crate::sync::SyncTable;
+use crate::vm::{Console, JobConsole, Node, NodeReport, Trap, VmOptions};
 use std::time::Duration;
 use vmf_core::Fabric;
 
@@ -41,8 +42,8 @@ impl std::fmt::Display for NodeError {
 /// node.
 const UNMAPPED: usize = 24;
 
-/// Run this rank's node of `app`.
-pub fn run_node(fab: &Fabric, app: &App) -> Result<NodeEnd, NodeError> {
+/// Run this rank's node of `app`; `input` are the lines `in` instructions read.
+pub fn run_node(fab: &Fabric, app: &App, input: Vec<String>) -> Result<NodeEnd, NodeError> {
     let setup = |m: String| NodeError::Setup(m);
     let rank = fab.rank();
     if fab.size() != app.nodes.len() {
@@ -82,7 +83,6 @@ pub fn run_node(fab: &Fabric, app: &App) -> Result<NodeEnd, NodeError> {
         inplace: !app.opts.copy,
         jit: !app.opts.interpret,
     };
-    let console = Stdio;
     let result = if direct {
         let bases = (0..fab.size())
             .map(|t| match (page_ranks.contains(&t), mapped[t]) {
@@ -91,12 +91,21 @@ pub fn run_node(fab: &Fabric, app: &App) -> Result<NodeEnd, NodeError> {
             })
             .collect();
         let b = Direct::new(bases);
+        let console = JobConsole {
+            lines: input,
+            sync: SyncTable::new(&b, sync_rank, sync_off),
+        };
         let r = run_compute(spec.id, index, prog, &b, &layout, opts, &console);
         drop(b);
         r
     } else {
         let b = Remote::new(win);
+        let console = JobConsole {
+            lines: input,
+            sync: SyncTable::new(&b, sync_rank, sync_off),
+        };
         let r = run_compute(spec.id, index, prog, &b, &layout, opts, &console);
+        drop(console);
         win = b.into_inner();
         r
     };
@@ -113,7 +122,7 @@ fn run_compute(
     b: &dyn Backend,
     layout: &crate::space::Layout,
     opts: VmOptions,
-    console: &Stdio,
+    console: &dyn Console,
 ) -> Result<NodeReport, Trap> {
     Node::new(id, index, prog, b, layout, opts, console).run()
 }

@@ -135,13 +135,49 @@ pub struct Tlb {
 }
 
 /// Page-protocol counters of one thread.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct PagerStats {
     pub acquires: u64,
     pub fetches: u64,
     pub writebacks: u64,
     pub waits: u64,
     pub releases_for_waiter: u64,
+    /// Nanoseconds each acquisition that had to wait took (from the first attempt to holding the
+    /// page: the cost of taking a page another thread holds), the first 100 000.
+    pub take_ns: Vec<u32>,
+    /// Nanoseconds each page fetch (copy mode) took, the first 100 000.
+    pub fetch_ns: Vec<u32>,
+}
+
+const SAMPLES: usize = 100_000;
+
+fn sample(v: &mut Vec<u32>, since: Instant) {
+    if v.len() < SAMPLES {
+        v.push(since.elapsed().as_nanos().min(u32::MAX as u128) as u32);
+    }
+}
+
+impl PagerStats {
+    /// Add another thread's counters.
+    pub fn add(&mut self, o: &PagerStats) {
+        self.acquires += o.acquires;
+        self.fetches += o.fetches;
+        self.writebacks += o.writebacks;
+        self.waits += o.waits;
+        self.releases_for_waiter += o.releases_for_waiter;
+        self.take_ns.extend_from_slice(&o.take_ns);
+        self.fetch_ns.extend_from_slice(&o.fetch_ns);
+    }
+}
+
+/// Median of samples in microseconds (None without samples).
+pub fn median_us(v: &[u32]) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    let mut s = v.to_vec();
+    s.sort_unstable();
+    Some(s[s.len() / 2] as f64 / 1000.0)
 }
 
 /// Why an access failed.
@@ -176,6 +212,9 @@ pub struct Pager<'a> {
     pub stats: PagerStats,
     /// Set when the thread must stop waiting (the node stops).
     stop: &'a std::sync::atomic::AtomicBool,
+    /// The application's poll word: changed while waiting, so a holder running compiled code reaches
+    /// a safe point.
+    poke: Option<&'a std::sync::atomic::AtomicU64>,
 }
 
 // SAFETY: the frames are owned by the protocol, not by the thread.
@@ -207,7 +246,14 @@ impl<'a> Pager<'a> {
             }),
             stats: PagerStats::default(),
             stop,
+            poke: None,
         }
+    }
+
+    /// Change `poll` while waiting for a page.
+    pub fn with_poke(mut self, poll: Option<&'a std::sync::atomic::AtomicU64>) -> Pager<'a> {
+        self.poke = poll;
+        self
     }
 
     /// Pointer to `len` bytes at `addr` (which must lie in one page), held for reading or writing.
@@ -316,6 +362,7 @@ impl<'a> Pager<'a> {
         let me = self.me;
         let mut spins = 0u32;
         let mut waited = false;
+        let started = Instant::now();
         let w = loop {
             let w = self.b.load(t, pte)?;
             let writer = w & WRITER;
@@ -347,9 +394,17 @@ impl<'a> Pager<'a> {
             if self.stop.load(std::sync::atomic::Ordering::Relaxed) {
                 return Err(Fault::Stopped);
             }
+            if let Some(p) = self.poke {
+                if spins % 16 == 0 || spins > 64 {
+                    p.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+                }
+            }
             backoff(&mut spins);
         };
         self.stats.acquires += 1;
+        if waited {
+            sample(&mut self.stats.take_ns, started);
+        }
         let frame = match (self.inplace, self.b.frame(t, frame_off)) {
             (true, Some(f)) => f,
             _ => {
@@ -359,8 +414,10 @@ impl<'a> Pager<'a> {
                 let entry = self.copies.entry(page).or_insert_with(|| (u64::MAX, vec![0u8; ps].into_boxed_slice()));
                 if entry.0 != version {
                     if defined {
+                        let t0 = Instant::now();
                         self.b.read(t, frame_off, &mut entry.1)?;
                         self.stats.fetches += 1;
+                        sample(&mut self.stats.fetch_ns, t0);
                     } else {
                         entry.1.fill(0);
                     }

@@ -29,6 +29,11 @@ const BLOCKED: usize = 8;
 const PROGRESS: usize = 16;
 /// Set by the thread that finds the application deadlocked, so every blocked thread ends too.
 const DEADLOCKED: usize = 32;
+/// The application's poll word: a thread waiting for a page changes it, so compiled loops elsewhere
+/// stop at a safe point (where a holder gives the page up once its lease has run).
+const POLL: usize = 40;
+/// How many lines of the application's input `in` instructions have taken.
+const INPUT: usize = 48;
 
 const KEY: usize = 0;
 const MUTEX: usize = 8;
@@ -106,6 +111,21 @@ impl<'a> SyncTable<'a> {
             i = (i + 1) % SLOTS;
         }
         Err(SyncError::Misuse(format!("more than {SLOTS} synchronisation objects")))
+    }
+
+    /// The poll word, where it is mapped here.
+    pub fn poll_word(&self) -> Option<&'a std::sync::atomic::AtomicU64> {
+        let p = self.b.frame(self.t, self.base + POLL)?;
+        if p as usize % 8 != 0 {
+            return None;
+        }
+        // SAFETY: an aligned word of the table, mapped for as long as the backend lives.
+        Some(unsafe { &*(p as *const std::sync::atomic::AtomicU64) })
+    }
+
+    /// The index of the next input line (each `in` of any node takes the next one).
+    pub fn next_input(&self) -> BResult<u64> {
+        self.b.fetch_add(self.t, self.base + INPUT, 1)
     }
 
     /// A thread starts running.

@@ -25,7 +25,7 @@ use crate::backend::Backend;
 use crate::isa::{Alu, Dst, Insn, Program, Src};
 use crate::space::{Fault, Layout, Pager, PagerStats};
 use crate::sync::{SyncError, SyncTable};
-use std::io::{BufRead, Write};
+use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::Scope;
@@ -68,21 +68,22 @@ pub trait Console: Send + Sync {
     fn input(&self) -> Option<String>;
 }
 
-/// The process's standard output and input.
-pub struct Stdio;
+/// A job's console: `out` lines on standard output; `in` takes the next line of the application's
+/// input (`vmfabric dvm run --input FILE`, or what was piped to it), in the order the nodes ask.
+pub struct JobConsole<'a> {
+    pub lines: Vec<String>,
+    pub sync: SyncTable<'a>,
+}
 
-impl Console for Stdio {
+impl Console for JobConsole<'_> {
     fn out(&self, node: u64, v: i64) {
         let mut o = std::io::stdout().lock();
         let _ = writeln!(o, "{node}: {v}");
         let _ = o.flush();
     }
     fn input(&self) -> Option<String> {
-        let mut s = String::new();
-        match std::io::stdin().lock().read_line(&mut s) {
-            Ok(0) | Err(_) => None,
-            Ok(_) => Some(s),
-        }
+        let i = self.sync.next_input().ok()?;
+        self.lines.get(i as usize).cloned()
     }
 }
 
@@ -103,6 +104,10 @@ pub struct Node<'a> {
     pub opts: VmOptions,
     pub console: &'a dyn Console,
     stop: AtomicBool,
+    /// The poll word compiled loops watch: the application's (shared) where mapped, else this
+    /// node's own, which a ticker changes every lease.
+    poll: Option<&'a AtomicU64>,
+    poll_local: AtomicU64,
     threads: Mutex<Vec<Arc<ThreadEntry>>>,
     trap: Mutex<Option<Trap>>,
     instructions: AtomicU64,
@@ -143,13 +148,16 @@ impl<'a> Node<'a> {
         } else {
             None
         };
+        let sync = SyncTable::new(b, t, off);
         Node {
             id,
             index,
             prog,
             b,
             layout,
-            sync: SyncTable::new(b, t, off),
+            poll: sync.poll_word(),
+            poll_local: AtomicU64::new(0),
+            sync,
             opts,
             console,
             stop: AtomicBool::new(false),
@@ -159,6 +167,18 @@ impl<'a> Node<'a> {
             stats: Mutex::new(PagerStats::default()),
             jit,
         }
+    }
+
+    /// The word compiled loops watch.
+    pub fn poll_word(&self) -> &AtomicU64 {
+        self.poll.unwrap_or(&self.poll_local)
+    }
+
+    /// The node stops: every thread leaves at its next safe point.
+    fn stop_all(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.poll_word().fetch_add(1, Ordering::AcqRel);
+        self.poll_local.fetch_add(1, Ordering::AcqRel);
     }
 
     fn owner_id(&self, tid: u64) -> u64 {
@@ -172,8 +192,18 @@ impl<'a> Node<'a> {
         self.threads.lock().unwrap().push(Arc::new(ThreadEntry { done: AtomicBool::new(false) }));
         let regs = vec![0i64; self.prog.registers as usize].into_boxed_slice();
         std::thread::scope(|s| {
+            if self.poll.is_none() && self.jit.is_some() {
+                // no shared poll word: compiled loops stop at a safe point every lease
+                let every = self.opts.lease.max(Duration::from_micros(20));
+                s.spawn(move || {
+                    while !self.stop.load(Ordering::Relaxed) {
+                        std::thread::sleep(every);
+                        self.poll_local.fetch_add(1, Ordering::AcqRel);
+                    }
+                });
+            }
             let r = self.thread(s, 0, regs, 0);
-            self.stop.store(true, Ordering::SeqCst);
+            self.stop_all();
             if let Err(t) = r {
                 self.record(t);
             }
@@ -184,7 +214,7 @@ impl<'a> Node<'a> {
         Ok(NodeReport {
             interpreted: self.instructions.load(Ordering::Relaxed),
             compiled: self.jit.is_some(),
-            pages: *self.stats.lock().unwrap(),
+            pages: std::mem::take(&mut *self.stats.lock().unwrap()),
         })
     }
 
@@ -193,7 +223,8 @@ impl<'a> Node<'a> {
         if g.is_none() {
             *g = Some(t);
         }
-        self.stop.store(true, Ordering::SeqCst);
+        drop(g);
+        self.stop_all();
     }
 
     fn backend_trap(&self, tid: u64, pc: usize, e: String) -> Trap {
@@ -216,20 +247,13 @@ impl<'a> Node<'a> {
             sp: 0,
             flags: 0,
             start: Instant::now(),
-            pager: Pager::new(self.b, self.layout, me, self.opts.lease, self.opts.inplace, &self.stop),
+            pager: Pager::new(self.b, self.layout, me, self.opts.lease, self.opts.inplace, &self.stop).with_poke(self.poll),
             me,
             executed: 0,
         };
         let r = t.run(pc);
         let released = t.pager.release_all();
-        {
-            let mut st = self.stats.lock().unwrap();
-            st.acquires += t.pager.stats.acquires;
-            st.fetches += t.pager.stats.fetches;
-            st.writebacks += t.pager.stats.writebacks;
-            st.waits += t.pager.stats.waits;
-            st.releases_for_waiter += t.pager.stats.releases_for_waiter;
-        }
+        self.stats.lock().unwrap().add(&t.pager.stats);
         self.instructions.fetch_add(t.executed, Ordering::Relaxed);
         if let Some(e) = self.threads.lock().unwrap().get(tid as usize) {
             e.done.store(true, Ordering::Release);
@@ -394,26 +418,29 @@ impl<'s, 'a: 's, 'e> Thread<'s, 'a, 'e> {
         let r = loop {
             if let Some(j) = jit {
                 if j.entry.get(pc).copied().unwrap_or(false) {
+                    let poll = self.node.poll_word();
                     let mut ctx = crate::jit::JitCtx {
                         regs: self.regs.as_mut_ptr(),
                         tlb: self.pager.tlb(),
                         stack: self.stack.as_mut_ptr(),
                         sp: self.sp as u64,
                         cap: self.stack.len() as u64,
-                        budget: budget as i64,
                         flags: self.flags as i64,
+                        poll: poll.as_ptr(),
+                        seen: poll.load(Ordering::Acquire),
                     };
                     // SAFETY: the context describes this thread's registers (the program's count),
-                    // stack and translation cache, all live for the call.
-                    pc = unsafe { j.run(&mut ctx, pc) };
+                    // stack and translation cache, all live for the call; the poll word lives as
+                    // long as the node.
+                    let next = unsafe { j.run(&mut ctx, pc) };
                     self.sp = ctx.sp as usize;
                     self.flags = ctx.flags as i8;
-                    if ctx.budget <= 0 {
-                        budget = BUDGET;
+                    if next & crate::jit::RESUME != 0 {
+                        pc = next & !crate::jit::RESUME;
                         self.safe_point(pc)?;
-                    } else {
-                        budget = ctx.budget as u32;
+                        continue;
                     }
+                    pc = next;
                 }
             }
             // one instruction: where compiled code stopped, or one it does not run

@@ -70,6 +70,8 @@ impl Space {
 #[derive(Clone)]
 struct Cfg {
     inplace: bool,
+    /// Compile to native code (else interpret every instruction).
+    jit: bool,
     stack_words: usize,
     input: Vec<String>,
 }
@@ -78,6 +80,7 @@ impl Default for Cfg {
     fn default() -> Cfg {
         Cfg {
             inplace: true,
+            jit: false,
             stack_words: 64,
             input: Vec::new(),
         }
@@ -89,6 +92,24 @@ fn copies() -> Cfg {
         inplace: false,
         ..Cfg::default()
     }
+}
+
+/// `cfg` interpreted, then compiled.
+fn modes(cfg: Cfg) -> [Cfg; 2] {
+    [Cfg { jit: false, ..cfg.clone() }, Cfg { jit: true, ..cfg }]
+}
+
+/// In place and on copies, each interpreted and compiled.
+fn every_mode() -> Vec<Cfg> {
+    modes(Cfg::default()).into_iter().chain(modes(copies())).collect()
+}
+
+fn mode(cfg: &Cfg) -> String {
+    format!(
+        "{}, {}",
+        if cfg.jit { "compiled" } else { "interpreted" },
+        if cfg.inplace { "in place" } else { "on copies" }
+    )
 }
 
 struct Outcome {
@@ -119,6 +140,7 @@ fn assemble(src: &str) -> Program {
 /// they have not all ended within 30 s or one panicked.
 fn go(srcs: &[&str], cfg: Cfg) -> Outcome {
     let progs: Vec<Program> = srcs.iter().map(|s| assemble(s)).collect();
+    let jit = cfg.jit;
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         let space = Space::new();
@@ -128,6 +150,7 @@ fn go(srcs: &[&str], cfg: Cfg) -> Outcome {
             stack_words: cfg.stack_words,
             lease: Duration::from_micros(20),
             inplace: cfg.inplace,
+            jit: cfg.jit,
         };
         let results = std::thread::scope(|s| {
             let hs: Vec<_> = progs
@@ -143,30 +166,51 @@ fn go(srcs: &[&str], cfg: Cfg) -> Outcome {
         let out = console.out.into_inner().unwrap();
         let _ = tx.send(Outcome { results, out, space });
     });
-    match rx.recv_timeout(Duration::from_secs(30)) {
+    let o = match rx.recv_timeout(Duration::from_secs(30)) {
         Ok(o) => o,
         Err(mpsc::RecvTimeoutError::Timeout) => panic!("the nodes did not end within 30 s"),
         Err(mpsc::RecvTimeoutError::Disconnected) => panic!("a node panicked instead of ending or trapping"),
+    };
+    for r in o.results.iter().flatten() {
+        assert_eq!(r.compiled, jit, "the program did not run as asked (see stderr)");
     }
+    o
 }
 
-/// Run `src` on one node; it must end without a trap. Returns what it printed.
+/// Run `src` on one node, interpreted and compiled; both must end without a trap and print the same.
+/// Returns what it printed.
 fn run_cfg(src: &str, cfg: Cfg) -> Vec<i64> {
-    let o = go(&[src], cfg);
-    o.ok();
-    o.values(FIRST_ID)
+    let [a, b] = modes(cfg).map(|c| {
+        let o = go(&[src], c.clone());
+        if let Err(t) = &o.results[0] {
+            panic!("{} ({}):\n{src}", t, mode(&c));
+        }
+        o.values(FIRST_ID)
+    });
+    if let Some(i) = (0..a.len().max(b.len())).find(|&i| a.get(i) != b.get(i)) {
+        panic!(
+            "compiled code printed {:?} as value {i}, the interpreter {:?} ({} and {} values)",
+            b.get(i),
+            a.get(i),
+            b.len(),
+            a.len()
+        );
+    }
+    a
 }
 
 fn run(src: &str) -> Vec<i64> {
     run_cfg(src, Cfg::default())
 }
 
-/// Run `src` on one node; it must trap.
+/// Run `src` on one node, interpreted and compiled; both must trap the same way.
 fn trap_cfg(src: &str, cfg: Cfg) -> Trap {
-    match go(&[src], cfg).results.remove(0) {
+    let [a, b] = modes(cfg).map(|c| match go(&[src], c.clone()).results.remove(0) {
         Err(t) => t,
-        Ok(_) => panic!("no trap:\n{src}"),
-    }
+        Ok(_) => panic!("no trap ({}):\n{src}", mode(&c)),
+    });
+    assert_eq!(b, a, "compiled code trapped differently");
+    a
 }
 
 fn trap(src: &str) -> Trap {
@@ -235,12 +279,14 @@ fn reference(op: &str, a: i64, b: i64) -> i64 {
 #[test]
 fn every_alu_operation_agrees_in_every_operand_form() {
     // Register-register and register-immediate are specialised by the assembler; indirect operands
-    // take the general path. Each form must give the reference result.
+    // take the general path. Each form must give the reference result. One program per operation
+    // gathers its results in registers 20.. and stores them 60 at a time at 0, 8, ... (read back from
+    // the page node's memory).
     let vals = [0, 1, -1, 2, -2, 3, 7, -7, 63, 64, 65, 100, MAX, MIN, 0x0123_4567_89ab_cdef];
     let ops = ["set", "add", "sub", "mul", "div", "and", "or", "xor", "shl", "shr"];
-    let mut src = String::from("set 10 $1\nset 11 $2\n"); // [10] = register 1, [11] = register 2
-    let mut want = Vec::new();
     for op in ops {
+        let mut src = String::from("set 10 $1\nset 11 $2\n"); // [10] = register 1, [11] = register 2
+        let mut want = Vec::new();
         for a in vals {
             for b in vals {
                 if op == "div" && b == 0 {
@@ -248,17 +294,25 @@ fn every_alu_operation_agrees_in_every_operand_form() {
                 }
                 let _ = writeln!(src, "set 2 ${b}");
                 for form in ["1 2", "1 ${b}", "[10] [11]", "[10] ${b}", "1 [11]"] {
-                    let _ = writeln!(src, "set 1 ${a}\n{op} {}\nout 1", form.replace("{b}", &b.to_string()));
-                    want.push(reference(op, a, b));
+                    let r = 20 + want.len() % 60;
+                    let _ = writeln!(src, "set 1 ${a}\n{op} {}\nset {r} 1", form.replace("{b}", &b.to_string()));
+                    want.push((a, b, form, reference(op, a, b)));
+                    if want.len() % 60 == 0 {
+                        let _ = writeln!(src, "str ${} 20 $60", 8 * (want.len() - 60));
+                    }
                 }
             }
         }
-    }
-    src.push_str("hlt\n");
-    let got = run(&src);
-    assert_eq!(got.len(), want.len());
-    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-        assert_eq!(g, w, "result {i}");
+        let rest = want.len() % 60;
+        let _ = writeln!(src, "str ${} 20 ${rest}\nhlt", 8 * (want.len() - rest));
+        for cfg in modes(Cfg::default()) {
+            let m = mode(&cfg);
+            let o = go(&[&src], cfg);
+            o.ok();
+            for (k, (a, b, form, w)) in want.iter().enumerate() {
+                assert_eq!(o.space.word(8 * k as u64), *w, "{op} {form} with a = {a}, b = {b} ({m})");
+            }
+        }
     }
 }
 
@@ -542,16 +596,21 @@ hlt
 
 #[test]
 fn hlt_ends_the_thread_and_out_names_the_node() {
-    let o = go(&["set 0 $1\nout 0\nhlt\nout $2\n"], Cfg::default());
-    let r = o.results[0].as_ref().unwrap();
-    assert_eq!(r.instructions, 3);
-    assert_eq!(o.out, [(FIRST_ID, 1)]);
-    // two nodes: each line names its node
-    let o = go(&["out $5\nhlt", "out $6\nhlt"], Cfg::default());
-    o.ok();
-    let mut out = o.out.clone();
-    out.sort();
-    assert_eq!(out, [(FIRST_ID, 5), (FIRST_ID + 1, 6)]);
+    for cfg in modes(Cfg::default()) {
+        let jit = cfg.jit;
+        let o = go(&["set 0 $1\nout 0\nhlt\nout $2\n"], cfg.clone());
+        let r = o.results[0].as_ref().unwrap();
+        if !jit {
+            assert_eq!(r.interpreted, 3);
+        }
+        assert_eq!(o.out, [(FIRST_ID, 1)]);
+        // two nodes: each line names its node
+        let o = go(&["out $5\nhlt", "out $6\nhlt"], cfg);
+        o.ok();
+        let mut out = o.out.clone();
+        out.sort();
+        assert_eq!(out, [(FIRST_ID, 5), (FIRST_ID + 1, 6)]);
+    }
 }
 
 #[test]
@@ -584,11 +643,16 @@ out 2
 out 4
 hlt
 ";
-    let t = Instant::now();
-    let v = run(src);
-    let wall = t.elapsed().as_micros() as i64;
-    assert!(0 <= v[0] && v[0] <= v[1] && v[1] <= v[2], "{v:?}");
-    assert!(v[2] <= wall, "{v:?} > {wall} µs");
+    // (times differ between runs: each mode on its own)
+    for cfg in modes(Cfg::default()) {
+        let t = Instant::now();
+        let o = go(&[src], cfg);
+        let wall = t.elapsed().as_micros() as i64;
+        o.ok();
+        let v = o.values(FIRST_ID);
+        assert!(0 <= v[0] && v[0] <= v[1] && v[1] <= v[2], "{v:?}");
+        assert!(v[2] <= wall, "{v:?} > {wall} µs");
+    }
 }
 
 // ------------------------------------------------------------------------------ memory
@@ -636,11 +700,11 @@ out 52
 out 53
 hlt
 ";
-    for cfg in [Cfg::default(), copies()] {
-        let inplace = cfg.inplace;
+    for cfg in every_mode() {
+        let m = mode(&cfg);
         let o = go(&[src], cfg);
         o.ok();
-        assert_eq!(o.values(FIRST_ID), [11, 11, 22, 33, 44, 22, 33, 22, 33, 44, 7, 1000, 22, 33], "inplace {inplace}");
+        assert_eq!(o.values(FIRST_ID), [11, 11, 22, 33, 44, 22, 33, 22, 33, 44, 7, 1000, 22, 33], "{m}");
         // and the words are in the page node's memory (written back at the end on copies)
         let s = &o.space;
         assert_eq!([s.word(64), s.word(128), s.word(136), s.word(144), s.word(152)], [11, 11, 22, 33, 44]);
@@ -691,16 +755,16 @@ hlt
     let vb = v.to_ne_bytes();
     let lo = i64::from_ne_bytes([0, 0, 0, 0, vb[0], vb[1], vb[2], vb[3]]);
     let hi = i64::from_ne_bytes([vb[4], vb[5], vb[6], vb[7], 0, 0, 0, 0]);
-    for cfg in [Cfg::default(), copies()] {
-        let inplace = cfg.inplace;
+    for cfg in every_mode() {
+        let m = mode(&cfg);
         let o = go(&[src], cfg);
         o.ok();
-        assert_eq!(o.values(FIRST_ID), [0, 101, 102, 103, 0, v, lo, hi, 101, 102, 1, 128, 255, 255], "inplace {inplace}");
+        assert_eq!(o.values(FIRST_ID), [0, 101, 102, 103, 0, v, lo, hi, 101, 102, 1, 128, 255, 255], "{m}");
         let s = &o.space;
         assert_eq!(s.bytes(8188, 8), vb);
         assert_eq!(s.word(12284 + 8), 102);
         for i in 0..256u64 {
-            assert_eq!(s.word(3072 + 8 * i), i as i64, "word {i} (inplace {inplace})");
+            assert_eq!(s.word(3072 + 8 * i), i as i64, "word {i} ({m})");
         }
     }
 }
@@ -720,11 +784,80 @@ out 4
 out 5
 hlt
 ";
-    for cfg in [Cfg::default(), copies()] {
+    for cfg in every_mode() {
         let o = go(&[src], cfg);
         o.ok();
         assert_eq!(o.values(FIRST_ID), [0, -1, 0, 0]);
         assert_eq!(o.space.word(SPACE - 8), -1);
+    }
+}
+
+#[test]
+fn memory_in_loops_stays_right_when_pages_change() {
+    // Loops keep using the page they used last (compiled code goes through the translation cache
+    // inline and falls back when the page changes, is held only for reading, or a word is unaligned).
+    let src = "\
+set 1 $0
+set 2 $0
+:l
+str $64 1 $1        ; page 0
+lod $64 3 $1
+add 2 3
+set 4 1
+set 5 1
+str $128 4 $2       ; two words
+lod $128 6 $2
+add 2 6
+add 2 7
+push 1 $3
+pop 10 $3           ; register 10 = register 1
+add 2 10
+for 1 $1000 l
+out 2
+set 1 $0
+:pages              ; 16 rounds over all 16 pages: word 8 of page p += p + 1
+set 3 $0
+:p
+set 4 3
+shl 4 $12
+add 4 $8
+lod 4 5 $1
+add 5 3
+inc 5
+str 4 5 $1
+for 3 $16 p
+for 1 $16 pages
+set 3 $0
+set 6 $0
+:sum
+set 4 3
+shl 4 $12
+add 4 $8
+lod 4 5 $1
+add 6 5
+for 3 $16 sum
+out 6
+set 1 $0
+set 7 $0
+:u                  ; unaligned and page-spanning words in a loop
+set 4 1
+shl 4 $12
+add 4 $4092         ; 4 bytes before page p + 1
+str 4 1 $1
+lod 4 8 $1
+add 7 8
+for 1 $15 u
+out 7
+hlt
+";
+    for cfg in every_mode() {
+        let m = mode(&cfg);
+        let o = go(&[src], cfg);
+        o.ok();
+        assert_eq!(o.values(FIRST_ID), [4 * 499_500, 16 * 136, 105], "{m}");
+        for p in 0..16u64 {
+            assert_eq!(o.space.word(p * PAGE + 8), 16 * (p as i64 + 1), "page {p} ({m})");
+        }
     }
 }
 
@@ -933,7 +1066,7 @@ out 5
 out 8
 hlt
 ";
-    for cfg in [Cfg::default(), copies()] {
+    for cfg in every_mode() {
         let o = go(&[producer, consumer], cfg);
         o.ok();
         assert_eq!(o.values(FIRST_ID), [] as [i64; 0]);
@@ -970,11 +1103,11 @@ hlt
     };
     let progs = [prog("lock $1", "unlock $1"), prog("lock 9", "unlock 9"), prog("lock [8]", "unlock [8]")];
     let srcs: Vec<&str> = progs.iter().map(|s| s.as_str()).collect();
-    for cfg in [Cfg::default(), copies()] {
-        let inplace = cfg.inplace;
+    for cfg in every_mode() {
+        let m = mode(&cfg);
         let o = go(&srcs, cfg);
         o.ok();
-        assert_eq!(o.space.word(8), 3 * 2 * 300, "inplace {inplace}");
+        assert_eq!(o.space.word(8), 3 * 2 * 300, "{m}");
     }
 }
 
@@ -1014,7 +1147,7 @@ hlt
     };
     let progs = [prog(0, "barr $1 $3"), prog(8, "barr 5 6"), prog(16, "barr [30] [31]")];
     let srcs: Vec<&str> = progs.iter().map(|s| s.as_str()).collect();
-    for cfg in [Cfg::default(), copies()] {
+    for cfg in every_mode() {
         let o = go(&srcs, cfg);
         o.ok();
         for i in 0..3 {
@@ -1024,9 +1157,11 @@ hlt
     // a barrier counts threads of any node: two threads of one node and one of another
     let a = "fork c 1\nstr $0 1 $1\nbarr $4 $3\njoin 1\nhlt\n:c\nset 2 $7\nstr $8 2 $1\nbarr $4 $3\nhlt";
     let b = "barr $4 $3\nlod $0 10 $2\nout 10\nout 11\nhlt";
-    let o = go(&[a, b], Cfg::default());
-    o.ok();
-    assert_eq!(o.values(FIRST_ID + 1), [1, 7]);
+    for cfg in modes(Cfg::default()) {
+        let o = go(&[a, b], cfg);
+        o.ok();
+        assert_eq!(o.values(FIRST_ID + 1), [1, 7]);
+    }
 }
 
 // ------------------------------------------------------------------------------ traps
@@ -1160,8 +1295,9 @@ fn trap_running_past_the_last_instruction() {
     let past = tr(0, "t.dass: past the last instruction", "ran past the last instruction (no hlt)");
     assert_eq!(trap("set 0 $1\nout 0"), past);
     assert_eq!(trap("jmp end\nhlt\n:end"), past);
-    let o = go(&["out $1"], Cfg::default());
-    assert_eq!(o.out, [(FIRST_ID, 1)]);
+    for cfg in modes(Cfg::default()) {
+        assert_eq!(go(&["out $1"], cfg).out, [(FIRST_ID, 1)]);
+    }
 }
 
 #[test]
@@ -1177,20 +1313,23 @@ fn trap_in_at_end_of_input() {
 #[test]
 fn trap_deadlock_when_every_thread_waits() {
     let cause = "deadlock: every thread of the application waits";
-    // two nodes, each waiting for a signal nobody sends
-    let t = Instant::now();
-    let o = go(&["wait $1\nhlt", "set 1 $2\nwait 1\nhlt"], Cfg::default());
-    let took = t.elapsed();
-    assert_eq!(o.results[0].as_ref().unwrap_err(), &tr(0, "t.dass:1 (wait $1)", cause));
-    let mut t8 = tr(0, "t.dass:2 (wait 1)", cause);
-    t8.node = FIRST_ID + 1;
-    assert_eq!(o.results[1].as_ref().unwrap_err(), &t8);
-    assert!(took < Duration::from_secs(2), "{took:?}");
-    // one node: the child waits for a mutex its parent holds, the parent joins the child
-    let t = trap("lock $1\nfork c 1\njoin 1\nhlt\n:c\nlock $1\nhlt");
-    assert_eq!(t.cause, cause);
-    assert!(
-        t == tr(0, "t.dass:3 (join 1)", cause) || t == tr(1, "t.dass:6 (lock $1)", cause),
-        "{t}"
-    );
+    for cfg in modes(Cfg::default()) {
+        // two nodes, each waiting for a signal nobody sends
+        let t = Instant::now();
+        let o = go(&["wait $1\nhlt", "set 1 $2\nwait 1\nhlt"], cfg.clone());
+        let took = t.elapsed();
+        assert_eq!(o.results[0].as_ref().unwrap_err(), &tr(0, "t.dass:1 (wait $1)", cause));
+        let mut t8 = tr(0, "t.dass:2 (wait 1)", cause);
+        t8.node = FIRST_ID + 1;
+        assert_eq!(o.results[1].as_ref().unwrap_err(), &t8);
+        assert!(took < Duration::from_secs(2), "{took:?}");
+        // one node: the child waits for a mutex its parent holds, the parent joins the child (either
+        // may find the deadlock first)
+        let t = go(&["lock $1\nfork c 1\njoin 1\nhlt\n:c\nlock $1\nhlt"], cfg).results.remove(0).unwrap_err();
+        assert!(
+            t == tr(0, "t.dass:3 (join 1)", cause) || t == tr(1, "t.dass:6 (lock $1)", cause),
+            "{t}"
+        );
+    }
 }
+

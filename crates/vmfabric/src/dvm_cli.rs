@@ -40,6 +40,10 @@ struct AppOpts {
     /// Print each compute node's instruction and page counters on stderr at the end.
     #[arg(long)]
     stats: bool,
+    /// Lines `in` instructions read, in the order the nodes ask (default: what is piped to `dvm run`;
+    /// nothing when standard input is a terminal).
+    #[arg(long)]
+    input: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -101,12 +105,44 @@ fn load(dir: &Path, o: &AppOpts) -> Result<App, i32> {
     })
 }
 
-fn node_args(o: &AppOpts) -> Vec<String> {
+fn node_args(o: &AppOpts, input: Option<&Path>) -> Vec<String> {
     let mut a = options(o).to_args();
     if o.stats {
         a.push("--stats".into());
     }
+    if let Some(i) = input {
+        a.push(format!("--input={}", i.display()));
+    }
     a
+}
+
+/// The input file for the nodes: --input, else standard input saved to a temporary file when it is not
+/// a terminal (removed with the returned guard).
+fn input_file(o: &AppOpts) -> Result<(Option<PathBuf>, Option<TempInput>), String> {
+    if let Some(p) = &o.input {
+        std::fs::metadata(p).map_err(|e| format!("--input {}: {e}", p.display()))?;
+        return Ok((Some(p.clone()), None));
+    }
+    // SAFETY: isatty only inspects descriptor 0.
+    if unsafe { libc::isatty(0) } == 1 {
+        return Ok((None, None));
+    }
+    let mut data = Vec::new();
+    std::io::Read::read_to_end(&mut std::io::stdin(), &mut data).map_err(|e| format!("standard input: {e}"))?;
+    if data.is_empty() {
+        return Ok((None, None));
+    }
+    let p = std::env::temp_dir().join(format!("vmf-dvm-input-{}", std::process::id()));
+    std::fs::write(&p, data).map_err(|e| format!("{}: {e}", p.display()))?;
+    Ok((Some(p.clone()), Some(TempInput(p))))
+}
+
+struct TempInput(PathBuf);
+
+impl Drop for TempInput {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 pub fn run(a: DvmArgs) -> i32 {
@@ -140,8 +176,15 @@ pub fn run(a: DvmArgs) -> i32 {
                 eprintln!("vmfabric dvm: cannot find the vmfabric executable");
                 return 2;
             };
+            let (input, _guard) = match input_file(&opts) {
+                Ok(x) => x,
+                Err(e) => {
+                    eprintln!("vmfabric dvm: {e}");
+                    return 2;
+                }
+            };
             let mut args = vec!["dvm".to_string(), "node".to_string(), appdir.display().to_string()];
-            args.extend(node_args(&opts));
+            args.extend(node_args(&opts, input.as_deref()));
             let mut ro = vmf_launch::RunOptions::new(app.nodes.len(), exe.display().to_string(), args);
             ro.quiet = true;
             ro.region_dir = crate::default_region_dir(None);
@@ -170,17 +213,36 @@ pub fn run(a: DvmArgs) -> i32 {
                 }
             };
             let me = &app.nodes[fab.rank().min(app.nodes.len() - 1)];
-            let code = match run_node(&fab, &app) {
+            let input = match &opts.input {
+                Some(p) => match std::fs::read_to_string(p) {
+                    Ok(t) => t.lines().map(str::to_string).collect(),
+                    Err(e) => {
+                        eprintln!("vmfabric dvm: --input {}: {e}", p.display());
+                        std::process::exit(2);
+                    }
+                },
+                None => Vec::new(),
+            };
+            let code = match run_node(&fab, &app, input) {
                 Ok(NodeEnd::Page) => 0,
                 Ok(NodeEnd::Compute(r)) => {
                     if opts.stats {
-                        let p = r.pages;
+                        let p = &r.pages;
+                        let med = |v: &[u32]| {
+                            vmf_dvm::space::median_us(v).map_or("-".to_string(), |m| format!("{m:.2} us ({} samples)", v.len()))
+                        };
                         eprintln!(
-                            "dvm: node {}: {}, {} instructions interpreted, {} page acquisitions ({} waited), {} fetches, {} write-backs, {} given to waiters",
+                            "dvm: node {}: {}, {} instructions interpreted, {} page acquisitions ({} waited), {} fetches, {} write-backs, {} given to waiters; median take {}, median fetch {}",
                             me.id,
                             if r.compiled { "compiled" } else { "interpreted" },
                             r.interpreted,
-                            p.acquires, p.waits, p.fetches, p.writebacks, p.releases_for_waiter
+                            p.acquires,
+                            p.waits,
+                            p.fetches,
+                            p.writebacks,
+                            p.releases_for_waiter,
+                            med(&p.take_ns),
+                            med(&p.fetch_ns)
                         );
                     }
                     0
