@@ -210,7 +210,7 @@ fn may_fall_back(i: &Insn) -> bool {
 /// compile, a fallback).
 fn entries(p: &Program, ok: &[bool]) -> Vec<bool> {
     let n = p.code.len();
-    // n + 2: a label after the last instruction is a jump target l = n, and l + 1 is marked too
+    // room past the end: a label after the last instruction is a jump target l = n
     let mut e = vec![false; n + 2];
     e[0] = true;
     for (i, insn) in p.code.iter().enumerate() {

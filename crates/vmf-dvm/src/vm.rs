@@ -429,6 +429,12 @@ impl<'s, 'a: 's, 'e> Thread<'s, 'a, 'e> {
                         poll: poll.as_ptr(),
                         seen: poll.load(Ordering::Acquire),
                     };
+                    // A stop that came before `seen` was read changes the poll word no more: a
+                    // compiled loop would never notice it (stop_all sets `stop` before it changes the
+                    // word, so a `seen` that includes the change also sees `stop`).
+                    if self.node.stop.load(Ordering::Acquire) {
+                        break Err(Stop::Stopped);
+                    }
                     // SAFETY: the context describes this thread's registers (the program's count),
                     // stack and translation cache, all live for the call; the poll word lives as
                     // long as the node.
