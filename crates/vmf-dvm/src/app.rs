@@ -100,7 +100,7 @@ impl Options {
         if !self.page_size.is_power_of_two() || !(64..=1 << 30).contains(&self.page_size) {
             return Err(format!("--page-size {} is not a power of two between 64 and 1 GiB", self.page_size));
         }
-        if self.space == 0 || self.space % self.page_size as u64 != 0 || self.space > 1 << 40 {
+        if self.space == 0 || !self.space.is_multiple_of(self.page_size as u64) || self.space > 1 << 40 {
             return Err(format!(
                 "--space {} is not a positive multiple of the page size {} (at most 1 TiB)",
                 self.space, self.page_size

@@ -50,7 +50,7 @@ impl Direct {
     #[inline]
     fn word(&self, t: usize, off: usize) -> BResult<&AtomicU64> {
         let p = self.at(t, off, 8)?;
-        if p as usize % 8 != 0 {
+        if !(p as usize).is_multiple_of(8) {
             return Err(format!("unaligned word at {off} of rank {t}"));
         }
         // SAFETY: in bounds, aligned, in a live shared mapping.

@@ -320,6 +320,7 @@ struct Gen {
 }
 
 impl Gen {
+    #[allow(clippy::too_many_arguments)]
     fn emit(
         b: &mut FunctionBuilder,
         p: &Program,
@@ -623,37 +624,31 @@ impl Gen {
             Insn::ForRR(a, s, l) | Insn::For(Dst::Reg(a), Src::Reg(s), l) => {
                 let s = self.get(b, s);
                 self.for_(b, a, s, l, pc);
-                return;
             }
             Insn::ForRI(a, v, l) | Insn::For(Dst::Reg(a), Src::Imm(v), l) => {
                 let s = b.ins().iconst(I64, v);
                 self.for_(b, a, s, l, pc);
-                return;
             }
             Insn::JCmpRR(c, x, y, l) => {
                 let (x, y) = (self.get(b, x), self.get(b, y));
                 let t = b.ins().icmp(cc(c), x, y);
                 self.branch(b, t, l, pc);
-                return;
             }
             Insn::JCmpRI(c, x, v, l) => {
                 let x = self.get(b, x);
                 let t = b.ins().icmp_imm(cc(c), x, v);
                 self.branch(b, t, l, pc);
-                return;
             }
             Insn::JCmp(c, x, y, l) => {
                 let (x, y) = (self.src(b, x), self.src(b, y));
                 let t = b.ins().icmp(cc(c), x, y);
                 self.branch(b, t, l, pc);
-                return;
             }
             Insn::CJmp(c, x, y, l) => {
                 let (x, y) = (self.src(b, x), self.src(b, y));
                 self.set_flags(b, x, y);
                 let t = self.flag_holds(b, c);
                 self.branch(b, t, l, pc);
-                return;
             }
             Insn::Cmp(x, y) => {
                 let (x, y) = (self.src(b, x), self.src(b, y));
@@ -662,11 +657,9 @@ impl Gen {
             Insn::JFlag(c, l) => {
                 let t = self.flag_holds(b, c);
                 self.branch(b, t, l, pc);
-                return;
             }
             Insn::Jmp(l) => {
                 self.goto(b, l, pc);
-                return;
             }
             Insn::Lod { addr, dst: Dst::Reg(d), n: Src::Imm(n) } if n >= BULK => {
                 let a = self.src(b, addr);

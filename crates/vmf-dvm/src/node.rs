@@ -62,6 +62,12 @@ pub fn run_node(fab: &Fabric, app: &App, input: Vec<String>) -> Result<NodeEnd, 
     let all_mapped = page_ranks.iter().all(|&t| mapped[t].is_some());
     win.fetch_add_u64(sync_rank, sync_off + UNMAPPED, u64::from(!all_mapped))
         .map_err(|e| setup(format!("window: {e}")))?;
+    if matches!(app.nodes[rank].role, Role::Compute { .. }) {
+        // this node's first thread runs from now on, for the deadlock check (before the barrier: a node
+        // that starts late must not look like a deadlock to one that blocks early)
+        win.fetch_add_u64(sync_rank, sync_off + crate::sync::ALIVE, 1)
+            .map_err(|e| setup(format!("window: {e}")))?;
+    }
     win.flush_all().map_err(|e| setup(format!("window: {e}")))?;
     fab.barrier().map_err(|e| setup(format!("barrier: {e}")))?;
     let mut c = [0u8; 8];
@@ -124,5 +130,7 @@ fn run_compute(
     opts: VmOptions,
     console: &dyn Console,
 ) -> Result<NodeReport, Trap> {
-    Node::new(id, index, prog, b, layout, opts, console).run()
+    let mut n = Node::new(id, index, prog, b, layout, opts, console);
+    n.main_counted = true;
+    n.run()
 }

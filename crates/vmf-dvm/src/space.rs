@@ -395,7 +395,7 @@ impl<'a> Pager<'a> {
                 return Err(Fault::Stopped);
             }
             if let Some(p) = self.poke {
-                if spins % 16 == 0 || spins > 64 {
+                if spins.is_multiple_of(16) || spins > 64 {
                     p.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
                 }
             }

@@ -24,7 +24,8 @@ const HEADER: usize = 64;
 /// Bytes of the table (header and slots).
 pub const TABLE_BYTES: usize = HEADER + SLOTS * SLOT_BYTES;
 
-const ALIVE: usize = 0;
+/// Offset in the header of the count of running threads.
+pub const ALIVE: usize = 0;
 const BLOCKED: usize = 8;
 const PROGRESS: usize = 16;
 /// Set by the thread that finds the application deadlocked, so every blocked thread ends too.
@@ -116,7 +117,7 @@ impl<'a> SyncTable<'a> {
     /// The poll word, where it is mapped here.
     pub fn poll_word(&self) -> Option<&'a std::sync::atomic::AtomicU64> {
         let p = self.b.frame(self.t, self.base + POLL)?;
-        if p as usize % 8 != 0 {
+        if !(p as usize).is_multiple_of(8) {
             return None;
         }
         // SAFETY: an aligned word of the table, mapped for as long as the backend lives.
@@ -230,8 +231,11 @@ impl<'a> SyncTable<'a> {
 
     /// `barr d n`: wait until n threads (of any nodes) have arrived at barrier d.
     pub fn barrier(&self, key: i64, n: i64, stop: &AtomicBool) -> Result<(), SyncError> {
-        if n <= 0 || n > u32::MAX as i64 {
+        if n <= 0 {
             return Err(SyncError::Misuse(format!("barrier {key}: count {n} is not positive")));
+        }
+        if n > u32::MAX as i64 {
+            return Err(SyncError::Misuse(format!("barrier {key}: count {n} is more than {}", u32::MAX)));
         }
         let s = self.slot(key)?;
         let gen = loop {

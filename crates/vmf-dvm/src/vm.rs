@@ -112,6 +112,9 @@ pub struct Node<'a> {
     trap: Mutex<Option<Trap>>,
     instructions: AtomicU64,
     stats: Mutex<PagerStats>,
+    /// The first thread was already counted as running (before the job's start barrier, so a node
+    /// that starts late cannot look like a deadlock to one that blocks early).
+    pub main_counted: bool,
     jit: Option<crate::jit::Compiled>,
 }
 
@@ -165,6 +168,7 @@ impl<'a> Node<'a> {
             trap: Mutex::new(None),
             instructions: AtomicU64::new(0),
             stats: Mutex::new(PagerStats::default()),
+            main_counted: false,
             jit,
         }
     }
@@ -188,7 +192,9 @@ impl<'a> Node<'a> {
     /// Run the program from its first instruction until the first thread halts; the first trap of any
     /// thread is the result.
     pub fn run(&self) -> Result<NodeReport, Trap> {
-        self.sync.thread_started().map_err(|e| self.backend_trap(0, 0, e))?;
+        if !self.main_counted {
+            self.sync.thread_started().map_err(|e| self.backend_trap(0, 0, e))?;
+        }
         self.threads.lock().unwrap().push(Arc::new(ThreadEntry { done: AtomicBool::new(false) }));
         let regs = vec![0i64; self.prog.registers as usize].into_boxed_slice();
         std::thread::scope(|s| {
@@ -346,7 +352,11 @@ impl<'s, 'a: 's, 'e> Thread<'s, 'a, 'e> {
         match f {
             Fault::Range(a, n) => Stop::Trap(
                 pc,
-                format!("address {a} ({n} bytes) outside the shared space (0..{})", self.node.layout.space_bytes()),
+                format!(
+                    "address {} ({n} bytes) outside the shared space (0..{})",
+                    a as i64,
+                    self.node.layout.space_bytes()
+                ),
             ),
             Fault::Backend(e) => Stop::Trap(pc, format!("a page node could not be reached: {e}")),
             Fault::Stopped => Stop::Stopped,

@@ -438,7 +438,10 @@ hlt
 
 const PAIRS: [(i64, i64); 7] = [(-5, 3), (3, -5), (4, 4), (MIN, MAX), (MAX, MIN), (-1, 1), (0, -1)];
 
-fn conds() -> [(&'static str, fn(i64, i64) -> bool); 6] {
+/// A mnemonic and what its condition means.
+type CondFn = (&'static str, fn(i64, i64) -> bool);
+
+fn conds() -> [CondFn; 6] {
     [
         ("jlt", |a, b| a < b),
         ("jgt", |a, b| a > b),
@@ -511,7 +514,7 @@ fn compare_and_jump_forms_jump_without_touching_the_flags() {
 
 #[test]
 fn cj_forms_compare_set_the_flags_and_jump() {
-    let cj: [(&str, fn(i64, i64) -> bool); 3] = [("cjl", |a, b| a < b), ("cjg", |a, b| a > b), ("cje", |a, b| a == b)];
+    let cj: [CondFn; 3] = [("cjl", |a, b| a < b), ("cjg", |a, b| a > b), ("cje", |a, b| a == b)];
     let (mut src, mut k, mut want) = (String::from("set 8 $1\nset 9 $2\n"), 0, Vec::new());
     for (a, b) in PAIRS {
         let _ = writeln!(src, "set 1 ${a}\nset 2 ${b}");
@@ -1187,13 +1190,13 @@ fn trap_division_by_zero() {
 
 #[test]
 fn trap_address_outside_the_shared_space() {
-    let cause = |a: u64, n: usize| format!("address {a} ({n} bytes) outside the shared space (0..{SPACE})");
+    let cause = |a: i64, n: usize| format!("address {a} ({n} bytes) outside the shared space (0..{SPACE})");
     assert_eq!(trap("lod $65536 1 $1\nhlt"), tr(0, "t.dass:1 (lod $65536 1 $1)", &cause(65536, 8)));
     assert_eq!(trap("str $65536 1 $1\nhlt"), tr(0, "t.dass:1 (str $65536 1 $1)", &cause(65536, 8)));
     assert_eq!(trap("lod $65528 1 $2\nhlt"), tr(0, "t.dass:1 (lod $65528 1 $2)", &cause(65528, 16)));
     assert_eq!(trap("str $65532 1 $1\nhlt"), tr(0, "t.dass:1 (str $65532 1 $1)", &cause(65532, 8)));
-    assert_eq!(trap("set 5 $-8\nlod 5 1 $1\nhlt"), tr(0, "t.dass:2 (lod 5 1 $1)", &cause(-8i64 as u64, 8)));
-    assert_eq!(trap("str $-4 1 $2\nhlt"), tr(0, "t.dass:1 (str $-4 1 $2)", &cause(-4i64 as u64, 16)));
+    assert_eq!(trap("set 5 $-8\nlod 5 1 $1\nhlt"), tr(0, "t.dass:2 (lod 5 1 $1)", &cause(-8, 8)));
+    assert_eq!(trap("str $-4 1 $2\nhlt"), tr(0, "t.dass:1 (str $-4 1 $2)", &cause(-4, 16)));
     // copies take the same checks
     assert_eq!(trap_cfg("lod $1000000 1 $1\nhlt", copies()), tr(0, "t.dass:1 (lod $1000000 1 $1)", &cause(1_000_000, 8)));
 }

@@ -265,7 +265,7 @@ fn print_tables(f: &Fabric, tables: &[(Kind, Vec<Row>)], transport: &str) {
 
 fn latency(f: &Fabric, s: &[u8], r: &mut [u8], iters: usize) -> Result<Row, Error> {
     let peer = f.rank() ^ 1;
-    let even = f.rank() % 2 == 0;
+    let even = f.rank().is_multiple_of(2);
     let warm = (iters / 10).max(2);
     f.barrier()?;
     let mut t0 = Instant::now();
@@ -312,7 +312,7 @@ fn bandwidth(
     bidir: bool,
 ) -> Result<Row, Error> {
     let peer = f.rank() ^ 1;
-    let sender = f.rank() % 2 == 0;
+    let sender = f.rank().is_multiple_of(2);
     let warm = (iters / 10).max(2);
     let n = s.len();
     let mut ack = [0u8; 4];

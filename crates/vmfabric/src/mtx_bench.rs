@@ -142,7 +142,7 @@ pub fn run_mtx(iters: usize, json: Option<PathBuf>) -> i32 {
                     while lock.compare_exchange_weak(0, 1, Ordering::Acquire, Ordering::Relaxed).is_err() {
                         while lock.load(Ordering::Relaxed) != 0 {
                             spins += 1;
-                            if spins % 256 == 0 {
+                            if spins.is_multiple_of(256) {
                                 vmf_pal::yield_now();
                             } else {
                                 vmf_pal::cpu_relax();

@@ -76,7 +76,7 @@ pub fn run(kind: Rma, o: Opts) -> i32 {
 }
 
 fn body(f: &Fabric, kind: Rma, o: &Opts) -> Result<(), Error> {
-    let origin = f.rank() % 2 == 0;
+    let origin = f.rank().is_multiple_of(2);
     let peer = f.rank() ^ 1;
     let sizes: Vec<usize> = if kind == Rma::Atomic { vec![8] } else { o.sizes.clone() };
     let maxsz = sizes.iter().copied().max().unwrap_or(8).max(64);

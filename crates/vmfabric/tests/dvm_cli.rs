@@ -3,6 +3,7 @@
 //! emulated hosts, and the messages and exit status of assembler errors, traps and bad nodes.txt files.
 //! Every application runs on a copy in a temporary directory with its own region directory; every
 //! command has a time limit (its process group is killed when it runs out).
+use std::io::Write;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -473,4 +474,88 @@ fn dvm_asm_reports_instruction_counts_or_every_error() {
             .unwrap();
         assert!(n > 0, "{line}");
     }
+}
+
+/// Four processes write one page at once: each increments its own word 3000 times (so every increment
+/// may have to take the page from another node: reservations, lease expiry, hand-over), and all of them a
+/// shared counter under mutex 1. No update may be lost to a stale copy, a write-back or a hand-over, with
+/// the default lease, a zero lease and a long one, in place and on copies.
+#[test]
+fn several_writers_on_one_page_lose_no_update() {
+    let tmp = Tmp::new("contend");
+    let prog = "\
+; ticket: which word is this node's
+lock $1
+lod $0 10 $1
+set 11 10
+inc 11
+str $0 11 $1
+unlock $1
+set 12 10
+shl 12 $3
+add 12 $64          ; own word: 64 + 8 * ticket (the same page as everything else)
+set 1 $0
+:loop
+lod 12 2 $1
+inc 2
+str 12 2 $1
+lock $2
+lod $8 3 $1
+inc 3
+str $8 3 $1
+unlock $2
+inc 1
+jlt 1 $3000 loop
+barr $9 $4
+lod 12 2 $1
+out 2
+lod $8 3 $1
+out 3
+hlt
+";
+    tmp.write("app/w.dass", prog);
+    let mut nodes = String::from("[pagenodes]\n1 127.0.0.1 0\n[computenodes]\n");
+    for id in 10..14 {
+        nodes.push_str(&format!("{id} 127.0.0.1 w.dass 0\n"));
+    }
+    tmp.write("app/nodes.txt", &nodes);
+    let app = tmp.path("app");
+    let app = app.to_str().unwrap();
+    for extra in [&[][..], &["--copy"], &["--lease-us", "0"], &["--lease-us", "2000", "--copy"], &["--interpret"]] {
+        let mut args = vec!["dvm", "run", app];
+        args.extend_from_slice(extra);
+        let what = format!("{extra:?}");
+        let v = values(&vmf(&args, &tmp.path("regions"), LIMIT), &what);
+        assert_eq!(v.len(), 8, "{what}: {v:?}");
+        for id in 10..14u64 {
+            let mine: Vec<i64> = v.iter().filter(|x| x.0 == id).map(|x| x.1).collect();
+            assert_eq!(mine, [3000, 12000], "{what}: node {id}");
+        }
+    }
+}
+
+/// `in` reads the lines piped into `dvm run` (or --input), in the order the nodes ask.
+#[test]
+fn in_reads_piped_input_and_the_input_file() {
+    let tmp = Tmp::new("input");
+    let app = one_node_app(&tmp, "in 0\nin 1\nadd 0 1\nout 0\nhlt\n");
+    let app = app.to_str().unwrap();
+    std::fs::create_dir_all(tmp.path("regions")).unwrap();
+    let mut child = Command::new(bin())
+        .args(["dvm", "run", app])
+        .env("VMF_REGION_DIR", tmp.path("regions"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"40\n2\n").unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(values(&o, "piped"), [(2, 42)]);
+    let input = tmp.write("in.txt", "-5\n7\n");
+    let o = vmf(&["dvm", "run", "--input", input.to_str().unwrap(), app], &tmp.path("regions"), LIMIT);
+    assert_eq!(values(&o, "--input"), [(2, 2)]);
+    let o = vmf(&["dvm", "run", app], &tmp.path("regions"), LIMIT);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    assert!(stderr(&o).contains("trap on node 2, thread 0, at a.dass:1 (in 0): in: end of input"), "{}", stderr(&o));
 }
