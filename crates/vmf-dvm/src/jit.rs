@@ -86,7 +86,8 @@ fn reg_src(s: Src) -> bool {
     !matches!(s, Src::Ind(_))
 }
 
-const MAX_WORDS: i64 = 64;
+/// lod/str of at most this many words are compiled (the register file's limit).
+const MAX_WORDS: i64 = 1 << 20;
 const MAX_PUSH: i64 = 256;
 
 /// Whether instruction `i` is compiled.
@@ -179,7 +180,7 @@ fn registers(p: &Program, ok: &[bool]) -> (BTreeSet<u32>, BTreeSet<u32>) {
 /// instead of moving each register's variable.
 const BULK: i64 = 4;
 /// Above this many words a copy calls memcpy instead of inline loads and stores.
-const INLINE_COPY: i64 = 16;
+const INLINE_COPY: i64 = 128;
 
 fn bulk(i: &Insn) -> bool {
     matches!(
@@ -281,8 +282,12 @@ pub fn compile(p: &Program, page_shift: u32) -> Result<Compiled, String> {
     ctx.set_disasm(dump);
     module.define_function(id, &mut ctx).map_err(|e| format!("cranelift: {e:?}"))?;
     if dump {
-        if let Some(v) = ctx.compiled_code().and_then(|c| c.vcode.clone()) {
-            eprintln!("{}: native code\n{v}", p.file);
+        if let Some(c) = ctx.compiled_code() {
+            if let Some(v) = &c.vcode {
+                eprintln!("{}: native code\n{v}", p.file);
+            }
+            // the bytes too, for a disassembler (objdump -D -b binary -mi386:x86-64 FILE)
+            let _ = std::fs::write(format!("/tmp/vmf-dvm-jit-{}.bin", std::process::id()), c.code_buffer());
         }
     }
     module.clear_context(&mut ctx);
@@ -433,6 +438,11 @@ impl Gen {
     }
 
     fn leave(&mut self, b: &mut FunctionBuilder, pc: usize) {
+        // out of line: the hot path (a loop and its tests) stays contiguous, its back edge the only
+        // taken branch
+        if let Some(cur) = b.current_block() {
+            b.set_cold_block(cur);
+        }
         let v = b.ins().iconst(I64, pc as i64);
         b.def_var(self.exit_pc, v);
         b.ins().jump(self.exit, &[]);
@@ -460,9 +470,10 @@ impl Gen {
         // Not `trusted`: another thread writes it (an aligned 8-byte load is atomic on every target
         // Cranelift compiles for here).
         let now = b.ins().load(I64, MemFlags::new().with_aligned().with_notrap(), self.poll, 0);
-        let changed = b.ins().icmp(IntCC::NotEqual, now, self.seen);
+        // the back edge itself is the conditional branch (taken while nothing changed)
+        let same = b.ins().icmp(IntCC::Equal, now, self.seen);
         let out = b.create_block();
-        b.ins().brif(changed, out, &[], target, &[]);
+        b.ins().brif(same, target, &[], out, &[]);
         b.switch_to_block(out);
         self.leave(b, l as usize | RESUME);
     }
@@ -592,6 +603,55 @@ impl Gen {
         }
     }
 
+    /// Registers `first..first+n` to memory at `dst` (str, push): registers compiled code keeps in
+    /// variables are stored from them, runs of the others copied from the register file (no spill
+    /// before the copy: a 16-byte load of a word just stored would stall on store forwarding).
+    fn bulk_out(&mut self, b: &mut FunctionBuilder, dst: Value, first: u32, n: i64) {
+        if n > INLINE_COPY {
+            self.spill(b, first, n);
+            let from = self.reg_addr(b, first);
+            self.copy(b, dst, from, n);
+            return;
+        }
+        let mf = MemFlags::trusted();
+        let mut k = 0u32;
+        while (k as i64) < n {
+            let r = first + k;
+            if let Some(&v) = self.vars.get(&r) {
+                let x = b.use_var(v);
+                b.ins().store(mf, x, dst, (8 * k) as i32);
+                k += 1;
+                continue;
+            }
+            // a run of registers without variables
+            let mut end = k;
+            while (end as i64) < n && !self.vars.contains_key(&(first + end)) {
+                end += 1;
+            }
+            let from = self.reg_addr(b, r);
+            let to = b.ins().iadd_imm(dst, (8 * k) as i64);
+            self.copy(b, to, from, (end - k) as i64);
+            k = end;
+        }
+    }
+
+    /// Memory at `src` into registers `first..first+n` (lod, pop): copied into the register file,
+    /// and the registers kept in variables loaded from `src` itself.
+    fn bulk_in(&mut self, b: &mut FunctionBuilder, src: Value, first: u32, n: i64) {
+        let to = self.reg_addr(b, first);
+        self.copy(b, to, src, n);
+        if n > INLINE_COPY {
+            self.reload(b, first, n);
+            return;
+        }
+        for k in 0..n as u32 {
+            if let Some(&v) = self.vars.get(&(first + k)) {
+                let x = b.ins().load(I64, MemFlags::trusted(), src, (8 * k) as i32);
+                b.def_var(v, x);
+            }
+        }
+    }
+
     fn reg_addr(&mut self, b: &mut FunctionBuilder, r: u32) -> Value {
         b.ins().iadd_imm(self.regs, (r * 8) as i64)
     }
@@ -664,16 +724,12 @@ impl Gen {
             Insn::Lod { addr, dst: Dst::Reg(d), n: Src::Imm(n) } if n >= BULK => {
                 let a = self.src(b, addr);
                 let p = self.frame(b, a, n, false, pc);
-                let to = self.reg_addr(b, d);
-                self.copy(b, to, p, n);
-                self.reload(b, d, n);
+                self.bulk_in(b, p, d, n);
             }
             Insn::Str { addr, src: Dst::Reg(s), n: Src::Imm(n) } if n >= BULK => {
                 let a = self.src(b, addr);
                 let p = self.frame(b, a, n, true, pc);
-                self.spill(b, s, n);
-                let from = self.reg_addr(b, s);
-                self.copy(b, p, from, n);
+                self.bulk_out(b, p, s, n);
             }
             Insn::Push { src: Dst::Reg(s), n: Src::Imm(n) } if n >= BULK => {
                 let sp = b.use_var(self.sp);
@@ -682,9 +738,7 @@ impl Gen {
                 self.guard_zero(b, over, pc);
                 let off = b.ins().ishl_imm(sp, 3);
                 let to = b.ins().iadd(self.stack, off);
-                self.spill(b, s, n);
-                let from = self.reg_addr(b, s);
-                self.copy(b, to, from, n);
+                self.bulk_out(b, to, s, n);
                 b.def_var(self.sp, end);
             }
             Insn::Pop { dst: Dst::Reg(d), n: Src::Imm(n) } if n >= BULK => {
@@ -694,9 +748,7 @@ impl Gen {
                 let from_sp = b.ins().iadd_imm(sp, -n);
                 let off = b.ins().ishl_imm(from_sp, 3);
                 let from = b.ins().iadd(self.stack, off);
-                let to = self.reg_addr(b, d);
-                self.copy(b, to, from, n);
-                self.reload(b, d, n);
+                self.bulk_in(b, from, d, n);
                 b.def_var(self.sp, from_sp);
             }
             Insn::Lod { addr, dst: Dst::Reg(d), n: Src::Imm(n) } => {

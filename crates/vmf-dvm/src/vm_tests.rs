@@ -1342,3 +1342,76 @@ fn trap_deadlock_when_every_thread_waits() {
     }
 }
 
+
+/// Bulk transfers (4 words and more: inline 16-byte moves up to 128 words, memcpy beyond) of register
+/// ranges where some registers live in compiled code's variables (changed in a compiled loop just
+/// before) and the others only in the register file: str then lod, push then pop, compiled and
+/// interpreted, every word checked through `[N]` reads (which go through the register file).
+#[test]
+fn bulk_transfers_mix_registers_in_variables_and_in_the_register_file() {
+    for n in [4i64, 5, 17, 128, 129, 200] {
+        let last = 20 + n - 1;
+        let src = format!(
+            "\
+; registers 20..20+n-1 = 7k+1 (through [N]: the register file)
+set 1 $20
+:fill
+set 2 1
+mul 2 $7
+inc 2
+set [1] 2
+inc 1
+jle 1 ${last} fill
+; a compiled loop changes registers 21 and {last} (they live in variables)
+set 3 $0
+:bump
+add 21 $1000
+add {last} $1000
+for 3 $3 bump
+str $1000 20 ${n}
+push 20 ${n}
+; clear the range, then read it back from memory
+set 1 $20
+:clear
+set [1] $0
+inc 1
+jle 1 ${last} clear
+lod $1000 20 ${n}
+set 1 $20
+set 4 $0
+:sum1
+add 4 [1]
+inc 1
+jle 1 ${last} sum1
+out 4
+out 21
+out {last}
+; and from the stack
+set 1 $20
+:clear2
+set [1] $0
+inc 1
+jle 1 ${last} clear2
+pop 20 ${n}
+set 1 $20
+set 4 $0
+:sum2
+add 4 [1]
+inc 1
+jle 1 ${last} sum2
+out 4
+out 21
+out {last}
+hlt
+"
+        );
+        let base: i64 = (20..=last).map(|k| 7 * k + 1).sum();
+        let want = base + 6000;
+        let (r21, rl) = (7 * 21 + 1 + 3000, 7 * last + 1 + 3000);
+        let cfg = Cfg {
+            stack_words: 4096,
+            ..Cfg::default()
+        };
+        assert_eq!(run_cfg(&src, cfg), [want, r21, rl, want, r21, rl], "{n} words");
+    }
+}
