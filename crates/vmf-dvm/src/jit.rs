@@ -443,6 +443,11 @@ impl Gen {
         if let Some(cur) = b.current_block() {
             b.set_cold_block(cur);
         }
+        self.leave_at(b, pc);
+    }
+
+    /// Return `pc` to the interpreter from the current block, laid out where it is.
+    fn leave_at(&mut self, b: &mut FunctionBuilder, pc: usize) {
         let v = b.ins().iconst(I64, pc as i64);
         b.def_var(self.exit_pc, v);
         b.ins().jump(self.exit, &[]);
@@ -475,7 +480,8 @@ impl Gen {
         let out = b.create_block();
         b.ins().brif(same, target, &[], out, &[]);
         b.switch_to_block(out);
-        self.leave(b, l as usize | RESUME);
+        // not cold: laid out right after the test, the back edge becomes one `je` (no extra jump)
+        self.leave_at(b, l as usize | RESUME);
     }
 
     /// Jump to `l` if `c`, else fall through to pc + 1.
