@@ -225,6 +225,8 @@ if dv:
 
     rows = ["## Distributed virtual machine (`bash bench/dvm.sh`, issue 27)\n",
             "%d interleaved rounds; per cell the median over rounds; ratios are medians of within-round ratios. "
+            "In a round each CPU-bound loop (iteration, volatile, store, push/pop) runs 3 times, C and DVM alternating, "
+            "and each side keeps its best (this VM's speed jumps 2-5x between processes). "
             "DASS programs run compiled (Cranelift) as `vmfabric dvm run` with one page node and one compute node; "
             "the native side is bench/c/dvm_native.c (gcc -O2). The thesis's factors are from its Table 4.1, "
             "Figure 4.6 and Figure 4.7.\n" % len(DR),

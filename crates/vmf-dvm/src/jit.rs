@@ -16,7 +16,8 @@
 //! - `div` (fallback on a zero divisor; `x / -1` wraps as in the interpreter).
 //!
 //! Everything else (`out`, `in`, `clk`, threads, synchronisation, `hlt`) exits. Every backward jump
-//! compares the node's *poll word* with the value it had on entry (one load, no loop-carried state):
+//! (a counting `for` every 8th iteration) compares the node's *poll word* with the value it had on
+//! entry (one load, no loop-carried state):
 //! a thread waiting for a page, a stopping node or the lease ticker changes it, and the code returns
 //! [`RESUME`]` | target` so the interpreter runs a safe point (leases, stop) and comes straight back.
 use crate::isa::{Alu, Cond, Dst, Insn, Program, Src};
@@ -808,6 +809,21 @@ impl Gen {
         let x = b.ins().iadd_imm(x, 1);
         b.def_var(self.vars[&a], x);
         let t = b.ins().icmp(IntCC::SignedLessThan, x, bound);
-        self.branch(b, t, l, pc);
+        if l as usize > pc {
+            self.branch(b, t, l, pc);
+            return;
+        }
+        // A counting loop looks at the poll word every 8th iteration only (when the counter's low
+        // three bits are zero): one test instead of a load and a compare per iteration.
+        let taken = b.create_block();
+        let next = self.blocks[pc + 1].expect("instructions after a branch have blocks");
+        b.ins().brif(t, taken, &[], next, &[]);
+        b.switch_to_block(taken);
+        let low = b.ins().band_imm(x, 7);
+        let target = self.blocks[l as usize].expect("jump targets have blocks");
+        let check = b.create_block();
+        b.ins().brif(low, target, &[], check, &[]);
+        b.switch_to_block(check);
+        self.goto(b, l, pc);
     }
 }
