@@ -199,17 +199,8 @@ fn target(i: &Insn) -> Option<u32> {
     }
 }
 
-/// Whether compiled code may hand instruction `i` to the interpreter although it compiles it.
-fn may_fall_back(i: &Insn) -> bool {
-    matches!(
-        i,
-        Insn::Lod { .. } | Insn::Str { .. } | Insn::Push { .. } | Insn::Pop { .. } | Insn::AluRR(Alu::Div, ..) | Insn::AluRI(Alu::Div, ..) | Insn::Alu(Alu::Div, ..)
-    )
-}
-
 /// Where the interpreter may enter compiled code: the start, every jump target (also where code
-/// resumes after a safe point), and the instruction after any the code returns (one it does not
-/// compile, a fallback).
+/// resumes after a safe point), and the instruction after one the code does not compile.
 fn entries(p: &Program, ok: &[bool]) -> Vec<bool> {
     let n = p.code.len();
     // room past the end: a label after the last instruction is a jump target l = n
@@ -219,7 +210,11 @@ fn entries(p: &Program, ok: &[bool]) -> Vec<bool> {
         if let Some(l) = target(insn) {
             e[l as usize] = true;
         }
-        if !ok[i] || may_fall_back(insn) {
+        // After an instruction the code does not compile, the next one is an entry. After a fallback
+        // (lod/str on another page, stack bounds, a zero divisor: rare) the interpreter goes on until
+        // the next jump target instead, so straight-line code stays one block (a str after a lod of
+        // the same address reuses its checks).
+        if !ok[i] {
             e[i + 1] = true;
         }
     }
@@ -230,6 +225,19 @@ fn entries(p: &Program, ok: &[bool]) -> Vec<bool> {
 /// Whether instruction `i` ends its block (a jump, or an exit).
 fn terminates(i: &Insn, ok: bool) -> bool {
     !ok || (target(i).is_some() && !matches!(i, Insn::Fork(..)))
+}
+
+/// The registers an instruction writes (the compiled forms).
+fn writes(i: &Insn) -> std::ops::Range<u32> {
+    match *i {
+        Insn::AluRR(_, d, _) | Insn::AluRI(_, d, _) | Insn::IncR(d) | Insn::DecR(d) => d..d + 1,
+        Insn::Alu(_, Dst::Reg(d), _) | Insn::Inc(Dst::Reg(d)) | Insn::Dec(Dst::Reg(d)) => d..d + 1,
+        Insn::ForRR(d, ..) | Insn::ForRI(d, ..) | Insn::For(Dst::Reg(d), ..) => d..d + 1,
+        Insn::Lod { dst: Dst::Reg(d), n: Src::Imm(n), .. } | Insn::Pop { dst: Dst::Reg(d), n: Src::Imm(n) } => {
+            d..d.saturating_add(n.clamp(0, u32::MAX as i64) as u32)
+        }
+        _ => 0..0,
+    }
 }
 
 fn cc(c: Cond) -> IntCC {
@@ -303,6 +311,15 @@ pub fn compile(p: &Program, page_shift: u32) -> Result<Compiled, String> {
     })
 }
 
+struct FrameMemo {
+    /// The address operand (a register or an immediate).
+    key: Src,
+    n: i64,
+    page: Value,
+    ptr: Value,
+    write_ok: bool,
+}
+
 struct Gen {
     vars: std::collections::HashMap<u32, Variable>,
     ctx: Value,
@@ -323,6 +340,9 @@ struct Gen {
     exit: Block,
     blocks: Vec<Option<Block>>,
     page_shift: u32,
+    /// The last frame check in this straight-line stretch of code (cleared where control merges): a
+    /// `str` to the address a `lod` just checked only adds the write check.
+    memo: Option<FrameMemo>,
 }
 
 impl Gen {
@@ -405,9 +425,11 @@ impl Gen {
             exit,
             blocks,
             page_shift,
+            memo: None,
         };
         for i in 0..=n {
             if let Some(blk) = g.blocks[i] {
+                g.memo = None;
                 if i > 0 && !terminates(&p.code[i - 1], ok[i - 1]) {
                     b.ins().jump(blk, &[]);
                 }
@@ -548,7 +570,20 @@ impl Gen {
 
     /// The frame address of `n` words at `addr` (aligned, inside the cached page, held for writing if
     /// `write`), or a fallback at `pc`.
-    fn frame(&mut self, b: &mut FunctionBuilder, addr: Value, n: i64, write: bool, pc: usize) -> Value {
+    fn frame(&mut self, b: &mut FunctionBuilder, key: Src, addr: Value, n: i64, write: bool, pc: usize) -> Value {
+        if let Some(m) = &self.memo {
+            if m.key == key && m.n == n {
+                let (page, ptr, write_ok) = (m.page, m.ptr, m.write_ok);
+                if write && !write_ok {
+                    let other = b.ins().icmp(IntCC::NotEqual, page, self.tlb_wpage);
+                    self.guard_zero(b, other, pc);
+                    if let Some(m) = &mut self.memo {
+                        m.write_ok = true;
+                    }
+                }
+                return ptr;
+            }
+        }
         let want = if write { self.tlb_wpage } else { self.tlb_page };
         let low = b.ins().band_imm(addr, 7);
         self.guard_zero(b, low, pc);
@@ -563,7 +598,15 @@ impl Gen {
             self.guard_zero(b, other, pc);
         }
         let off = b.ins().band_imm(addr, (1i64 << self.page_shift) - 1);
-        b.ins().iadd(self.tlb_frame, off)
+        let ptr = b.ins().iadd(self.tlb_frame, off);
+        self.memo = Some(FrameMemo {
+            key,
+            n,
+            page,
+            ptr,
+            write_ok: write,
+        });
+        ptr
     }
 
     /// Store the variables of registers `first..first+n` that compiled code may have changed into the
@@ -664,6 +707,16 @@ impl Gen {
     }
 
     fn insn(&mut self, b: &mut FunctionBuilder, insn: &Insn, pc: usize) {
+        self.insn_body(b, insn, pc);
+        // a remembered frame check is about the address register's value: forget it once written
+        if let Some(FrameMemo { key: Src::Reg(r), .. }) = self.memo {
+            if writes(insn).contains(&r) {
+                self.memo = None;
+            }
+        }
+    }
+
+    fn insn_body(&mut self, b: &mut FunctionBuilder, insn: &Insn, pc: usize) {
         let mf = MemFlags::trusted();
         match *insn {
             Insn::AluRR(op, d, s) => {
@@ -730,12 +783,12 @@ impl Gen {
             }
             Insn::Lod { addr, dst: Dst::Reg(d), n: Src::Imm(n) } if n >= BULK => {
                 let a = self.src(b, addr);
-                let p = self.frame(b, a, n, false, pc);
+                let p = self.frame(b, addr, a, n, false, pc);
                 self.bulk_in(b, p, d, n);
             }
             Insn::Str { addr, src: Dst::Reg(s), n: Src::Imm(n) } if n >= BULK => {
                 let a = self.src(b, addr);
-                let p = self.frame(b, a, n, true, pc);
+                let p = self.frame(b, addr, a, n, true, pc);
                 self.bulk_out(b, p, s, n);
             }
             Insn::Push { src: Dst::Reg(s), n: Src::Imm(n) } if n >= BULK => {
@@ -760,7 +813,7 @@ impl Gen {
             }
             Insn::Lod { addr, dst: Dst::Reg(d), n: Src::Imm(n) } => {
                 let a = self.src(b, addr);
-                let p = self.frame(b, a, n, false, pc);
+                let p = self.frame(b, addr, a, n, false, pc);
                 for k in 0..n as u32 {
                     let v = b.ins().load(I64, mf, p, (k * 8) as i32);
                     b.def_var(self.vars[&(d + k)], v);
@@ -768,7 +821,7 @@ impl Gen {
             }
             Insn::Str { addr, src: Dst::Reg(s), n: Src::Imm(n) } => {
                 let a = self.src(b, addr);
-                let p = self.frame(b, a, n, true, pc);
+                let p = self.frame(b, addr, a, n, true, pc);
                 for k in 0..n as u32 {
                     let v = self.get(b, s + k);
                     b.ins().store(mf, v, p, (k * 8) as i32);
@@ -824,6 +877,7 @@ impl Gen {
         let check = b.create_block();
         b.ins().brif(low, target, &[], check, &[]);
         b.switch_to_block(check);
+        b.set_cold_block(check);
         self.goto(b, l, pc);
     }
 }

@@ -1415,3 +1415,30 @@ hlt
         assert_eq!(run_cfg(&src, cfg), [want, r21, rl, want, r21, rl], "{n} words");
     }
 }
+
+/// Compiled code remembers the last address check in straight-line code; it must forget it when the
+/// address register changes (by the load itself, or arithmetic), so the store goes where the new
+/// value says.
+#[test]
+fn a_store_after_its_address_register_changed_goes_to_the_new_address() {
+    let src = "\
+set 1 $16
+str $8 1 $1         ; mem[8] = 16
+set 5 $8
+lod 5 5 $1          ; r5 = mem[8] = 16: the load overwrites its own address register
+set 2 $99
+str 5 2 $1          ; mem[16] = 99
+lod 5 6 $1
+add 5 $8            ; r5 = 24
+str 5 2 $1          ; mem[24] = 99
+lod $8 3 $1
+out 3
+lod $16 3 $1
+out 3
+lod $24 3 $1
+out 3
+out 6
+hlt
+";
+    assert_eq!(run(src), [16, 99, 99, 99]);
+}
