@@ -877,7 +877,6 @@ impl Gen {
         let check = b.create_block();
         b.ins().brif(low, target, &[], check, &[]);
         b.switch_to_block(check);
-        b.set_cold_block(check);
         self.goto(b, l, pc);
     }
 }
