@@ -322,7 +322,6 @@ struct FrameMemo {
 
 struct Gen {
     vars: std::collections::HashMap<u32, Variable>,
-    ctx: Value,
     exit_pc: Variable,
     flags: Variable,
     poll: Value,
@@ -408,7 +407,6 @@ impl Gen {
         sw.emit(b, pc, exit);
         let mut g = Gen {
             vars,
-            ctx,
             exit_pc,
             flags,
             poll,
@@ -457,7 +455,6 @@ impl Gen {
         }
         let pc = b.use_var(g.exit_pc);
         b.ins().return_(&[pc]);
-        let _ = g.ctx;
     }
 
     fn leave(&mut self, b: &mut FunctionBuilder, pc: usize) {
@@ -509,11 +506,16 @@ impl Gen {
 
     /// Jump to `l` if `c`, else fall through to pc + 1.
     fn branch(&mut self, b: &mut FunctionBuilder, c: Value, l: u32, pc: usize) {
+        self.when(b, c, pc);
+        self.goto(b, l, pc);
+    }
+
+    /// Fall through to pc + 1 unless `c`; continue emitting in the block taken when `c` holds.
+    fn when(&mut self, b: &mut FunctionBuilder, c: Value, pc: usize) {
         let taken = b.create_block();
         let next = self.blocks[pc + 1].expect("instructions after a branch have blocks");
         b.ins().brif(c, taken, &[], next, &[]);
         b.switch_to_block(taken);
-        self.goto(b, l, pc);
     }
 
     fn alu(&mut self, b: &mut FunctionBuilder, op: Alu, d: u32, s: Value, pc: usize) {
@@ -868,10 +870,7 @@ impl Gen {
         }
         // A counting loop looks at the poll word every 8th iteration only (when the counter's low
         // three bits are zero): one test instead of a load and a compare per iteration.
-        let taken = b.create_block();
-        let next = self.blocks[pc + 1].expect("instructions after a branch have blocks");
-        b.ins().brif(t, taken, &[], next, &[]);
-        b.switch_to_block(taken);
+        self.when(b, t, pc);
         let low = b.ins().band_imm(x, 7);
         let target = self.blocks[l as usize].expect("jump targets have blocks");
         let check = b.create_block();

@@ -10,7 +10,7 @@
 use crate::app::{App, Role};
 use crate::backend::{Backend, Direct, Remote};
 use crate::sync::SyncTable;
-use crate::vm::{Console, JobConsole, Node, NodeReport, Trap, VmOptions};
+use crate::vm::{JobConsole, Node, NodeReport, Trap, VmOptions};
 use std::time::Duration;
 use vmf_core::Fabric;
 
@@ -97,21 +97,12 @@ pub fn run_node(fab: &Fabric, app: &App, input: Vec<String>) -> Result<NodeEnd, 
             })
             .collect();
         let b = Direct::new(bases);
-        let console = JobConsole {
-            lines: input,
-            sync: SyncTable::new(&b, sync_rank, sync_off),
-        };
-        let r = run_compute(spec.id, index, prog, &b, &layout, opts, &console);
+        let r = run_compute(spec.id, index, prog, &b, &layout, opts, input);
         drop(b);
         r
     } else {
         let b = Remote::new(win);
-        let console = JobConsole {
-            lines: input,
-            sync: SyncTable::new(&b, sync_rank, sync_off),
-        };
-        let r = run_compute(spec.id, index, prog, &b, &layout, opts, &console);
-        drop(console);
+        let r = run_compute(spec.id, index, prog, &b, &layout, opts, input);
         win = b.into_inner();
         r
     };
@@ -128,9 +119,14 @@ fn run_compute(
     b: &dyn Backend,
     layout: &crate::space::Layout,
     opts: VmOptions,
-    console: &dyn Console,
+    input: Vec<String>,
 ) -> Result<NodeReport, Trap> {
-    let mut n = Node::new(id, index, prog, b, layout, opts, console);
+    let (t, off) = layout.sync_home();
+    let console = JobConsole {
+        lines: input,
+        sync: SyncTable::new(b, t, off),
+    };
+    let mut n = Node::new(id, index, prog, b, layout, opts, &console);
     n.main_counted = true;
     n.run()
 }

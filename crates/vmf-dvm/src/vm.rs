@@ -182,7 +182,6 @@ impl<'a> Node<'a> {
     fn stop_all(&self) {
         self.stop.store(true, Ordering::SeqCst);
         self.poll_word().fetch_add(1, Ordering::AcqRel);
-        self.poll_local.fetch_add(1, Ordering::AcqRel);
     }
 
     fn owner_id(&self, tid: u64) -> u64 {
