@@ -1,0 +1,933 @@
+//! The emulated hardware: a region shared by N nodes holding, for every ordered pair (target, source), one
+//! receive buffer written only by its source, with a status word, plus one doorbell per node.
+//!
+//! ```text
+//! 0       header (magic, version, nodes, buffer size, mode, signal and byte costs)
+//! 4096    node blocks, 512 bytes each: doorbell, sleepers, owner pid, performance counters
+//! 36864   link table: N*N words, the emulated cost of a transfer target<-source in ns (u64::MAX = broken)
+//! 69632   buffers: (target*N + source) * stride; each is a 64-byte header (status, ack) and the data
+//! ```
+//!
+//! **Status word** (`RxBuffer` T/S, 003_* §4.10.1): bits 0-7 flags (`FULL`, `NO_FOREIGN`), bits 8-31 a
+//! sequence number (one more per packet on the link), bits 32-63 the packet length.
+//! - *Bidirectional* (003_*'s sm_nic): the source sets `FULL` with length and sequence, the target clears
+//!   `FULL` when it has copied the packet out. The source reads the status word in the target's memory.
+//! - *Unidirectional* (003_* §4.11 strategy 2 and §6.2.4): the source alone writes the status word (a new
+//!   sequence number means a new packet); the target acknowledges by writing the sequence number it has
+//!   consumed into the `ack` word of the reverse buffer S/T, which lives in the source's memory. No word is
+//!   written by two nodes and the source never reads the target's memory to find a free buffer.
+//!
+//! Everything read from the region is validated: a length above the buffer size, a sequence number that
+//! is not the next one, unknown flag bits or an acknowledgement of a packet never sent are
+//! [`HwError::Corrupt`], never an out-of-bounds access.
+use std::path::Path;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use thiserror::Error;
+use vmf_bb::segment::{Segment, SegmentError};
+
+/// Most nodes a region holds.
+pub const MAX_NODES: usize = 64;
+/// Largest buffer a region may declare (64 MiB).
+pub const MAX_BUFFER: usize = 64 << 20;
+const MAGIC: u64 = u64::from_le_bytes(*b"VMFMPHW1");
+const VERSION: u64 = 1;
+const NODE_BLOCKS: u64 = 4096;
+const NODE_BLOCK: u64 = 512;
+/// Offset of the counters inside a node block; [`COUNTER_SLOTS`] u64 words.
+const COUNTERS_AT: u64 = 64;
+/// Counter words per node.
+pub const COUNTER_SLOTS: usize = 56;
+const LINKS: u64 = NODE_BLOCKS + NODE_BLOCK * MAX_NODES as u64;
+const BUFFERS: u64 = LINKS + (MAX_NODES * MAX_NODES * 8) as u64;
+const BUF_HDR: u64 = 64;
+/// A link whose cost word holds this is broken.
+pub const BROKEN: u64 = u64::MAX;
+
+const FULL: u64 = 1;
+const NO_FOREIGN: u64 = 2;
+const FLAGS: u64 = 0xff;
+const SEQ_MASK: u32 = 0xff_ffff;
+
+// header words
+const H_MAGIC: u64 = 0;
+const H_VERSION: u64 = 8;
+const H_NODES: u64 = 16;
+const H_BUF: u64 = 24;
+const H_MODE: u64 = 32;
+const H_SIGNAL_NS: u64 = 40;
+const H_BYTE_PS: u64 = 48;
+const H_READY: u64 = 56;
+
+/// Errors of the emulated hardware.
+#[derive(Debug, Error)]
+pub enum HwError {
+    /// The region could not be created, opened or addressed.
+    #[error(transparent)]
+    Segment(#[from] SegmentError),
+    /// The region's header is not an mphw region of a version we read, or its geometry is impossible.
+    #[error("Unable to use {path} as emulated message-passing hardware since {why}")]
+    BadRegion {
+        /// The region's path.
+        path: String,
+        /// What is wrong.
+        why: String,
+    },
+    /// A word in shared memory holds a value the protocol cannot produce.
+    #[error("Unable to {op} on link {source_node}->{target} since its {what} is corrupt (read {value:#x})")]
+    Corrupt {
+        /// What was being done.
+        op: &'static str,
+        /// Sending node.
+        source_node: usize,
+        /// Receiving node.
+        target: usize,
+        /// Which word.
+        what: &'static str,
+        /// The bad value.
+        value: u64,
+    },
+    /// The link is declared broken: the packet must be routed around it.
+    #[error("Unable to send from node {source_node} to node {target} since the link is broken")]
+    Broken {
+        /// Sending node.
+        source_node: usize,
+        /// Receiving node.
+        target: usize,
+    },
+    /// A node index outside the region, or the caller's own index as a peer.
+    #[error("Unable to use node {node} since the region has nodes 0..{nodes}")]
+    NoSuchNode {
+        /// The index given.
+        node: usize,
+        /// Nodes in the region.
+        nodes: usize,
+    },
+    /// The packet does not fit the buffer.
+    #[error("Unable to send a {len}-byte packet since buffers hold {cap} bytes")]
+    TooLarge {
+        /// Packet length.
+        len: usize,
+        /// Buffer size.
+        cap: usize,
+    },
+    /// Another live process drives this node.
+    #[error("Unable to attach node {node} since process {pid} drives it")]
+    NodeBusy {
+        /// The node.
+        node: usize,
+        /// The process holding it.
+        pid: u64,
+    },
+}
+
+/// How buffers are acknowledged (003_* §4.10.1 versus §4.11/§6.2.4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// The target clears the status word in its own memory; the source reads it there.
+    Bidirectional,
+    /// The target acknowledges into the source's memory; every word has one writer.
+    Unidirectional,
+}
+
+/// Emulated non-uniform costs (003_* §6.2.1): a per-hop penalty on a topology.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Topology {
+    /// Every node one hop from every other.
+    Full,
+    /// A ring: hops = shorter way round.
+    Ring,
+    /// A 2-D mesh `width` nodes wide: hops = Manhattan distance.
+    Mesh {
+        /// Nodes per row.
+        width: usize,
+    },
+}
+
+impl Topology {
+    /// Parse `full`, `ring` or `mesh:W`.
+    pub fn parse(s: &str) -> Result<Topology, String> {
+        match s {
+            "full" => Ok(Topology::Full),
+            "ring" => Ok(Topology::Ring),
+            _ => match s.strip_prefix("mesh:").map(str::parse::<usize>) {
+                Some(Ok(w)) if w > 0 => Ok(Topology::Mesh { width: w }),
+                _ => Err(format!("topology '{s}' is not full, ring or mesh:WIDTH")),
+            },
+        }
+    }
+
+    /// Hops between `a` and `b` among `n` nodes.
+    pub fn hops(&self, a: usize, b: usize, n: usize) -> u64 {
+        if a == b {
+            return 0;
+        }
+        match *self {
+            Topology::Full => 1,
+            Topology::Ring => {
+                let d = a.abs_diff(b);
+                d.min(n - d) as u64
+            }
+            Topology::Mesh { width } => {
+                let (ax, ay) = (a % width, a / width);
+                let (bx, by) = (b % width, b / width);
+                (ax.abs_diff(bx) + ay.abs_diff(by)) as u64
+            }
+        }
+    }
+}
+
+/// Geometry and emulated costs of a new region.
+#[derive(Debug, Clone)]
+pub struct HwConfig {
+    /// Nodes (2..=64).
+    pub nodes: usize,
+    /// Data bytes per receive buffer.
+    pub buffer_size: usize,
+    /// Acknowledgement scheme.
+    pub mode: Mode,
+    /// Cost of raising a signal, ns (the sender spins this long before ringing).
+    pub signal_cost_ns: u64,
+    /// Cost per byte moved, picoseconds (the sender spins `len * ps / 1000` ns per transfer).
+    pub byte_cost_ps: u64,
+    /// Topology for the per-hop penalty.
+    pub topology: Topology,
+    /// Penalty per hop, ns (0: uniform, 003_*'s behaviour).
+    pub hop_cost_ns: u64,
+    /// Links declared broken (both directions of each pair).
+    pub broken: Vec<(usize, usize)>,
+}
+
+impl HwConfig {
+    /// `nodes` nodes with `buffer_size`-byte buffers, bidirectional, no emulated costs, no broken links.
+    pub fn new(nodes: usize, buffer_size: usize) -> HwConfig {
+        HwConfig {
+            nodes,
+            buffer_size,
+            mode: Mode::Bidirectional,
+            signal_cost_ns: 0,
+            byte_cost_ps: 0,
+            topology: Topology::Full,
+            hop_cost_ns: 0,
+            broken: Vec::new(),
+        }
+    }
+}
+
+/// Parse a broken-link list `a-b,c-d`.
+pub fn parse_links(s: &str) -> Result<Vec<(usize, usize)>, String> {
+    s.split(',')
+        .filter(|p| !p.trim().is_empty())
+        .map(|p| {
+            let (a, b) = p
+                .trim()
+                .split_once('-')
+                .ok_or_else(|| format!("link '{p}' is not A-B"))?;
+            let a = a.parse().map_err(|_| format!("link '{p}': '{a}' is not a node"))?;
+            let b = b.parse().map_err(|_| format!("link '{p}': '{b}' is not a node"))?;
+            if a == b {
+                return Err(format!("link '{p}' joins a node to itself"));
+            }
+            Ok((a, b))
+        })
+        .collect()
+}
+
+/// A mapped region of emulated message-passing hardware.
+pub struct Hw {
+    seg: Segment,
+    n: usize,
+    buf: usize,
+    stride: u64,
+    mode: Mode,
+    signal_ns: u64,
+    byte_ps: u64,
+}
+
+fn stride_for(buf: usize) -> u64 {
+    BUF_HDR + (buf as u64).div_ceil(64) * 64
+}
+
+/// Bytes a region of `nodes` nodes with `buf`-byte buffers needs.
+pub fn region_size(nodes: usize, buf: usize) -> u64 {
+    BUFFERS + (nodes * nodes) as u64 * stride_for(buf)
+}
+
+impl Hw {
+    /// Create (or re-initialise) the region at `path`.
+    pub fn create(path: &Path, cfg: &HwConfig) -> Result<Arc<Hw>, HwError> {
+        let bad = |why: String| HwError::BadRegion {
+            path: path.display().to_string(),
+            why,
+        };
+        if !(2..=MAX_NODES).contains(&cfg.nodes) {
+            return Err(bad(format!("{} nodes is outside 2..={MAX_NODES}", cfg.nodes)));
+        }
+        if cfg.buffer_size == 0 || cfg.buffer_size > MAX_BUFFER {
+            return Err(bad(format!(
+                "a buffer of {} bytes is outside 1..={MAX_BUFFER}",
+                cfg.buffer_size
+            )));
+        }
+        for &(a, b) in &cfg.broken {
+            if a >= cfg.nodes || b >= cfg.nodes {
+                return Err(bad(format!("broken link {a}-{b} names a node outside 0..{}", cfg.nodes)));
+            }
+        }
+        if let Topology::Mesh { width } = cfg.topology {
+            if width > cfg.nodes {
+                return Err(bad(format!("a mesh {width} wide is wider than {} nodes", cfg.nodes)));
+            }
+        }
+        let _ = std::fs::remove_file(path);
+        let size = region_size(cfg.nodes, cfg.buffer_size);
+        let (seg, _) = Segment::open_or_create(path, size)?;
+        let w = |off: u64, v: u64| -> Result<(), HwError> {
+            seg.at::<AtomicU64>(off)?.store(v, Ordering::Relaxed);
+            Ok(())
+        };
+        w(H_VERSION, VERSION)?;
+        w(H_NODES, cfg.nodes as u64)?;
+        w(H_BUF, cfg.buffer_size as u64)?;
+        w(H_MODE, (cfg.mode == Mode::Unidirectional) as u64)?;
+        w(H_SIGNAL_NS, cfg.signal_cost_ns)?;
+        w(H_BYTE_PS, cfg.byte_cost_ps)?;
+        for t in 0..cfg.nodes {
+            for s in 0..cfg.nodes {
+                let cost = cfg.topology.hops(s, t, cfg.nodes).saturating_sub(1) * cfg.hop_cost_ns;
+                w(LINKS + ((t * MAX_NODES + s) * 8) as u64, cost)?;
+            }
+        }
+        for &(a, b) in &cfg.broken {
+            w(LINKS + ((a * MAX_NODES + b) * 8) as u64, BROKEN)?;
+            w(LINKS + ((b * MAX_NODES + a) * 8) as u64, BROKEN)?;
+        }
+        seg.at::<AtomicU64>(H_MAGIC)?.store(MAGIC, Ordering::Release);
+        w(H_READY, 1)?;
+        Self::from_segment(seg, path)
+    }
+
+    /// Map an existing region, validating its header.
+    pub fn open(path: &Path) -> Result<Arc<Hw>, HwError> {
+        let seg = Segment::open_existing(path)?;
+        Self::from_segment(seg, path)
+    }
+
+    fn from_segment(seg: Segment, path: &Path) -> Result<Arc<Hw>, HwError> {
+        let bad = |why: String| HwError::BadRegion {
+            path: path.display().to_string(),
+            why,
+        };
+        let r = |off: u64| -> Result<u64, HwError> { Ok(seg.at::<AtomicU64>(off)?.load(Ordering::Acquire)) };
+        if seg.len() < BUFFERS || r(H_MAGIC)? != MAGIC {
+            return Err(bad("it has no mphw header".into()));
+        }
+        if r(H_VERSION)? != VERSION {
+            return Err(bad(format!("its version {} is not {VERSION}", r(H_VERSION)?)));
+        }
+        let n = r(H_NODES)? as usize;
+        let buf = r(H_BUF)? as usize;
+        if !(2..=MAX_NODES).contains(&n) || buf == 0 || buf > MAX_BUFFER {
+            return Err(bad(format!("its geometry ({n} nodes, {buf}-byte buffers) is impossible")));
+        }
+        if seg.len() < region_size(n, buf) {
+            return Err(bad(format!(
+                "it is {} bytes, short of the {} its geometry needs",
+                seg.len(),
+                region_size(n, buf)
+            )));
+        }
+        let mode = match r(H_MODE)? {
+            0 => Mode::Bidirectional,
+            1 => Mode::Unidirectional,
+            m => return Err(bad(format!("its mode word {m} is unknown"))),
+        };
+        Ok(Arc::new(Hw {
+            n,
+            buf,
+            stride: stride_for(buf),
+            mode,
+            signal_ns: r(H_SIGNAL_NS)?,
+            byte_ps: r(H_BYTE_PS)?,
+            seg,
+        }))
+    }
+
+    /// Nodes in the region.
+    pub fn nodes(&self) -> usize {
+        self.n
+    }
+
+    /// Data bytes per buffer.
+    pub fn buffer_size(&self) -> usize {
+        self.buf
+    }
+
+    /// Acknowledgement scheme.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    fn word<T: vmf_bb::segment::ShmSafe>(&self, off: u64) -> &T {
+        // Every offset used below is computed from validated geometry inside region_size(): in bounds.
+        self.seg.at::<T>(off).expect("offset inside the validated region")
+    }
+
+    fn node_block(&self, i: usize) -> u64 {
+        NODE_BLOCKS + i as u64 * NODE_BLOCK
+    }
+
+    fn bell(&self, i: usize) -> &AtomicU32 {
+        self.word(self.node_block(i))
+    }
+
+    fn sleepers(&self, i: usize) -> &AtomicU32 {
+        self.word(self.node_block(i) + 4)
+    }
+
+    fn owner(&self, i: usize) -> &AtomicU64 {
+        self.word(self.node_block(i) + 8)
+    }
+
+    /// The process driving node `i` (0: none).
+    pub fn owner_pid(&self, i: usize) -> u64 {
+        self.owner(i).load(Ordering::Acquire)
+    }
+
+    /// Counter word `slot` of node `i` (live; one writer, the node).
+    pub fn counter(&self, i: usize, slot: usize) -> &AtomicU64 {
+        assert!(slot < COUNTER_SLOTS && i < self.n);
+        self.word(self.node_block(i) + COUNTERS_AT + slot as u64 * 8)
+    }
+
+    /// Emulated cost of a transfer `source -> target` in ns, or [`BROKEN`].
+    pub fn link_cost(&self, source: usize, target: usize) -> u64 {
+        self.word::<AtomicU64>(LINKS + ((target * MAX_NODES + source) * 8) as u64)
+            .load(Ordering::Relaxed)
+    }
+
+    /// Declare the link between `a` and `b` broken (or mend it with its cost) at run time.
+    pub fn set_link_cost(&self, a: usize, b: usize, cost: u64) {
+        self.word::<AtomicU64>(LINKS + ((b * MAX_NODES + a) * 8) as u64)
+            .store(cost, Ordering::Relaxed);
+        self.word::<AtomicU64>(LINKS + ((a * MAX_NODES + b) * 8) as u64)
+            .store(cost, Ordering::Relaxed);
+    }
+
+    fn buffer(&self, target: usize, source: usize) -> u64 {
+        BUFFERS + (target * self.n + source) as u64 * self.stride
+    }
+
+    fn status(&self, target: usize, source: usize) -> &AtomicU64 {
+        self.word(self.buffer(target, source))
+    }
+
+    /// The acknowledgement word for packets `source -> target`: in buffer source/target (the source's
+    /// memory), written by the target.
+    fn ack(&self, target: usize, source: usize) -> &AtomicU64 {
+        self.word(self.buffer(source, target) + 8)
+    }
+
+    fn data(&self, target: usize, source: usize) -> *mut u8 {
+        self.seg
+            .ptr(self.buffer(target, source) + BUF_HDR, self.buf as u64)
+            .expect("buffer inside the validated region")
+    }
+
+    /// Whether buffer `target`/`source` is free now, as any node may read it (003_* §6.2.3: a sender
+    /// choosing an evade node looks at the evade node's buffer at the destination).
+    pub fn peer_buffer_free(&self, target: usize, source: usize) -> bool {
+        if target == source || target >= self.n || source >= self.n {
+            return false;
+        }
+        let st = self.status(target, source).load(Ordering::Acquire);
+        match self.mode {
+            Mode::Bidirectional => st & FULL == 0,
+            Mode::Unidirectional => {
+                let a = self.ack(target, source).load(Ordering::Acquire);
+                (st >> 8) & SEQ_MASK as u64 == (a >> 8) & SEQ_MASK as u64
+            }
+        }
+    }
+
+    /// Attach as node `me` (one process at a time; a dead owner's claim is taken over).
+    pub fn port(self: &Arc<Self>, me: usize) -> Result<Port, HwError> {
+        if me >= self.n {
+            return Err(HwError::NoSuchNode { node: me, nodes: self.n });
+        }
+        let pid = std::process::id() as u64;
+        let owner = self.owner(me);
+        loop {
+            let cur = owner.load(Ordering::Acquire);
+            if cur != 0 && cur != pid && (vmf_pal::process::ProcessId { pid: cur as i32, start_time: 0 }).is_alive() {
+                return Err(HwError::NodeBusy { node: me, pid: cur });
+            }
+            if owner
+                .compare_exchange(cur, pid, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                break;
+            }
+        }
+        // Resume the link sequence numbers from the region (a restarted node continues where the last one
+        // stopped; a fresh region starts at zero everywhere).
+        let mut sent = vec![0u32; self.n];
+        let mut seen = vec![0u32; self.n];
+        for p in 0..self.n {
+            if p == me {
+                continue;
+            }
+            sent[p] = ((self.status(p, me).load(Ordering::Acquire) >> 8) as u32) & SEQ_MASK;
+            seen[p] = match self.mode {
+                Mode::Unidirectional => ((self.ack(me, p).load(Ordering::Acquire) >> 8) as u32) & SEQ_MASK,
+                Mode::Bidirectional => {
+                    let st = self.status(me, p).load(Ordering::Acquire);
+                    let seq = ((st >> 8) as u32) & SEQ_MASK;
+                    if st & FULL != 0 {
+                        seq.wrapping_sub(1) & SEQ_MASK
+                    } else {
+                        seq
+                    }
+                }
+            };
+        }
+        Ok(Port {
+            hw: self.clone(),
+            me,
+            sent,
+            seen,
+            remote_reads: 0,
+        })
+    }
+
+    /// Ring node `target`'s doorbell (no emulated cost).
+    pub fn ring(&self, target: usize) {
+        self.bell(target).fetch_add(1, Ordering::SeqCst);
+        if self.sleepers(target).load(Ordering::SeqCst) != 0 {
+            vmf_pal::futex::wake(self.bell(target), u32::MAX);
+        }
+    }
+}
+
+/// State of the way to one target, as a sender sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Link {
+    /// The buffer is free; `foreign_ok` says whether the target accepts forwarded packets from us.
+    Free {
+        /// The target accepts indirect traffic over this link.
+        foreign_ok: bool,
+    },
+    /// The buffer still holds our last packet.
+    Busy,
+    /// The link is broken.
+    Broken,
+}
+
+/// One node's attachment: sends into other nodes' buffers, receives from its own.
+pub struct Port {
+    hw: Arc<Hw>,
+    me: usize,
+    /// Sequence number of the last packet sent to each target.
+    sent: Vec<u32>,
+    /// Sequence number of the last packet consumed from each source.
+    seen: Vec<u32>,
+    remote_reads: u64,
+}
+
+fn spin_for(ns: u64) {
+    if ns == 0 {
+        return;
+    }
+    let until = Instant::now() + Duration::from_nanos(ns);
+    while Instant::now() < until {
+        std::hint::spin_loop();
+    }
+}
+
+impl Port {
+    /// This node's index.
+    pub fn me(&self) -> usize {
+        self.me
+    }
+
+    /// The region.
+    pub fn hw(&self) -> &Arc<Hw> {
+        &self.hw
+    }
+
+    /// Status words read in another node's memory so far (what unidirectional buffers avoid).
+    pub fn remote_reads(&self) -> u64 {
+        self.remote_reads
+    }
+
+    fn check_peer(&self, p: usize) -> Result<(), HwError> {
+        if p >= self.hw.n || p == self.me {
+            return Err(HwError::NoSuchNode { node: p, nodes: self.hw.n });
+        }
+        Ok(())
+    }
+
+    /// Whether our buffer at `target` is free, without sending.
+    pub fn link(&mut self, target: usize) -> Result<Link, HwError> {
+        self.check_peer(target)?;
+        if self.hw.link_cost(self.me, target) == BROKEN {
+            return Ok(Link::Broken);
+        }
+        let sent = self.sent[target];
+        let corrupt = |what, value| HwError::Corrupt {
+            op: "check a buffer",
+            source_node: self.me,
+            target,
+            what,
+            value,
+        };
+        match self.hw.mode {
+            Mode::Bidirectional => {
+                self.remote_reads += 1;
+                let st = self.hw.status(target, self.me).load(Ordering::Acquire);
+                if st & FLAGS & !(FULL | NO_FOREIGN) != 0 || ((st >> 8) as u32 & SEQ_MASK) != sent {
+                    return Err(corrupt("status word", st));
+                }
+                if st & FULL != 0 {
+                    Ok(Link::Busy)
+                } else {
+                    Ok(Link::Free { foreign_ok: st & NO_FOREIGN == 0 })
+                }
+            }
+            Mode::Unidirectional => {
+                let a = self.hw.ack(target, self.me).load(Ordering::Acquire);
+                let acked = (a >> 8) as u32 & SEQ_MASK;
+                if a & FLAGS & !NO_FOREIGN != 0 || a >> 32 != 0 {
+                    return Err(corrupt("acknowledgement word", a));
+                }
+                if acked == sent {
+                    Ok(Link::Free { foreign_ok: a & NO_FOREIGN == 0 })
+                } else if acked == sent.wrapping_sub(1) & SEQ_MASK {
+                    Ok(Link::Busy)
+                } else {
+                    Err(corrupt("acknowledgement word", a))
+                }
+            }
+        }
+    }
+
+    /// Copy `parts` (concatenated) into our buffer at `target` if it is free, then mark it full. Returns
+    /// `Ok(false)` when the buffer is busy; [`HwError::Broken`] on a broken link. Does not signal.
+    pub fn try_send(&mut self, target: usize, parts: &[&[u8]]) -> Result<bool, HwError> {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        if len > self.hw.buf {
+            return Err(HwError::TooLarge { len, cap: self.hw.buf });
+        }
+        let old = match self.link(target)? {
+            Link::Busy => return Ok(false),
+            Link::Broken => {
+                return Err(HwError::Broken {
+                    source_node: self.me,
+                    target,
+                })
+            }
+            Link::Free { .. } => self.hw.status(target, self.me).load(Ordering::Relaxed),
+        };
+        let dst = self.hw.data(target, self.me);
+        let mut at = 0;
+        for p in parts {
+            // SAFETY: `dst` is our own buffer at `target` (len <= buffer size, checked above); only we write
+            // it, and the target reads it only after the Release store of the status word below.
+            unsafe { std::ptr::copy_nonoverlapping(p.as_ptr(), dst.add(at), p.len()) };
+            at += p.len();
+        }
+        spin_for(self.hw.link_cost(self.me, target).min(1 << 40) + len as u64 * self.hw.byte_ps / 1000);
+        let seq = (self.sent[target] + 1) & SEQ_MASK;
+        self.sent[target] = seq;
+        let keep = match self.hw.mode {
+            Mode::Bidirectional => old & NO_FOREIGN,
+            Mode::Unidirectional => 0,
+        };
+        self.hw
+            .status(target, self.me)
+            .store(FULL | keep | (seq as u64) << 8 | (len as u64) << 32, Ordering::Release);
+        Ok(true)
+    }
+
+    /// Signal `target` (with the emulated signal cost).
+    pub fn signal(&self, target: usize) {
+        spin_for(self.hw.signal_ns);
+        self.hw.ring(target);
+    }
+
+    /// The packet waiting in our buffer from `source`, if any. Call [`Port::release`] when done with it.
+    pub fn peek(&self, source: usize) -> Result<Option<&[u8]>, HwError> {
+        self.check_peer(source)?;
+        let st = self.hw.status(self.me, source).load(Ordering::Acquire);
+        let seq = (st >> 8) as u32 & SEQ_MASK;
+        let seen = self.seen[source];
+        let full = match self.hw.mode {
+            Mode::Bidirectional => st & FULL != 0,
+            Mode::Unidirectional => seq != seen,
+        };
+        let corrupt = |what, value| HwError::Corrupt {
+            op: "receive",
+            source_node: source,
+            target: self.me,
+            what,
+            value,
+        };
+        if !full {
+            if self.hw.mode == Mode::Bidirectional && seq != seen {
+                return Err(corrupt("status word", st));
+            }
+            return Ok(None);
+        }
+        let len = (st >> 32) as usize;
+        if st & FLAGS & !(FULL | NO_FOREIGN) != 0 || seq != (seen + 1) & SEQ_MASK || len > self.hw.buf {
+            return Err(corrupt("status word", st));
+        }
+        // SAFETY: our own buffer from `source`, len <= buffer size (checked); the source does not write it
+        // again until we release it (a misbehaving source can only change bytes, not bounds).
+        Ok(Some(unsafe { std::slice::from_raw_parts(self.hw.data(self.me, source), len) }))
+    }
+
+    /// Free our buffer from `source` after [`Port::peek`] returned a packet; `no_foreign` forbids the
+    /// source to pass us forwarded traffic (003_*'s vlb_max_foreigners state) until a later release or
+    /// [`Port::allow_foreign`] lifts it.
+    pub fn release(&mut self, source: usize, no_foreign: bool) {
+        let seq = (self.seen[source] + 1) & SEQ_MASK;
+        self.seen[source] = seq;
+        let nf = if no_foreign { NO_FOREIGN } else { 0 };
+        match self.hw.mode {
+            Mode::Bidirectional => self
+                .hw
+                .status(self.me, source)
+                .store(nf | (seq as u64) << 8, Ordering::Release),
+            Mode::Unidirectional => self
+                .hw
+                .ack(self.me, source)
+                .store(nf | (seq as u64) << 8, Ordering::Release),
+        }
+    }
+
+    /// Set or lift the no-foreign state of our buffer from `source` while it is free.
+    pub fn allow_foreign(&mut self, source: usize, allow: bool) {
+        let seq = self.seen[source] as u64;
+        let nf = if allow { 0 } else { NO_FOREIGN };
+        match self.hw.mode {
+            Mode::Bidirectional => {
+                // Only while free: a source that filled it meanwhile keeps the old flag until our release.
+                let st = self.hw.status(self.me, source);
+                let cur = st.load(Ordering::Acquire);
+                if cur & FULL == 0 {
+                    let _ = st.compare_exchange(cur, nf | seq << 8, Ordering::AcqRel, Ordering::Relaxed);
+                }
+            }
+            Mode::Unidirectional => self.hw.ack(self.me, source).store(nf | seq << 8, Ordering::Release),
+        }
+    }
+
+    /// Current value of our doorbell (pass it to [`Port::wait`]).
+    pub fn bell(&self) -> u32 {
+        self.hw.bell(self.me).load(Ordering::SeqCst)
+    }
+
+    /// Sleep until our doorbell moves past `seen` or `timeout` passes. Returns whether it moved.
+    pub fn wait(&self, seen: u32, timeout: Duration) -> bool {
+        let bell = self.hw.bell(self.me);
+        let sl = self.hw.sleepers(self.me);
+        sl.fetch_add(1, Ordering::SeqCst);
+        if bell.load(Ordering::SeqCst) == seen {
+            vmf_pal::futex::wait(bell, seen, Some(timeout));
+        }
+        sl.fetch_sub(1, Ordering::SeqCst);
+        bell.load(Ordering::SeqCst) != seen
+    }
+}
+
+impl Drop for Port {
+    fn drop(&mut self) {
+        let pid = std::process::id() as u64;
+        let _ = self
+            .hw
+            .owner(self.me)
+            .compare_exchange(pid, 0, Ordering::AcqRel, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn tmp(name: &str) -> std::path::PathBuf {
+        std::env::temp_dir().join(format!("vmf-mphw-{}-{name}", std::process::id()))
+    }
+
+    fn pair(mode: Mode, name: &str) -> (Arc<Hw>, std::path::PathBuf) {
+        let p = tmp(name);
+        let mut c = HwConfig::new(3, 256);
+        c.mode = mode;
+        (Hw::create(&p, &c).unwrap(), p)
+    }
+
+    #[test]
+    fn send_receive_release_both_modes() {
+        for (mode, name) in [(Mode::Bidirectional, "bi"), (Mode::Unidirectional, "uni")] {
+            let (hw, p) = pair(mode, name);
+            // Two ports of one process stand for two nodes: ownership is by pid, so take node 1 from a
+            // second Hw mapping.
+            let mut a = hw.port(0).unwrap();
+            let mut b = hw.port(1).unwrap();
+            assert_eq!(a.link(1).unwrap(), Link::Free { foreign_ok: true });
+            assert!(a.try_send(1, &[b"hel", b"lo"]).unwrap());
+            assert_eq!(a.link(1).unwrap(), Link::Busy);
+            assert!(!a.try_send(1, &[b"x"]).unwrap(), "busy buffer refuses");
+            assert_eq!(b.peek(1 - 1).unwrap(), Some(&b"hello"[..]));
+            assert_eq!(b.peek(2).unwrap(), None);
+            b.release(0, true);
+            assert_eq!(b.peek(0).unwrap(), None);
+            assert_eq!(a.link(1).unwrap(), Link::Free { foreign_ok: false });
+            b.allow_foreign(0, true);
+            assert_eq!(a.link(1).unwrap(), Link::Free { foreign_ok: true });
+            assert!(a.try_send(1, &[&[7u8; 256]]).unwrap());
+            assert_eq!(b.peek(0).unwrap().unwrap().len(), 256);
+            assert!(matches!(a.try_send(2, &[&[0u8; 257]]), Err(HwError::TooLarge { .. })));
+            if mode == Mode::Bidirectional {
+                assert!(a.remote_reads() > 0);
+            } else {
+                assert_eq!(a.remote_reads(), 0, "unidirectional senders read only their own memory");
+            }
+            std::fs::remove_file(p).unwrap();
+        }
+    }
+
+    #[test]
+    fn corrupt_words_are_errors() {
+        for (mode, name) in [(Mode::Bidirectional, "cbi"), (Mode::Unidirectional, "cuni")] {
+            let (hw, p) = pair(mode, name);
+            let mut a = hw.port(0).unwrap();
+            let b = hw.port(1).unwrap();
+            // A length beyond the buffer.
+            hw.status(1, 0).store(FULL | 1 << 8 | 4096 << 32, Ordering::Release);
+            assert!(matches!(b.peek(0), Err(HwError::Corrupt { .. })));
+            // A sequence number that skips.
+            hw.status(1, 0).store(FULL | 5 << 8 | 8 << 32, Ordering::Release);
+            assert!(matches!(b.peek(0), Err(HwError::Corrupt { .. })));
+            // Unknown flag bits.
+            hw.status(1, 0).store(FULL | 0x80 | 1 << 8, Ordering::Release);
+            assert!(matches!(b.peek(0), Err(HwError::Corrupt { .. })));
+            // The sender's view: an acknowledgement / status it cannot have produced.
+            match mode {
+                Mode::Bidirectional => hw.status(1, 0).store(9 << 8, Ordering::Release),
+                Mode::Unidirectional => hw.ack(1, 0).store(9 << 8, Ordering::Release),
+            }
+            assert!(matches!(a.link(1), Err(HwError::Corrupt { .. })));
+            std::fs::remove_file(p).unwrap();
+        }
+    }
+
+    #[test]
+    fn broken_links_and_costs() {
+        let p = tmp("broken");
+        let mut c = HwConfig::new(4, 64);
+        c.broken = parse_links("0-1").unwrap();
+        c.topology = Topology::parse("mesh:2").unwrap();
+        c.hop_cost_ns = 1000;
+        let hw = Hw::create(&p, &c).unwrap();
+        let mut a = hw.port(0).unwrap();
+        assert_eq!(a.link(1).unwrap(), Link::Broken);
+        assert!(matches!(a.try_send(1, &[b"x"]), Err(HwError::Broken { .. })));
+        assert_eq!(hw.link_cost(1, 0), BROKEN);
+        // mesh 2 wide: 0 and 3 are two hops apart, one hop beyond the first costs 1000 ns.
+        assert_eq!(hw.link_cost(0, 3), 1000);
+        assert_eq!(hw.link_cost(0, 2), 0);
+        let t = Instant::now();
+        assert!(a.try_send(3, &[b"x"]).unwrap());
+        assert!(t.elapsed() >= Duration::from_nanos(1000));
+        hw.set_link_cost(0, 1, 0);
+        assert_eq!(a.link(1).unwrap(), Link::Free { foreign_ok: true });
+        assert!(parse_links("1-1").is_err() && parse_links("a-2").is_err());
+        assert!(Topology::parse("mesh:0").is_err());
+        std::fs::remove_file(p).unwrap();
+    }
+
+    #[test]
+    fn bad_regions_are_refused() {
+        let p = tmp("bad");
+        std::fs::write(&p, vec![0u8; 100_000]).unwrap();
+        assert!(matches!(Hw::open(&p), Err(HwError::BadRegion { .. })));
+        assert!(Hw::create(&p, &HwConfig::new(1, 64)).is_err());
+        assert!(Hw::create(&p, &HwConfig::new(65, 64)).is_err());
+        let hw = Hw::create(&p, &HwConfig::new(2, 64)).unwrap();
+        hw.word::<AtomicU64>(H_NODES).store(1000, Ordering::Relaxed);
+        assert!(matches!(Hw::open(&p), Err(HwError::BadRegion { .. })));
+        std::fs::remove_file(p).unwrap();
+    }
+
+    /// Stress: 3 threads each send to both others and receive, with checksummed numbered packets, in
+    /// both modes; every packet arrives once and in order per link.
+    #[test]
+    fn stress_all_to_all() {
+        for (mode, name) in [(Mode::Bidirectional, "sbi"), (Mode::Unidirectional, "suni")] {
+            let (hw, p) = pair(mode, name);
+            const PER_LINK: u32 = 20_000;
+            let hs: Vec<_> = (0..3)
+                .map(|me| {
+                    let hw = hw.clone();
+                    std::thread::spawn(move || {
+                        let mut port = hw.port(me).unwrap();
+                        let mut next_out = [0u32; 3];
+                        let mut next_in = [0u32; 3];
+                        let peers: Vec<usize> = (0..3).filter(|&x| x != me).collect();
+                        let mut done_in = 0;
+                        while done_in < 2 * PER_LINK || peers.iter().any(|&t| next_out[t] < PER_LINK) {
+                            for &t in &peers {
+                                if next_out[t] < PER_LINK {
+                                    let v = next_out[t];
+                                    let body = [v.to_le_bytes(), (v ^ 0xdead_beef).to_le_bytes()].concat();
+                                    if port.try_send(t, &[&body[..(4 + (v as usize % 5))]]).unwrap() {
+                                        next_out[t] += 1;
+                                        port.signal(t);
+                                    }
+                                }
+                                if let Some(d) = port.peek(t).unwrap() {
+                                    let v = u32::from_le_bytes(d[..4].try_into().unwrap());
+                                    assert_eq!(v, next_in[t], "link {t}->{me} in order");
+                                    assert_eq!(d.len(), 4 + (v as usize % 5));
+                                    next_in[t] += 1;
+                                    done_in += 1;
+                                    port.release(t, false);
+                                }
+                            }
+                        }
+                        next_in
+                    })
+                })
+                .collect();
+            for (me, h) in hs.into_iter().enumerate() {
+                let got = h.join().unwrap();
+                for (src, &n) in got.iter().enumerate() {
+                    if src != me {
+                        assert_eq!(n, PER_LINK);
+                    }
+                }
+            }
+            std::fs::remove_file(p).unwrap();
+        }
+    }
+
+    #[test]
+    fn doorbell_wakes_a_sleeper() {
+        let (hw, p) = pair(Mode::Bidirectional, "bell");
+        let b = hw.port(1).unwrap();
+        let seen = b.bell();
+        let hw2 = hw.clone();
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            hw2.ring(1);
+        });
+        let start = Instant::now();
+        assert!(b.wait(seen, Duration::from_secs(10)));
+        assert!(start.elapsed() < Duration::from_secs(5));
+        t.join().unwrap();
+        assert!(!b.wait(b.bell(), Duration::from_millis(5)), "no ring: times out");
+        std::fs::remove_file(p).unwrap();
+    }
+}

@@ -1,0 +1,630 @@
+//! The packet engine of 003_*'s `sm_nic` / `sm_nic_vlb` (§4.10), over the emulated hardware: a TxFIFO per
+//! target with retries, drops and extra signals, Valiant load-balanced routing through evade nodes, and
+//! the performance values. The vnic (IP over the hardware) and the `mphw` transport both drive one [`Nic`]
+//! per node.
+//!
+//! Every packet in a buffer starts with a 16-byte header: magic, origin, destination, time to live, hops,
+//! payload length. A packet whose direct buffer is busy may, with VLB, be sent to an evade node with the
+//! time to live it may still spend; the evade node decrements it on receipt and sends the packet on —
+//! directly once it reaches zero, otherwise by the same rules as its own traffic.
+use crate::counters::{Counters, Slot};
+use crate::hw::{HwError, Link, Port, BROKEN};
+use std::time::{Duration, Instant};
+use std::collections::VecDeque;
+
+/// Bytes of the header in front of every packet.
+pub const HEADER: usize = 16;
+const MAGIC: u16 = 0x4e56;
+/// Evade hops after which a packet is no longer evaded (a bound on routes around broken links).
+const MAX_HOPS: u8 = 16;
+/// Fruitless TxFIFO rounds count against max_tx_retries at most once per this interval, so the budget
+/// is time (max_tx_retries x 10 µs at least), not the caller's polling rate.
+const RETRY_INTERVAL: Duration = Duration::from_micros(10);
+
+/// 003_*'s module options (§4.10.2, §4.10.4) and the chapter-6 extensions.
+#[derive(Debug, Clone)]
+pub struct NicOptions {
+    /// Largest payload accepted for sending.
+    pub mtu: usize,
+    /// Packets a TxFIFO holds per target (003_*'s queue_size); more are dropped and counted.
+    pub queue_size: usize,
+    /// Rounds without progress (counted at most every 10 µs) before all queued packets are dropped.
+    pub max_tx_retries: u64,
+    /// Every this many fruitless rounds, signal the targets of queued packets again.
+    pub extra_signal_every: u64,
+    /// Valiant load balancing on (sm_nic_vlb).
+    pub vlb: bool,
+    /// Evade hops a packet may make.
+    pub vlb_time_to_live: u8,
+    /// Scan evade nodes in a random order instead of linearly.
+    pub vlb_randomize: bool,
+    /// Indirect packets per target between two direct ones.
+    pub vlb_max_evade_ratio: u64,
+    /// Foreign packets accepted from each node before it is told to stop.
+    pub vlb_max_foreigners: u64,
+    /// Do not signal a target for packets forwarded to it.
+    pub vlb_reduce_interrupts: bool,
+    /// Nodes this node may evade to (empty: all).
+    pub vlb_next_hops: Vec<usize>,
+    /// Log routing decisions to stderr.
+    pub vlb_debug: bool,
+    /// Log packets from this origin.
+    pub log_source: Option<usize>,
+    /// Log packets to this destination.
+    pub log_target: Option<usize>,
+    /// §6.2.3: prefer evade nodes whose own buffer at the destination is free.
+    pub vlb_evade_free_slot: bool,
+}
+
+impl Default for NicOptions {
+    fn default() -> Self {
+        NicOptions {
+            mtu: 1500,
+            queue_size: 1024,
+            max_tx_retries: 10_000,
+            extra_signal_every: 64,
+            vlb: false,
+            vlb_time_to_live: 1,
+            vlb_randomize: false,
+            vlb_max_evade_ratio: 4,
+            vlb_max_foreigners: 16,
+            vlb_reduce_interrupts: false,
+            vlb_next_hops: Vec::new(),
+            vlb_debug: false,
+            log_source: None,
+            log_target: None,
+            vlb_evade_free_slot: false,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Header {
+    origin: usize,
+    dest: usize,
+    ttl: u8,
+    hops: u8,
+    len: usize,
+}
+
+impl Header {
+    fn encode(&self) -> [u8; HEADER] {
+        let mut b = [0u8; HEADER];
+        b[0..2].copy_from_slice(&MAGIC.to_le_bytes());
+        b[2..4].copy_from_slice(&(self.origin as u16).to_le_bytes());
+        b[4..6].copy_from_slice(&(self.dest as u16).to_le_bytes());
+        b[6] = self.ttl;
+        b[7] = self.hops;
+        b[8..12].copy_from_slice(&(self.len as u32).to_le_bytes());
+        b
+    }
+
+    fn decode(b: &[u8], nodes: usize) -> Option<Header> {
+        if b.len() < HEADER || u16::from_le_bytes([b[0], b[1]]) != MAGIC {
+            return None;
+        }
+        let h = Header {
+            origin: u16::from_le_bytes([b[2], b[3]]) as usize,
+            dest: u16::from_le_bytes([b[4], b[5]]) as usize,
+            ttl: b[6],
+            hops: b[7],
+            len: u32::from_le_bytes(b[8..12].try_into().ok()?) as usize,
+        };
+        (h.origin < nodes && h.dest < nodes && h.len == b.len() - HEADER).then_some(h)
+    }
+}
+
+struct Queued {
+    hdr: Header,
+    payload: Vec<u8>,
+    /// The node a foreign packet came from (its foreigner count drops when the packet leaves).
+    from: Option<usize>,
+}
+
+/// What happened to a packet handed to the engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sent {
+    /// Into the destination's buffer.
+    Direct,
+    /// Into an evade node's buffer.
+    Indirect(usize),
+    /// Into the TxFIFO for later.
+    Queued,
+    /// Dropped (TxFIFO full) and counted.
+    Dropped,
+}
+
+/// One node's engine. Single owner: callers serialise access (the vnic holds it in a mutex).
+pub struct Nic {
+    port: Port,
+    opts: NicOptions,
+    n: usize,
+    me: usize,
+    txq: Vec<VecDeque<Queued>>,
+    queued: usize,
+    retries: u64,
+    next_extra_signal: u64,
+    /// Indirect packets sent per destination since its last direct one.
+    evaded: Vec<u64>,
+    /// Indirect packets sent per destination since the last signal to it (vlb_reduce_interrupts).
+    unsignalled: Vec<bool>,
+    /// Foreign packets held per source node, and whether that source has been told to stop.
+    foreigners: Vec<u64>,
+    stopped: Vec<bool>,
+    foreign_total: u64,
+    evade_order: Vec<usize>,
+    dead: Vec<bool>,
+    rng: u64,
+    in_irq: bool,
+    ctr: Counters,
+    last_retry: Instant,
+}
+
+impl Nic {
+    /// An engine for `port` (the node's attachment) with `opts`.
+    pub fn new(port: Port, opts: NicOptions) -> Result<Nic, String> {
+        let n = port.hw().nodes();
+        let me = port.me();
+        if opts.mtu + HEADER > port.hw().buffer_size() {
+            return Err(format!(
+                "an mtu of {} needs buffers of {} bytes; the region's hold {}",
+                opts.mtu,
+                opts.mtu + HEADER,
+                port.hw().buffer_size()
+            ));
+        }
+        if let Some(&h) = opts.vlb_next_hops.iter().find(|&&h| h >= n) {
+            return Err(format!("vlb_next_hops names node {h}, outside 0..{n}"));
+        }
+        let evade_order: Vec<usize> = if opts.vlb_next_hops.is_empty() {
+            (0..n).filter(|&x| x != me).collect()
+        } else {
+            opts.vlb_next_hops.iter().copied().filter(|&x| x != me).collect()
+        };
+        let mut seed = [0u8; 8];
+        let _ = getrandom::fill(&mut seed);
+        let nic = Nic {
+            n,
+            me,
+            txq: (0..n).map(|_| VecDeque::new()).collect(),
+            queued: 0,
+            retries: opts.max_tx_retries,
+            next_extra_signal: opts.extra_signal_every.max(1),
+            evaded: vec![0; n],
+            unsignalled: vec![false; n],
+            foreigners: vec![0; n],
+            stopped: vec![false; n],
+            foreign_total: 0,
+            evade_order,
+            dead: vec![false; n],
+            rng: u64::from_le_bytes(seed) | 1,
+            in_irq: false,
+            ctr: Counters::new(port.hw(), me),
+            last_retry: Instant::now(),
+            opts,
+            port,
+        };
+        let c = nic.counters();
+        c.reset();
+        c.set(Slot::Up, 1);
+        Ok(nic)
+    }
+
+    /// This node.
+    pub fn me(&self) -> usize {
+        self.me
+    }
+
+    /// Nodes on the hardware.
+    pub fn nodes(&self) -> usize {
+        self.n
+    }
+
+    /// The options.
+    pub fn options(&self) -> &NicOptions {
+        &self.opts
+    }
+
+    /// The hardware attachment (for its doorbell).
+    pub fn port(&self) -> &Port {
+        &self.port
+    }
+
+    /// Packets waiting in the TxFIFOs.
+    pub fn queued(&self) -> usize {
+        self.queued
+    }
+
+    fn counters(&self) -> Counters {
+        self.ctr
+    }
+
+    fn log(&self, what: &str, h: &Header) {
+        let wanted = self.opts.log_source == Some(h.origin) || self.opts.log_target == Some(h.dest);
+        if wanted {
+            eprintln!(
+                "smn{}: {what} packet {}->{} len {} ttl {} hops {}",
+                self.me, h.origin, h.dest, h.len, h.ttl, h.hops
+            );
+        }
+    }
+
+    fn random(&mut self) -> u64 {
+        // xorshift64*: routing randomness only.
+        self.rng ^= self.rng >> 12;
+        self.rng ^= self.rng << 25;
+        self.rng ^= self.rng >> 27;
+        self.rng.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// Send `payload` from this node to `dest` (never blocks: queues or drops when it cannot send now).
+    pub fn send(&mut self, dest: usize, payload: &[u8]) -> Sent {
+        let c = self.counters();
+        if dest >= self.n || dest == self.me || payload.len() > self.opts.mtu {
+            c.add(Slot::TxErrors, 1);
+            return Sent::Dropped;
+        }
+        let hdr = Header {
+            origin: self.me,
+            dest,
+            ttl: if self.opts.vlb { self.opts.vlb_time_to_live } else { 0 },
+            hops: 0,
+            len: payload.len(),
+        };
+        self.log("send", &hdr);
+        let r = self.route(hdr, payload, None);
+        if r != Sent::Dropped {
+            let c = self.counters();
+            c.add(Slot::TxPackets, 1);
+            c.add(Slot::TxBytes, payload.len() as u64);
+            c.packet_size(payload.len() as u64);
+            if matches!(r, Sent::Direct | Sent::Indirect(_)) {
+                c.add(Slot::ImmediatePacketsTx, 1);
+            }
+        }
+        r
+    }
+
+    /// Send `payload` to every other node (Ethernet broadcast; sm_nic could not).
+    pub fn broadcast(&mut self, payload: &[u8]) {
+        for d in 0..self.n {
+            if d != self.me {
+                self.send(d, payload);
+            }
+        }
+    }
+
+    /// Try `hdr` now (directly, or through an evade node), else queue it.
+    fn route(&mut self, hdr: Header, payload: &[u8], from: Option<usize>) -> Sent {
+        let dest = hdr.dest;
+        // FIFO order per destination without VLB: nothing overtakes a queued packet.
+        if self.txq[dest].is_empty() || self.opts.vlb {
+            match self.try_direct(&hdr, payload, from.is_some()) {
+                Ok(true) => return Sent::Direct,
+                Ok(false) => {}
+                Err(()) => return Sent::Dropped,
+            }
+            if let Some(e) = self.try_evade(&hdr, payload) {
+                return Sent::Indirect(e);
+            }
+        }
+        self.enqueue(hdr, payload, from)
+    }
+
+    fn enqueue(&mut self, hdr: Header, payload: &[u8], from: Option<usize>) -> Sent {
+        let c = self.counters();
+        if self.txq[hdr.dest].len() >= self.opts.queue_size {
+            c.add(Slot::TxDropped, 1);
+            self.log("drop (TxFIFO full)", &hdr);
+            return Sent::Dropped;
+        }
+        self.txq[hdr.dest].push_back(Queued {
+            hdr,
+            payload: payload.to_vec(),
+            from,
+        });
+        self.queued += 1;
+        c.max(Slot::QueuedPacketsMaximum, self.queued as u64);
+        c.max(Slot::AllocatedPacketsMax, self.queued as u64 + 1);
+        if let Some(f) = from {
+            self.foreigners[f] += 1;
+            self.foreign_total += 1;
+            c.max(Slot::VlbMaxSeenForeigners, self.foreign_total);
+            c.set(Slot::ForeignersHeld, self.foreign_total);
+        }
+        Sent::Queued
+    }
+
+    /// Ok(true) sent, Ok(false) busy or broken, Err(()) a hardware error (counted).
+    fn try_direct(&mut self, hdr: &Header, payload: &[u8], foreign: bool) -> Result<bool, ()> {
+        let dest = hdr.dest;
+        if self.dead[dest] {
+            self.counters().add(Slot::TxErrors, 1);
+            return Err(());
+        }
+        let reads = self.port.remote_reads();
+        let r = self.port.try_send(dest, &[&hdr.encode(), payload]);
+        let c = self.ctr;
+        c.add(Slot::RemoteStatusReads, self.port.remote_reads() - reads);
+        match r {
+            Ok(true) => {
+                if !foreign {
+                    c.add(Slot::VlbTxDirect, 1);
+                }
+                self.evaded[dest] = 0;
+                // Forwarded packets to their target carry no signal with vlb_reduce_interrupts; the
+                // origin's next direct packet (or its kick when its queues empty) wakes the target.
+                if !(foreign && self.opts.vlb_reduce_interrupts) {
+                    self.unsignalled[dest] = false;
+                    self.port.signal(dest);
+                    c.add(Slot::SignalsSent, 1);
+                }
+                if self.opts.vlb_debug {
+                    eprintln!("smn{}: direct {}->{} (hops {})", self.me, hdr.origin, dest, hdr.hops);
+                }
+                Ok(true)
+            }
+            Ok(false) => {
+                c.add(Slot::DirectBusy, 1);
+                Ok(false)
+            }
+            Err(HwError::Broken { .. }) => {
+                c.add(Slot::BrokenLinkHits, 1);
+                Ok(false)
+            }
+            Err(e) => {
+                eprintln!("smn{}: link to node {dest} is unusable: {e}", self.me);
+                self.dead[dest] = true;
+                c.add(Slot::TxErrors, 1);
+                Err(())
+            }
+        }
+    }
+
+    /// With VLB and time to live left, send through a free evade node.
+    fn try_evade(&mut self, hdr: &Header, payload: &[u8]) -> Option<usize> {
+        let dest = hdr.dest;
+        // Over a broken link every packet must evade, whatever its time to live (the hop limit bounds
+        // it), and the ratio (which a direct packet resets) cannot apply.
+        let broken = self.port.hw().link_cost(self.me, dest) == BROKEN;
+        if !self.opts.vlb || (hdr.ttl == 0 && !broken) || hdr.hops >= MAX_HOPS {
+            return None;
+        }
+        let own = hdr.origin == self.me;
+        let c = self.ctr;
+        if !broken && self.evaded[dest] >= self.opts.vlb_max_evade_ratio {
+            if own {
+                c.add(Slot::VlbTxLimitedBySender, 1);
+            }
+            return None;
+        }
+        let mut order = std::mem::take(&mut self.evade_order);
+        if self.opts.vlb_randomize {
+            for i in (1..order.len()).rev() {
+                let j = (self.random() % (i as u64 + 1)) as usize;
+                order.swap(i, j);
+            }
+        }
+        let mut forbidden = false;
+        let mut chosen = None;
+        // §6.2.3: first the evade nodes whose own buffer at the destination is free, then the rest.
+        let passes = if self.opts.vlb_evade_free_slot { 2 } else { 1 };
+        'outer: for pass in 0..passes {
+            for &e in &order {
+                // An evade node must be able to pass the packet on.
+                if e == dest || e == hdr.origin || self.dead[e] || self.port.hw().link_cost(e, dest) == BROKEN {
+                    continue;
+                }
+                if passes == 2 && (pass == 0) != self.port.hw().peer_buffer_free(dest, e) {
+                    continue;
+                }
+                match self.port.link(e) {
+                    Ok(Link::Free { foreign_ok: true }) => {}
+                    Ok(Link::Free { foreign_ok: false }) => {
+                        forbidden = true;
+                        continue;
+                    }
+                    _ => continue,
+                }
+                let mut h = *hdr;
+                h.hops = h.hops.saturating_add(1);
+                if let Ok(true) = self.port.try_send(e, &[&h.encode(), payload]) {
+                    chosen = Some(e);
+                    break 'outer;
+                }
+            }
+        }
+        self.evade_order = order;
+        match chosen {
+            Some(e) => {
+                self.port.signal(e);
+                c.add(Slot::SignalsSent, 1);
+                self.evaded[dest] += 1;
+                self.unsignalled[dest] = true;
+                if own {
+                    c.add(Slot::VlbTxIndirect, 1);
+                }
+                if self.opts.vlb_debug {
+                    eprintln!("smn{}: evade {}->{} via {e}", self.me, hdr.origin, dest);
+                }
+                Some(e)
+            }
+            None => {
+                if forbidden && own {
+                    c.add(Slot::VlbTxLimitedByReceiver, 1);
+                }
+                None
+            }
+        }
+    }
+
+    /// Work the TxFIFOs once: send what the buffers take. Counts a fruitless round against the retry
+    /// budget (extra signals, then drops, as 003_* §4.10.2 describes). Returns packets sent.
+    pub fn poll_tx(&mut self) -> usize {
+        if self.queued == 0 {
+            self.kick_unsignalled();
+            return 0;
+        }
+        let mut sent = 0;
+        for d in 0..self.n {
+            while let Some(q) = self.txq[d].pop_front() {
+                let foreign = q.from.is_some();
+                let ok = match self.try_direct(&q.hdr, &q.payload, foreign) {
+                    Ok(true) => true,
+                    Ok(false) => self.try_evade(&q.hdr, &q.payload).is_some(),
+                    Err(()) => {
+                        // Link unusable: the packet is lost.
+                        self.counters().add(Slot::TxDropped, 1);
+                        true
+                    }
+                };
+                if !ok {
+                    self.txq[d].push_front(q);
+                    break;
+                }
+                self.queued -= 1;
+                sent += 1;
+                if let Some(f) = q.from {
+                    self.foreign_left(f);
+                    self.counters().add(Slot::Forwarded, 1);
+                }
+            }
+        }
+        let c = self.counters();
+        if sent > 0 {
+            c.max(Slot::MaximumTxRetries, self.opts.max_tx_retries - self.retries);
+            self.retries = self.opts.max_tx_retries;
+        } else if self.queued > 0 && self.last_retry.elapsed() >= RETRY_INTERVAL {
+            self.last_retry = Instant::now();
+            self.retries = self.retries.saturating_sub(1);
+            self.next_extra_signal = self.next_extra_signal.saturating_sub(1);
+            if self.next_extra_signal == 0 {
+                self.next_extra_signal = self.opts.extra_signal_every.max(1);
+                for d in 0..self.n {
+                    if !self.txq[d].is_empty() {
+                        self.port.signal(d);
+                        c.add(Slot::ExtraSignalsSent, 1);
+                        c.add(Slot::SignalsSent, 1);
+                    }
+                }
+            }
+            if self.retries == 0 {
+                c.max(Slot::MaximumTxRetries, self.opts.max_tx_retries);
+                for d in 0..self.n {
+                    while let Some(q) = self.txq[d].pop_front() {
+                        c.add(Slot::TxDropped, 1);
+                        if let Some(f) = q.from {
+                            self.foreign_left(f);
+                        }
+                    }
+                }
+                self.queued = 0;
+                self.retries = self.opts.max_tx_retries;
+            }
+        }
+        if self.queued == 0 {
+            self.kick_unsignalled();
+        }
+        sent
+    }
+
+    /// With the TxFIFOs empty, signal each target that got indirect packets since its last signal.
+    fn kick_unsignalled(&mut self) {
+        for d in 0..self.n {
+            if self.unsignalled[d] {
+                self.unsignalled[d] = false;
+                self.port.signal(d);
+                self.counters().add(Slot::SignalsSent, 1);
+            }
+        }
+    }
+
+    fn foreign_left(&mut self, f: usize) {
+        self.foreigners[f] -= 1;
+        self.foreign_total -= 1;
+        self.counters().set(Slot::ForeignersHeld, self.foreign_total);
+        if self.stopped[f] && self.foreigners[f] < self.opts.vlb_max_foreigners {
+            self.stopped[f] = false;
+            self.port.allow_foreign(f, true);
+        }
+    }
+
+    /// Mark the start of servicing a signal (an "interrupt"): packets taken until the next call count
+    /// towards VLB_AveragePacketsPerIRQ.
+    pub fn irq(&mut self) {
+        self.in_irq = true;
+        self.counters().add(Slot::Irqs, 1);
+    }
+
+    /// Take every packet waiting in this node's buffers: packets for this node go to `deliver(origin,
+    /// payload)` (false = dropped by the stack, counted), foreign ones are routed on. Returns packets
+    /// taken.
+    pub fn receive(&mut self, deliver: &mut dyn FnMut(usize, &[u8]) -> bool) -> usize {
+        let mut taken = 0;
+        for s in 0..self.n {
+            if s == self.me || self.dead[s] {
+                continue;
+            }
+            let pkt = match self.port.peek(s) {
+                Ok(Some(p)) => (p.as_ptr(), p.len()),
+                Ok(None) => continue,
+                Err(e) => {
+                    eprintln!("smn{}: link from node {s} is unusable: {e}", self.me);
+                    self.dead[s] = true;
+                    self.counters().add(Slot::RxErrors, 1);
+                    continue;
+                }
+            };
+            // SAFETY: the packet lies in our own buffer from `s`, which stays ours (the sender does not
+            // write it) until the release below; the mapping outlives this call.
+            let bytes = unsafe { std::slice::from_raw_parts(pkt.0, pkt.1) };
+            taken += 1;
+            let c = self.ctr;
+            if self.in_irq {
+                c.add(Slot::IrqPackets, 1);
+            }
+            let Some(mut h) = Header::decode(bytes, self.n) else {
+                c.add(Slot::RxErrors, 1);
+                self.port.release(s, self.stopped[s]);
+                continue;
+            };
+            let payload = &bytes[HEADER..];
+            if h.dest == self.me {
+                self.log("receive", &h);
+                c.add(Slot::RxPackets, 1);
+                c.add(Slot::RxBytes, h.len as u64);
+                c.max(Slot::VlbLongestRoute, h.hops as u64);
+                c.add(if h.hops == 0 { Slot::VlbRxDirect } else { Slot::VlbRxIndirect }, 1);
+                if !deliver(h.origin, payload) {
+                    c.add(Slot::RxDropped, 1);
+                }
+            } else if !self.opts.vlb || h.origin == self.me {
+                // Not for us and we do not forward: a misrouted packet.
+                c.add(Slot::RxErrors, 1);
+            } else {
+                h.ttl = h.ttl.saturating_sub(1);
+                self.log("forward", &h);
+                match self.route(h, payload, Some(s)) {
+                    Sent::Direct | Sent::Indirect(_) => c.add(Slot::Forwarded, 1),
+                    Sent::Queued => {
+                        if self.foreigners[s] >= self.opts.vlb_max_foreigners {
+                            self.stopped[s] = true;
+                        }
+                    }
+                    Sent::Dropped => {}
+                }
+            }
+            self.port.release(s, self.stopped[s]);
+        }
+        if taken == 0 {
+            self.in_irq = false;
+        }
+        taken
+    }
+}
+
+impl Drop for Nic {
+    fn drop(&mut self) {
+        self.counters().set(Slot::Up, 0);
+    }
+}
