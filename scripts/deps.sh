@@ -25,6 +25,9 @@ command -v NPmpich2 >/dev/null 2>&1 || need+=(netpipe-mpich2)
 command -v munged >/dev/null 2>&1 || need+=(munge)
 # Emulated hosts (vmfabric run --hosts) use ip(8).
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
+# The vnic (vmfabric vnic): its tests ping across the namespaces; its benchmark runs iperf3 against a veth pair.
+command -v ping >/dev/null 2>&1 || need+=(iputils-ping)
+command -v iperf3 >/dev/null 2>&1 || need+=(iperf3)
 if [ ${#need[@]} -gt 0 ]; then
   echo "deps: installing ${need[*]}"
   if [ "$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi

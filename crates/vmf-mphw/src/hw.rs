@@ -501,6 +501,23 @@ impl Hw {
         })
     }
 
+    /// Current value of node `i`'s doorbell.
+    pub fn doorbell(&self, i: usize) -> u32 {
+        self.bell(i).load(Ordering::SeqCst)
+    }
+
+    /// Sleep until node `i`'s doorbell moves past `seen` or `timeout` passes. Returns whether it moved.
+    pub fn wait_doorbell(&self, i: usize, seen: u32, timeout: Duration) -> bool {
+        let bell = self.bell(i);
+        let sl = self.sleepers(i);
+        sl.fetch_add(1, Ordering::SeqCst);
+        if bell.load(Ordering::SeqCst) == seen {
+            vmf_pal::futex::wait(bell, seen, Some(timeout));
+        }
+        sl.fetch_sub(1, Ordering::SeqCst);
+        bell.load(Ordering::SeqCst) != seen
+    }
+
     /// Ring node `target`'s doorbell (no emulated cost).
     pub fn ring(&self, target: usize) {
         self.bell(target).fetch_add(1, Ordering::SeqCst);
@@ -726,19 +743,12 @@ impl Port {
 
     /// Current value of our doorbell (pass it to [`Port::wait`]).
     pub fn bell(&self) -> u32 {
-        self.hw.bell(self.me).load(Ordering::SeqCst)
+        self.hw.doorbell(self.me)
     }
 
     /// Sleep until our doorbell moves past `seen` or `timeout` passes. Returns whether it moved.
     pub fn wait(&self, seen: u32, timeout: Duration) -> bool {
-        let bell = self.hw.bell(self.me);
-        let sl = self.hw.sleepers(self.me);
-        sl.fetch_add(1, Ordering::SeqCst);
-        if bell.load(Ordering::SeqCst) == seen {
-            vmf_pal::futex::wait(bell, seen, Some(timeout));
-        }
-        sl.fetch_sub(1, Ordering::SeqCst);
-        bell.load(Ordering::SeqCst) != seen
+        self.hw.wait_doorbell(self.me, seen, timeout)
     }
 }
 

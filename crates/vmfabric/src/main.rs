@@ -12,6 +12,7 @@ mod rma_bench;
 mod overcommit;
 mod selftest;
 mod selftest_rma;
+mod vnic_cli;
 
 #[derive(Parser)]
 #[command(
@@ -114,6 +115,8 @@ enum Cmd {
     Mtx(mtx_cli::MtxArgs),
     /// The distributed virtual machine: run DASS applications (`vmfabric dvm run APPDIR`).
     Dvm(dvm_cli::DvmArgs),
+    /// The virtual NIC over emulated message-passing hardware (`vmfabric vnic up --nodes N`).
+    Vnic(vnic_cli::VnicArgs),
     /// Rank programs for the integration tests.
     #[command(hide = true)]
     Selftest(selftest::SelftestArgs),
@@ -283,6 +286,7 @@ fn main() {
         Cmd::Bench(a) => bench::run(a),
         Cmd::Mtx(a) => mtx_cli::run(a),
         Cmd::Dvm(a) => dvm_cli::run(a),
+        Cmd::Vnic(a) => vnic_cli::run(a),
         Cmd::Selftest(a) => selftest::run(a),
     };
     std::process::exit(code);
