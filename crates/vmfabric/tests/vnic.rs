@@ -206,3 +206,161 @@ fn bad_options_are_refused_clearly() {
         assert!(e.contains(msg), "{args:?}: {e}");
     }
 }
+
+fn on_path(name: &str) -> bool {
+    std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(name).is_file()))
+}
+
+/// Ints per peer in the all-to-all: 256 KiB, so every node must receive at least 3 × 256 KiB.
+const MPI_A2A_INTS: usize = 65536;
+
+/// Every rank checks Allreduce, Bcast and Alltoall results itself; rank 0 prints one line. `nets` counts the
+/// distinct network namespaces the ranks ran in.
+const MPI_PROG: &str = r#"
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#define B A2A_INTS
+static int snd[16 * B], rcv[16 * B];
+static unsigned char bc[8192];
+
+/* MPICH 4.0.2's ch4:ucx finalize flushes every endpoint before its PMI barrier, and a UCX 1.13 TCP flush needs
+ * the peer to answer: a rank that is still in MPI when a faster one has flushed and gone to that barrier
+ * flushes towards a rank that no longer progresses, and hangs (MPICH 4.2 put the PMI barrier first). The
+ * same barrier here, on Hydra's PMI socket, has every rank out of MPI calls before any rank flushes. */
+static void pmi_barrier(void) {
+    const char *fd = getenv("PMI_FD");
+    char line[256];
+    size_t n = 0;
+    if (!fd) { fprintf(stderr, "no PMI_FD from Hydra\n"); exit(5); }
+    int f = atoi(fd);
+    if (write(f, "cmd=barrier_in\n", 15) != 15) { perror("PMI barrier_in"); exit(5); }
+    while (n < sizeof line - 1 && read(f, line + n, 1) == 1 && line[n] != '\n') n++;
+    line[n] = 0;
+    if (strcmp(line, "cmd=barrier_out")) { fprintf(stderr, "PMI answered '%s'\n", line); exit(5); }
+}
+
+int main(int argc, char **argv) {
+    int r, n, bad = 0, allbad = 0;
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &r);
+    MPI_Comm_size(MPI_COMM_WORLD, &n);
+    if (n > 16) MPI_Abort(MPI_COMM_WORLD, 2);
+    struct stat st;
+    long ino = stat("/proc/self/ns/net", &st) == 0 ? (long)st.st_ino : -1, inos[16];
+    MPI_Allgather(&ino, 1, MPI_LONG, inos, 1, MPI_LONG, MPI_COMM_WORLD);
+    int nets = 0;
+    for (int i = 0; i < n; i++) {
+        int seen = inos[i] < 0;
+        for (int j = 0; j < i; j++) seen |= inos[j] == inos[i];
+        nets += !seen;
+    }
+    long v = (long)(r + 1) * 1000 + r * r, sum = 0, want = 0;
+    for (int i = 0; i < n; i++) want += (long)(i + 1) * 1000 + i * i;
+    MPI_Allreduce(&v, &sum, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
+    bad += sum != want;
+    if (r == 0) for (int i = 0; i < 8192; i++) bc[i] = (unsigned char)(i * 7 + 3);
+    MPI_Bcast(bc, 8192, MPI_BYTE, 0, MPI_COMM_WORLD);
+    for (int i = 0; i < 8192; i++) bad += bc[i] != (unsigned char)(i * 7 + 3);
+    for (int j = 0; j < n; j++) for (int k = 0; k < B; k++) snd[j * B + k] = r * 10000000 + j * 1000000 + k;
+    MPI_Alltoall(snd, B, MPI_INT, rcv, B, MPI_INT, MPI_COMM_WORLD);
+    for (int j = 0; j < n; j++) for (int k = 0; k < B; k++) bad += rcv[j * B + k] != j * 10000000 + r * 1000000 + k;
+    MPI_Allreduce(&bad, &allbad, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    if (r == 0) {
+        if (allbad == 0) printf("OK size=%d sum=%ld nets=%d\n", n, sum, nets);
+        else printf("BAD size=%d sum=%ld want=%ld errors=%d nets=%d\n", n, sum, want, allbad, nets);
+        fflush(stdout);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    pmi_barrier();
+    MPI_Finalize();
+    return allbad != 0;
+}
+"#;
+
+/// Hydra's ssh launcher is called as `LAUNCHER -x HOST "/usr/bin/hydra_pmi_proxy" --control-port ...`, the
+/// command meant for a remote shell; HOST 10.77.0.{K+1} is node K, so the proxy runs in namespace vnicK.
+/// (Node 0's proxy is local to mpiexec, which Hydra starts itself.)
+const MPI_LAUNCHER: &str = r#"#!/bin/sh
+[ "$1" = -x ] && shift
+host=$1; shift
+case $host in 10.77.0.*) ;; *) echo "launcher: unexpected host $host" >&2; exit 1 ;; esac
+echo "$host" >> "$(dirname "$0")/launched"
+exec ip netns exec "vnic$(( ${host##*.} - 1 ))" sh -c "$*"
+"#;
+
+#[test]
+fn mpich_over_tcp_runs_a_collective_across_the_vnic() {
+    let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    if !usable() {
+        println!("note: skipped, the vnic needs root, /dev/net/tun, ip netns and ping");
+        return;
+    }
+    if !on_path("mpicc.mpich") || !on_path("mpiexec.mpich") {
+        println!("note: skipped, MPICH (mpicc.mpich, mpiexec.mpich) is not installed");
+        return;
+    }
+    struct Dir(PathBuf);
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let dir = Dir(std::env::temp_dir().join(format!("vmfabric-mpich-{}", std::process::id())));
+    let _ = std::fs::remove_dir_all(&dir.0);
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let (src, exe, launcher) = (dir.0.join("coll.c"), dir.0.join("coll"), dir.0.join("launch"));
+    std::fs::write(&src, MPI_PROG.replace("A2A_INTS", &MPI_A2A_INTS.to_string())).unwrap();
+    let cc = Command::new("mpicc.mpich").arg("-O2").arg("-o").arg(&exe).arg(&src).output().expect("run mpicc.mpich");
+    assert!(cc.status.success(), "mpicc.mpich failed: {}", String::from_utf8_lossy(&cc.stderr));
+    std::fs::write(&launcher, MPI_LAUNCHER).unwrap();
+    std::fs::set_permissions(&launcher, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+
+    let _down = Down;
+    // MTU-sized frames: the all-to-all alone is then > 500 frames into every node.
+    ok(&["vnic", "up", "--nodes", "4", "--mtu", "1500", "--no-offload"]);
+    let before = stats();
+    let started = std::time::Instant::now();
+    // mpiexec runs in node 0 with its control address on smn0. UCX may use TCP on smn0 only (the namespaces
+    // share hostname and /dev/shm, so shared memory would otherwise be chosen), and MPICH treats every
+    // rank as remote.
+    let o = vmf(&[
+        "vnic", "exec", "0", "--", "timeout", "-k", "5", "40", "mpiexec.mpich",
+        "-hosts", "10.77.0.1,10.77.0.2,10.77.0.3,10.77.0.4", "-n", "4", "-ppn", "1", "-iface", "smn0",
+        "-launcher", "ssh", "-launcher-exec", launcher.to_str().unwrap(),
+        "-genv", "UCX_TLS", "tcp,self", "-genv", "UCX_NET_DEVICES", "smn0", "-genv", "MPIR_CVAR_NOLOCAL", "1",
+        exe.to_str().unwrap(),
+    ]);
+    let took = started.elapsed();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "mpiexec failed ({:?}, 124 = timed out): {out}{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(out.trim(), "OK size=4 sum=10014 nets=4", "{}", String::from_utf8_lossy(&o.stderr));
+    println!("mpiexec: {} in {took:?}", out.trim());
+    let mut launched: Vec<String> =
+        std::fs::read_to_string(dir.0.join("launched")).unwrap().lines().map(str::to_owned).collect();
+    launched.sort();
+    assert_eq!(launched, ["10.77.0.2", "10.77.0.3", "10.77.0.4"], "one proxy launched into each other node");
+
+    // (Not `consistent`: the closing connections' last frames may still be in flight.)
+    let after = stats();
+    for i in 0..4 {
+        assert_eq!(val(&after, i, "rx_errors") + val(&after, i, "tx_errors"), 0, "node {i}");
+        let (p0, p1) = (val(&before, i, "rx_packets"), val(&after, i, "rx_packets"));
+        let packets = p1 - p0;
+        let bytes = val(&after, i, "rx_bytes") - val(&before, i, "rx_bytes");
+        println!("node {i}: rx_packets {p0} -> {p1} (+{packets}), rx_bytes +{bytes}");
+        assert!(bytes >= 3 * 4 * MPI_A2A_INTS as u64, "node {i} received only {bytes} bytes during the MPI run");
+        assert!(packets >= 500, "node {i} received only {packets} frames during the MPI run");
+    }
+    let down = ok(&["vnic", "down"]);
+    assert!(down.contains("vnic down"), "{down}");
+    assert!(!(0..4).any(|i| std::path::Path::new(&format!("/run/netns/vnic{i}")).exists()));
+}
