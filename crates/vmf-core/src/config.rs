@@ -28,6 +28,7 @@ pub const PARAMS: &[Param] = &[
     Param { name: "CALIBRATION", default: "auto", doc: "cache of this host's large-message calibration (`vmfabric info --calibrate`; `vmfabric run` makes it when missing): auto: $XDG_CACHE_HOME/vmfabric/calibration-<host>.json (else ~/.cache/..., else /tmp/vmfabric-<uid>/...); off: none (built-in defaults); else a file path" },
     Param { name: "SHM", default: "1", doc: "1: co-resident ranks talk through shared memory; 0: over TCP too (to measure or test TCP on one host)" },
     Param { name: "TCP", default: "1", doc: "1: reach ranks that share no region over TCP; 0: shared memory only" },
+    Param { name: "TRANSPORT", default: "auto", doc: "auto: shared memory between co-resident ranks, TCP between hosts; mphw: every pair of ranks over the emulated message-passing hardware (003_*, docs/mphw.md; one host, at most 64 ranks; VMF_MPHW_* set its options)" },
     Param { name: "TCP_ADDR", default: "auto", doc: "address this rank listens on and publishes; auto: the first non-loopback IPv4 address of this host, else 127.0.0.1" },
     Param { name: "TCP_EAGER_LIMIT", default: "64K", doc: "largest message (bytes) sent eagerly over TCP; larger ones use rendezvous and are read straight into the receive buffer" },
     Param { name: "TCP_CHUNK", default: "256K", doc: "bytes per data frame of a TCP rendezvous (written straight from the send buffer)" },
@@ -152,6 +153,8 @@ pub struct Config {
     pub shm: bool,
     /// TCP.
     pub tcp: bool,
+    /// TRANSPORT=mphw: every pair over the emulated message-passing hardware.
+    pub mphw: bool,
     /// TCP_ADDR (None = auto).
     pub tcp_addr: Option<std::net::IpAddr>,
     /// TCP_EAGER_LIMIT.
@@ -306,6 +309,17 @@ impl Config {
             shm_max_local: number("SHM_MAX_LOCAL", 1, 65536, "ranks")? as u32,
             shm: flag("SHM")?,
             tcp: flag("TCP")?,
+            mphw: match get("TRANSPORT").as_str() {
+                "auto" | "" => false,
+                "mphw" => true,
+                v => {
+                    return Err(ConfigError {
+                        name: "TRANSPORT",
+                        value: v.into(),
+                        why: "it is not auto or mphw".into(),
+                    })
+                }
+            },
             tcp_addr: match get("TCP_ADDR").as_str() {
                 "auto" | "" => None,
                 v => Some(v.parse().map_err(|_| ConfigError {

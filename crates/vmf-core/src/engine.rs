@@ -16,6 +16,7 @@ use vmf_transport::proto::{
 };
 use vmf_transport::selfq::SelfTransport;
 use vmf_transport::shm::ShmTransport;
+use vmf_transport::mphw::MphwTransport;
 use vmf_transport::tcp::TcpTransport;
 use vmf_transport::{Transport, TransportError};
 
@@ -72,6 +73,8 @@ pub enum Route {
     Shm,
     /// TCP.
     Tcp,
+    /// The emulated message-passing hardware (`VMF_TRANSPORT=mphw`).
+    Mphw,
     /// Not reachable.
     None,
 }
@@ -83,6 +86,7 @@ impl Route {
             Route::SelfLoop => "self",
             Route::Shm => "shm",
             Route::Tcp => "tcp",
+            Route::Mphw => "mphw",
             Route::None => "none",
         }
     }
@@ -246,6 +250,10 @@ pub struct Counters {
     pub tcp_msgs_sent: u64,
     /// Payload bytes sent over TCP.
     pub tcp_bytes_sent: u64,
+    /// Messages sent over the emulated message-passing hardware (`VMF_TRANSPORT=mphw`).
+    pub mphw_msgs_sent: u64,
+    /// Payload bytes sent over the emulated message-passing hardware.
+    pub mphw_bytes_sent: u64,
     /// Messages this rank sent to itself.
     pub self_msgs_sent: u64,
     /// Payload bytes this rank sent to itself.
@@ -283,6 +291,8 @@ pub struct Tally {
     shm_bytes_sent: AtomicU64,
     tcp_msgs_sent: AtomicU64,
     tcp_bytes_sent: AtomicU64,
+    mphw_msgs_sent: AtomicU64,
+    mphw_bytes_sent: AtomicU64,
     self_msgs_sent: AtomicU64,
     self_bytes_sent: AtomicU64,
     msgs_recvd: AtomicU64,
@@ -304,6 +314,8 @@ impl Tally {
             shm_bytes_sent: self.shm_bytes_sent.load(Ordering::Relaxed),
             tcp_msgs_sent: self.tcp_msgs_sent.load(Ordering::Relaxed),
             tcp_bytes_sent: self.tcp_bytes_sent.load(Ordering::Relaxed),
+            mphw_msgs_sent: self.mphw_msgs_sent.load(Ordering::Relaxed),
+            mphw_bytes_sent: self.mphw_bytes_sent.load(Ordering::Relaxed),
             self_msgs_sent: self.self_msgs_sent.load(Ordering::Relaxed),
             self_bytes_sent: self.self_bytes_sent.load(Ordering::Relaxed),
             msgs_recvd: self.msgs_recvd.load(Ordering::Relaxed),
@@ -343,6 +355,10 @@ pub struct Engine {
     cfg: Config,
     shm: Option<ShmTransport>,
     tcp: Option<TcpTransport>,
+    /// The emulated hardware, when `VMF_TRANSPORT=mphw` routes every peer there.
+    mphw: Option<MphwTransport>,
+    mphw_eager: usize,
+    mphw_chunk: usize,
     tcp_eager: usize,
     tcp_chunk: usize,
     /// Peers reached over TCP (0: the TCP transport is never polled, so shm-only jobs make no syscalls).
@@ -611,6 +627,9 @@ impl Engine {
             n,
             shm,
             tcp,
+            mphw: None,
+            mphw_eager: 0,
+            mphw_chunk: 0,
             tcp_eager,
             tcp_chunk,
             tcp_peers,
@@ -861,6 +880,22 @@ impl Engine {
     pub fn tcp(&self) -> Option<&TcpTransport> {
         self.tcp.as_ref()
     }
+    /// Route every peer not reached otherwise over the emulated message-passing hardware.
+    pub fn set_mphw(&mut self, t: MphwTransport) {
+        for (r, p) in self.peers.iter_mut().enumerate() {
+            if p.route == Route::None && t.reaches(r) {
+                p.route = Route::Mphw;
+            }
+        }
+        let maxp = t.max_payload(0);
+        self.mphw_eager = self.cfg.tcp_eager_limit.min(maxp - SYNC_PREFIX);
+        self.mphw_chunk = maxp - DataInfo::SIZE;
+        self.mphw = Some(t);
+    }
+    /// The mphw transport, if any.
+    pub fn mphw(&self) -> Option<&MphwTransport> {
+        self.mphw.as_ref()
+    }
     /// Allocate `len` bytes (aligned to `align`, at most 4096) from this rank's partition of the region's
     /// shared pool. `None` without a region, without a pool, on emulated hosts, or when it is full.
     pub fn pool_alloc(&mut self, len: usize, align: usize) -> Option<*mut u8> {
@@ -983,6 +1018,7 @@ impl Engine {
         let (msgs, bytes) = match route {
             Route::Shm => (&c.shm_msgs_sent, &c.shm_bytes_sent),
             Route::Tcp => (&c.tcp_msgs_sent, &c.tcp_bytes_sent),
+            Route::Mphw => (&c.mphw_msgs_sent, &c.mphw_bytes_sent),
             // None: never (a send there fails before it is counted).
             Route::SelfLoop | Route::None => (&c.self_msgs_sent, &c.self_bytes_sent),
         };
@@ -1144,6 +1180,7 @@ impl Engine {
                 .unwrap()
                 .try_send_borrowed(peer, hdr, a, b),
             Route::Tcp => self.tcp.as_mut().unwrap().try_send(peer, hdr, a, b),
+            Route::Mphw => self.mphw.as_mut().unwrap().try_send(peer, hdr, a, b),
             Route::SelfLoop => self.selfq.try_send(peer, hdr, a, b),
             Route::None => {
                 return Err(Error::Unreachable {
@@ -1232,6 +1269,7 @@ impl Engine {
         let limit = match route {
             Route::Shm => self.eager_limit,
             Route::Tcp => self.tcp_eager,
+            Route::Mphw => self.mphw_eager,
             _ => return Ok(false),
         };
         if len > limit {
@@ -1397,6 +1435,7 @@ impl Engine {
         let limit = match route {
             Route::SelfLoop => usize::MAX,
             Route::Tcp => self.tcp_eager,
+            Route::Mphw => self.mphw_eager,
             _ => self.eager_limit,
         };
         let eager = len <= limit;
@@ -1986,6 +2025,27 @@ impl Engine {
                 n += 1;
             }
         }
+        if self.mphw.is_some() {
+            for _ in 0..32 {
+                let inc = match self.mphw.as_mut().unwrap().poll() {
+                    Ok(Some(i)) => i,
+                    Ok(None) => break,
+                    Err(e) => {
+                        let peer = match &e {
+                            TransportError::Corrupt { peer, .. } => *peer,
+                            _ => self.me,
+                        };
+                        return Err(self.terr(peer, Op::Progress, e));
+                    }
+                };
+                // SAFETY: payload valid until release below.
+                let payload = unsafe { slice(inc.payload_ptr(), inc.len()) };
+                let r = self.handle(inc.peer, &inc.hdr, payload, 0);
+                self.mphw.as_mut().unwrap().release(inc);
+                r?;
+                n += 1;
+            }
+        }
         while !self.selfq.is_empty() {
             let Some(inc) = self.selfq.poll().expect("self transport cannot fail") else {
                 break;
@@ -2094,7 +2154,11 @@ impl Engine {
                 (r.peer as usize, r.buf)
             };
             let tcp = self.peers[peer].route == Route::Tcp;
-            let chunk = if tcp { self.tcp_chunk } else { self.chunk };
+            let chunk = match self.peers[peer].route {
+                Route::Tcp => self.tcp_chunk,
+                Route::Mphw => self.mphw_chunk,
+                _ => self.chunk,
+            };
             while let Phase::Streaming { rreq, want, sent } = self.reqs[id.idx as usize].phase {
                 if sent == want || !self.peers[peer].pending.is_empty() || self.peers[peer].holding
                 {
@@ -2479,6 +2543,23 @@ impl Engine {
             vmf_pal::yield_now();
             return Ok(Stage::Yield);
         }
+        if let Some(m) = self.mphw.as_mut() {
+            // Every peer is on the emulated hardware: sleep on its doorbell (senders ring it after
+            // filling a buffer; we look once more after reading it).
+            let bell = m.bell();
+            if m.has_incoming() {
+                return Ok(Stage::Spin);
+            }
+            if done(self) {
+                return Ok(Stage::Spin);
+            }
+            self.mphw.as_mut().unwrap().wait(bell, most.min(Duration::from_millis(10)));
+            self.waiter.sleeps += 1;
+            if self.last_liveness.elapsed() >= live_every {
+                self.check_liveness(op)?;
+            }
+            return Ok(Stage::Sleep);
+        }
         if self.tcp.is_some() {
             if self.tcp.as_ref().is_some_and(|t| t.has_buffered()) {
                 return Ok(Stage::Spin);
@@ -2622,6 +2703,16 @@ impl Engine {
             if let Some(t) = self.tcp.as_mut() {
                 let _ = t.progress();
             }
+        }
+        if let Some((peer, pid)) = self.mphw.as_ref().and_then(|m| m.find_dead_peer()) {
+            let e = Error::PeerDead {
+                rank: self.me,
+                peer,
+                pid,
+                op,
+            };
+            self.fatal = Some(e.clone());
+            return Err(e);
         }
         if let Some(shm) = &self.shm {
             if let Some((peer, pid)) = shm.find_dead_peer() {

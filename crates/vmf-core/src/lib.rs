@@ -239,6 +239,7 @@ impl Fabric {
         };
         let mut shm = None;
         let mut tcp = None;
+        let mut mphw = None;
         let mut locs = Vec::new();
         let mut mig_ctx = None;
         let mut watchdog = None;
@@ -272,7 +273,17 @@ impl Fabric {
             let secret_env = std::env::var("VMF_JOB_SECRET")
                 .ok()
                 .and_then(|h| parse_secret(&h));
-            if cfg.tcp {
+            // VMF_TRANSPORT=mphw: rank 0 makes the emulated hardware now; everyone attaches after the fence.
+            let mphw_path = std::path::Path::new(&cfg.region_dir).join(format!("vmf-mphw-{job}"));
+            if cfg.mphw {
+                if std::env::var_os("VMF_HOSTS_TABLE").is_some() || !cfg.region_path.is_empty() {
+                    return Err(setup(rank, "VMF_TRANSPORT=mphw emulates hardware on one host: no emulated hosts, no VMF_REGION_PATH"));
+                }
+                if rank == 0 {
+                    vmf_transport::mphw::MphwTransport::create(&mphw_path, size).map_err(|e| setup(rank, e))?;
+                }
+            }
+            if cfg.tcp && !cfg.mphw {
                 let bind = cfg.tcp_addr.unwrap_or_else(|| {
                     std::net::IpAddr::V4(
                         vmf_transport::tcp::default_ipv4().unwrap_or(std::net::Ipv4Addr::LOCALHOST),
@@ -353,7 +364,7 @@ impl Fabric {
                     slot: li,
                     addr,
                 });
-                if uuid == reg.uuid_hex() && cfg.shm {
+                if uuid == reg.uuid_hex() && cfg.shm && !cfg.mphw {
                     local.push((r, li));
                 } else if let (Some(t), Some(a)) = (tcp.as_mut(), addr) {
                     t.set_peer_addr(r, a);
@@ -412,9 +423,21 @@ impl Fabric {
                 mig_ctx = Some(ctx);
             }
             shm = Some(t);
+            if cfg.mphw {
+                let t = vmf_transport::mphw::MphwTransport::attach(&mphw_path, rank).map_err(|e| setup(rank, e))?;
+                // Once everyone has it mapped, the file goes: nothing is left behind, whatever happens later.
+                p.fence().map_err(|e| setup(rank, e))?;
+                if rank == 0 {
+                    let _ = std::fs::remove_file(&mphw_path);
+                }
+                mphw = Some(t);
+            }
         }
         let verbose = cfg.verbose;
         let mut eng = Engine::new(rank, size, cfg, shm, tcp);
+        if let Some(t) = mphw {
+            eng.set_mphw(t);
+        }
         eng.set_job_hash(vmf_transport::shm::region::job_hash(&job));
         if !locs.is_empty() {
             eng.set_locations(locs);
@@ -724,6 +747,9 @@ impl Fabric {
         };
         if let Some(p) = self.pmi.borrow_mut().as_mut() {
             p.fence().map_err(fin)?;
+        }
+        if let Some(m) = self.eng.get().mphw() {
+            m.report();
         }
         // The region this rank maps now (it may have moved since init).
         if let Some(shm) = self.eng.get().shm() {

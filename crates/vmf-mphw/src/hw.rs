@@ -386,6 +386,41 @@ impl Hw {
         self.word(self.node_block(i) + 4)
     }
 
+    /// The forwarding doorbell: rung for packets a node is to pass on (its forwarding agent sleeps on it
+    /// while the node's owner may not be polling).
+    fn fwd_bell(&self, i: usize) -> &AtomicU32 {
+        self.word(self.node_block(i) + 16)
+    }
+
+    fn fwd_sleepers(&self, i: usize) -> &AtomicU32 {
+        self.word(self.node_block(i) + 20)
+    }
+
+    /// Current value of node `i`'s forwarding doorbell.
+    pub fn forward_bell(&self, i: usize) -> u32 {
+        self.fwd_bell(i).load(Ordering::SeqCst)
+    }
+
+    /// Sleep until node `i`'s forwarding doorbell moves past `seen` or `timeout` passes.
+    pub fn wait_forward(&self, i: usize, seen: u32, timeout: Duration) -> bool {
+        let bell = self.fwd_bell(i);
+        let sl = self.fwd_sleepers(i);
+        sl.fetch_add(1, Ordering::SeqCst);
+        if bell.load(Ordering::SeqCst) == seen {
+            vmf_pal::futex::wait(bell, seen, Some(timeout));
+        }
+        sl.fetch_sub(1, Ordering::SeqCst);
+        bell.load(Ordering::SeqCst) != seen
+    }
+
+    /// Ring node `target`'s forwarding doorbell.
+    pub fn ring_forward(&self, target: usize) {
+        self.fwd_bell(target).fetch_add(1, Ordering::SeqCst);
+        if self.fwd_sleepers(target).load(Ordering::SeqCst) != 0 {
+            vmf_pal::futex::wake(self.fwd_bell(target), u32::MAX);
+        }
+    }
+
     fn owner(&self, i: usize) -> &AtomicU64 {
         self.word(self.node_block(i) + 8)
     }

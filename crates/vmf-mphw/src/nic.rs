@@ -54,6 +54,9 @@ pub struct NicOptions {
     pub log_target: Option<usize>,
     /// §6.2.3: prefer evade nodes whose own buffer at the destination is free.
     pub vlb_evade_free_slot: bool,
+    /// Also ring an evade node's forwarding doorbell (for nodes whose owner may not poll while
+    /// packets wait to be passed on: the mphw transport's forwarding agent sleeps on it).
+    pub forward_bell: bool,
 }
 
 impl Default for NicOptions {
@@ -74,6 +77,7 @@ impl Default for NicOptions {
             log_source: None,
             log_target: None,
             vlb_evade_free_slot: false,
+            forward_bell: false,
         }
     }
 }
@@ -85,6 +89,8 @@ struct Header {
     ttl: u8,
     hops: u8,
     len: usize,
+    /// Per (origin, destination) packet number: receivers that need the origin's order restore it.
+    seq: u32,
 }
 
 impl Header {
@@ -96,6 +102,7 @@ impl Header {
         b[6] = self.ttl;
         b[7] = self.hops;
         b[8..12].copy_from_slice(&(self.len as u32).to_le_bytes());
+        b[12..16].copy_from_slice(&self.seq.to_le_bytes());
         b
     }
 
@@ -109,6 +116,7 @@ impl Header {
             ttl: b[6],
             hops: b[7],
             len: u32::from_le_bytes(b[8..12].try_into().ok()?) as usize,
+            seq: u32::from_le_bytes(b[12..16].try_into().ok()?),
         };
         (h.origin < nodes && h.dest < nodes && h.len == b.len() - HEADER).then_some(h)
     }
@@ -141,6 +149,7 @@ pub struct Nic {
     n: usize,
     me: usize,
     txq: Vec<VecDeque<Queued>>,
+    tx_seq: Vec<u32>,
     queued: usize,
     retries: u64,
     next_extra_signal: u64,
@@ -187,6 +196,7 @@ impl Nic {
             n,
             me,
             txq: (0..n).map(|_| VecDeque::new()).collect(),
+            tx_seq: vec![0; n],
             queued: 0,
             retries: opts.max_tx_retries,
             next_extra_signal: opts.extra_signal_every.max(1),
@@ -264,25 +274,59 @@ impl Nic {
             c.add(Slot::TxErrors, 1);
             return Sent::Dropped;
         }
-        let hdr = Header {
+        let hdr = self.own_header(dest, payload.len());
+        self.log("send", &hdr);
+        let r = self.route(hdr, &[payload], None);
+        if r != Sent::Dropped {
+            self.tx_seq[dest] = self.tx_seq[dest].wrapping_add(1);
+            self.count_sent(payload.len(), matches!(r, Sent::Direct | Sent::Indirect(_)));
+        }
+        r
+    }
+
+    fn own_header(&self, dest: usize, len: usize) -> Header {
+        Header {
             origin: self.me,
             dest,
             ttl: if self.opts.vlb { self.opts.vlb_time_to_live } else { 0 },
             hops: 0,
-            len: payload.len(),
-        };
-        self.log("send", &hdr);
-        let r = self.route(hdr, payload, None);
-        if r != Sent::Dropped {
-            let c = self.counters();
-            c.add(Slot::TxPackets, 1);
-            c.add(Slot::TxBytes, payload.len() as u64);
-            c.packet_size(payload.len() as u64);
-            if matches!(r, Sent::Direct | Sent::Indirect(_)) {
-                c.add(Slot::ImmediatePacketsTx, 1);
-            }
+            len,
+            seq: self.tx_seq[dest],
         }
-        r
+    }
+
+    fn count_sent(&self, len: usize, immediate: bool) {
+        let c = self.counters();
+        c.add(Slot::TxPackets, 1);
+        c.add(Slot::TxBytes, len as u64);
+        c.packet_size(len as u64);
+        if immediate {
+            c.add(Slot::ImmediatePacketsTx, 1);
+        }
+    }
+
+    /// Send the concatenation of `parts` (at most 3) to `dest` now — directly or, with VLB, through an
+    /// evade node — or not at all: `Ok(false)` leaves nothing queued (a transport's "no resource; retry").
+    /// `Err` names a packet this engine can never send (too large, no such node, link unusable).
+    pub fn send_now(&mut self, dest: usize, parts: &[&[u8]]) -> Result<bool, String> {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        if dest >= self.n || dest == self.me {
+            return Err(format!("node {dest} is not a peer of node {} among {}", self.me, self.n));
+        }
+        if len > self.opts.mtu || parts.len() > 3 {
+            return Err(format!("a {len}-byte packet exceeds the mtu of {}", self.opts.mtu));
+        }
+        let hdr = self.own_header(dest, len);
+        let sent = match self.try_direct(&hdr, parts, false) {
+            Ok(true) => true,
+            Ok(false) => self.try_evade(&hdr, parts).is_some(),
+            Err(()) => return Err(format!("the link from node {} to node {dest} is unusable", self.me)),
+        };
+        if sent {
+            self.tx_seq[dest] = self.tx_seq[dest].wrapping_add(1);
+            self.count_sent(len, true);
+        }
+        Ok(sent)
     }
 
     /// Send `payload` to every other node (Ethernet broadcast; sm_nic could not).
@@ -295,7 +339,7 @@ impl Nic {
     }
 
     /// Try `hdr` now (directly, or through an evade node), else queue it.
-    fn route(&mut self, hdr: Header, payload: &[u8], from: Option<usize>) -> Sent {
+    fn route(&mut self, hdr: Header, payload: &[&[u8]], from: Option<usize>) -> Sent {
         let dest = hdr.dest;
         // FIFO order per destination without VLB: nothing overtakes a queued packet.
         if self.txq[dest].is_empty() || self.opts.vlb {
@@ -311,7 +355,7 @@ impl Nic {
         self.enqueue(hdr, payload, from)
     }
 
-    fn enqueue(&mut self, hdr: Header, payload: &[u8], from: Option<usize>) -> Sent {
+    fn enqueue(&mut self, hdr: Header, payload: &[&[u8]], from: Option<usize>) -> Sent {
         let c = self.counters();
         if self.txq[hdr.dest].len() >= self.opts.queue_size {
             c.add(Slot::TxDropped, 1);
@@ -320,7 +364,7 @@ impl Nic {
         }
         self.txq[hdr.dest].push_back(Queued {
             hdr,
-            payload: payload.to_vec(),
+            payload: payload.concat(),
             from,
         });
         self.queued += 1;
@@ -336,14 +380,15 @@ impl Nic {
     }
 
     /// Ok(true) sent, Ok(false) busy or broken, Err(()) a hardware error (counted).
-    fn try_direct(&mut self, hdr: &Header, payload: &[u8], foreign: bool) -> Result<bool, ()> {
+    fn try_direct(&mut self, hdr: &Header, payload: &[&[u8]], foreign: bool) -> Result<bool, ()> {
         let dest = hdr.dest;
         if self.dead[dest] {
             self.counters().add(Slot::TxErrors, 1);
             return Err(());
         }
         let reads = self.port.remote_reads();
-        let r = self.port.try_send(dest, &[&hdr.encode(), payload]);
+        let h = hdr.encode();
+        let r = self.port.try_send(dest, &with_header(&h, payload));
         let c = self.ctr;
         c.add(Slot::RemoteStatusReads, self.port.remote_reads() - reads);
         match r {
@@ -382,7 +427,7 @@ impl Nic {
     }
 
     /// With VLB and time to live left, send through a free evade node.
-    fn try_evade(&mut self, hdr: &Header, payload: &[u8]) -> Option<usize> {
+    fn try_evade(&mut self, hdr: &Header, payload: &[&[u8]]) -> Option<usize> {
         let dest = hdr.dest;
         // Over a broken link every packet must evade, whatever its time to live (the hop limit bounds
         // it), and the ratio (which a direct packet resets) cannot apply.
@@ -411,8 +456,9 @@ impl Nic {
         let passes = if self.opts.vlb_evade_free_slot { 2 } else { 1 };
         'outer: for pass in 0..passes {
             for &e in &order {
-                // An evade node must be able to pass the packet on.
-                if e == dest || e == hdr.origin || self.dead[e] || self.port.hw().link_cost(e, dest) == BROKEN {
+                // An evade node must be there (attached) and able to pass the packet on.
+                let hw = self.port.hw();
+                if e == dest || e == hdr.origin || self.dead[e] || hw.link_cost(e, dest) == BROKEN || hw.owner_pid(e) == 0 {
                     continue;
                 }
                 if passes == 2 && (pass == 0) != self.port.hw().peer_buffer_free(dest, e) {
@@ -428,7 +474,8 @@ impl Nic {
                 }
                 let mut h = *hdr;
                 h.hops = h.hops.saturating_add(1);
-                if let Ok(true) = self.port.try_send(e, &[&h.encode(), payload]) {
+                let he = h.encode();
+                if let Ok(true) = self.port.try_send(e, &with_header(&he, payload)) {
                     chosen = Some(e);
                     break 'outer;
                 }
@@ -438,6 +485,9 @@ impl Nic {
         match chosen {
             Some(e) => {
                 self.port.signal(e);
+                if self.opts.forward_bell {
+                    self.port.hw().ring_forward(e);
+                }
                 c.add(Slot::SignalsSent, 1);
                 self.evaded[dest] += 1;
                 self.unsignalled[dest] = true;
@@ -469,9 +519,9 @@ impl Nic {
         for d in 0..self.n {
             while let Some(q) = self.txq[d].pop_front() {
                 let foreign = q.from.is_some();
-                let ok = match self.try_direct(&q.hdr, &q.payload, foreign) {
+                let ok = match self.try_direct(&q.hdr, &[&q.payload], foreign) {
                     Ok(true) => true,
-                    Ok(false) => self.try_evade(&q.hdr, &q.payload).is_some(),
+                    Ok(false) => self.try_evade(&q.hdr, &[&q.payload]).is_some(),
                     Err(()) => {
                         // Link unusable: the packet is lost.
                         self.counters().add(Slot::TxDropped, 1);
@@ -557,9 +607,9 @@ impl Nic {
     }
 
     /// Take every packet waiting in this node's buffers: packets for this node go to `deliver(origin,
-    /// payload)` (false = dropped by the stack, counted), foreign ones are routed on. Returns packets
-    /// taken.
-    pub fn receive(&mut self, deliver: &mut dyn FnMut(usize, &[u8]) -> bool) -> usize {
+    /// seq, payload)` (false = dropped by the stack, counted; `seq` numbers the origin's packets to this
+    /// node, which VLB may deliver out of order), foreign ones are routed on. Returns packets taken.
+    pub fn receive(&mut self, deliver: &mut dyn FnMut(usize, u32, &[u8]) -> bool) -> usize {
         let mut taken = 0;
         for s in 0..self.n {
             if s == self.me || self.dead[s] {
@@ -595,7 +645,7 @@ impl Nic {
                 c.add(Slot::RxBytes, h.len as u64);
                 c.max(Slot::VlbLongestRoute, h.hops as u64);
                 c.add(if h.hops == 0 { Slot::VlbRxDirect } else { Slot::VlbRxIndirect }, 1);
-                if !deliver(h.origin, payload) {
+                if !deliver(h.origin, h.seq, payload) {
                     c.add(Slot::RxDropped, 1);
                 }
             } else if !self.opts.vlb || h.origin == self.me {
@@ -604,7 +654,7 @@ impl Nic {
             } else {
                 h.ttl = h.ttl.saturating_sub(1);
                 self.log("forward", &h);
-                match self.route(h, payload, Some(s)) {
+                match self.route(h, &[payload], Some(s)) {
                     Sent::Direct | Sent::Indirect(_) => c.add(Slot::Forwarded, 1),
                     Sent::Queued => {
                         if self.foreigners[s] >= self.opts.vlb_max_foreigners {
@@ -621,6 +671,15 @@ impl Nic {
         }
         taken
     }
+}
+
+/// The header then up to three parts, as one gather list (on the stack: no allocation per packet).
+fn with_header<'a>(h: &'a [u8; HEADER], parts: &[&'a [u8]]) -> [&'a [u8]; 4] {
+    let mut v: [&[u8]; 4] = [&h[..], &[], &[], &[]];
+    for (d, p) in v[1..].iter_mut().zip(parts) {
+        *d = p;
+    }
+    v
 }
 
 impl Drop for Nic {

@@ -25,9 +25,9 @@ fn direct_send_and_counters() {
     assert_eq!(a.send(1, &[0u8; 1501]), Sent::Dropped, "beyond the mtu");
     let mut got = Vec::new();
     b.irq();
-    assert_eq!(b.receive(&mut |o, d| { got.push((o, d.to_vec())); true }), 1);
+    assert_eq!(b.receive(&mut |o, _, d| { got.push((o, d.to_vec())); true }), 1);
     assert_eq!(a.poll_tx(), 1);
-    b.receive(&mut |o, d| { got.push((o, d.to_vec())); true });
+    b.receive(&mut |o, _, d| { got.push((o, d.to_vec())); true });
     assert_eq!(got, vec![(0, b"ping".to_vec()), (0, b"second".to_vec())]);
     let sa = Snapshot::read(&hw, 0);
     let sb = Snapshot::read(&hw, 1);
@@ -83,11 +83,11 @@ fn corrupt_packets_are_counted_not_delivered() {
     bad[4] = 40;
     assert!(raw.try_send(1, &[&bad]).unwrap());
     let mut n = 0;
-    b.receive(&mut |_, _| { n += 1; true });
+    b.receive(&mut |_, _, _| { n += 1; true });
     bad[4] = 1;
     bad[8] = 99;
     assert!(raw.try_send(1, &[&bad]).unwrap());
-    b.receive(&mut |_, _| { n += 1; true });
+    b.receive(&mut |_, _, _| { n += 1; true });
     assert_eq!(n, 0);
     assert_eq!(v(&Snapshot::read(&hw, 1), "rx_errors"), 2);
     std::fs::remove_file(p).unwrap();
@@ -141,8 +141,9 @@ fn fan_in(name: &str, cfg: HwConfig, opts: NicOptions, sink: usize, per: u32, sl
                         std::thread::sleep(Duration::from_micros(slow));
                     }
                     let mut rec = Vec::new();
-                    let k = nic.receive(&mut |o, d| {
+                    let k = nic.receive(&mut |o, q, d| {
                         let s = u32::from_le_bytes(d[..4].try_into().unwrap());
+                        assert_eq!(q, s, "the packet number of {o}#{s}");
                         assert_eq!(d.len(), 4 + (s as usize % 60));
                         for (i, b) in d[4..].iter().enumerate() {
                             assert_eq!(*b, (s as usize * 7 + i + o) as u8, "payload of {o}#{s}");
@@ -268,7 +269,7 @@ fn max_foreigners_stops_a_sender() {
     assert_eq!(c.send(1, b"own"), Sent::Direct);
     for i in 0..4u8 {
         let r = a.send(1, &[i]);
-        c.receive(&mut |_, _| true);
+        c.receive(&mut |_, _, _| true);
         if i < 2 {
             assert_eq!(r, Sent::Indirect(2), "packet {i}");
         }

@@ -21,6 +21,7 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod mphw;
 pub mod proto;
 pub mod selfq;
 pub mod shm;

@@ -541,7 +541,7 @@ pub fn run_node(index: usize) -> Result<(), String> {
         let bell = port_hw.doorbell(index);
         let (taken, queued) = {
             let mut nic = nic.lock().unwrap();
-            let taken = nic.receive(&mut |_, frame| tap.write(frame).is_ok());
+            let taken = nic.receive(&mut |_, _, frame| tap.write(frame).is_ok());
             nic.poll_tx();
             (taken, nic.queued())
         };

@@ -72,6 +72,7 @@ const PVARS: &[Pvar] = &[
     Pvar { name: "shm_msgs_sent", class: CLASS_COUNTER, desc: "messages sent through shared memory", get: |c| c.shm_msgs_sent },
     Pvar { name: "shm_bytes_sent", class: CLASS_COUNTER, desc: "payload bytes sent through shared memory", get: |c| c.shm_bytes_sent },
     Pvar { name: "tcp_msgs_sent", class: CLASS_COUNTER, desc: "messages sent over TCP", get: |c| c.tcp_msgs_sent },
+    Pvar { name: "mphw_msgs_sent", class: CLASS_COUNTER, desc: "messages sent over the emulated message-passing hardware (VMF_TRANSPORT=mphw)", get: |c| c.mphw_msgs_sent },
     Pvar { name: "tcp_bytes_sent", class: CLASS_COUNTER, desc: "payload bytes sent over TCP", get: |c| c.tcp_bytes_sent },
     Pvar { name: "self_msgs_sent", class: CLASS_COUNTER, desc: "messages a rank sent to itself", get: |c| c.self_msgs_sent },
     Pvar { name: "self_bytes_sent", class: CLASS_COUNTER, desc: "payload bytes a rank sent to itself", get: |c| c.self_bytes_sent },
