@@ -266,6 +266,41 @@ if dv:
     parts.append("\n".join(rows) + "\n")
 
 
+# bench/vnic.sh: TCP over the virtual NIC against veth, and VLB against none (issue 26), interleaved rounds.
+vn = read("vnic.json")
+if vn and _json.loads(vn)["rounds"]:
+    import statistics as _st3
+    VR = _json.loads(vn)["rounds"]
+
+    def _vmed(f):
+        xs = [f(r) for r in VR]
+        return _st3.median(xs), xs
+
+    rows = ["## Virtual NIC (`bash bench/vnic.sh`, issue 26)\n",
+            "%d interleaved rounds of iperf3 (one TCP stream, node 0 to node 1) over `vmfabric vnic` (offload on) and over a "
+            "veth pair between two namespaces; ratios are medians of within-round ratios.\n" % len(VR),
+            "| MTU | vnic Gbit/s | veth Gbit/s | vnic / veth | target |", "|---|---|---|---|---|"]
+    for mtu, t in ((1500, 0.5), (65520, 1.0)):
+        m, xs = _vmed(lambda r: r["vnic_%d" % mtu] / r["veth_%d" % mtu])
+        rows.append("| %d | %.2f | %.2f | %.2fx (rounds %s) | %s >= %.1fx |" % (
+            mtu, _vmed(lambda r: r["vnic_%d" % mtu])[0], _vmed(lambda r: r["veth_%d" % mtu])[0], m,
+            ", ".join("%.2f" % x for x in xs), "**PASS**" if m >= t else "**MISS**", t))
+    m, xs = _vmed(lambda r: r["vlb_on"] / r["vlb_off"])
+    ppi = _vmed(lambda r: r["vlb_on_ppi"])[0]
+    rows.append("\nVLB with a slow receiver (4 nodes, MTU 1500 without offload, servicing a signal costs 20 us, iperf3 from node 0 "
+                "to node 3, --vlb-max-evade-ratio 8): VLB on / off throughput %.2fx (rounds %s; on %.3f, off %.3f Gbit/s); "
+                "VLB_AveragePacketsPerIRQ at the receiver %.2f with VLB, %.2f without; %s.\n" % (
+                    m, ", ".join("%.2f" % x for x in xs), _vmed(lambda r: r["vlb_on"])[0], _vmed(lambda r: r["vlb_off"])[0],
+                    ppi, _vmed(lambda r: r["vlb_off_ppi"])[0],
+                    "**PASS** (both above 1)" if m > 1 and ppi > 1 else "**MISS** (target: packets per IRQ > 1 and throughput above VLB off)"))
+    if all("mphw_lat8" in r for r in VR):
+        rows.append("The mphw transport under MPI (`VMF_TRANSPORT=mphw vmfabric run -n 2 vmfabric bench latency|bw`) beside the "
+                    "shared-memory transport, same rounds: 8-byte latency %.3f us vs %.3f us (%.2fx); 64 KiB bandwidth %.0f vs %.0f MB/s (%.2fx).\n" % (
+                        _vmed(lambda r: r["mphw_lat8"])[0], _vmed(lambda r: r["shm_lat8"])[0], _vmed(lambda r: r["mphw_lat8"] / r["shm_lat8"])[0],
+                        _vmed(lambda r: r["mphw_bw64k"])[0], _vmed(lambda r: r["shm_bw64k"])[0], _vmed(lambda r: r["mphw_bw64k"] / r["shm_bw64k"])[0]))
+    parts.append("\n".join(rows) + "\n")
+
+
 def own_run(sub, prefix, title, env, what, word, extra=()):
     """A section of bench/run.sh run on its own (results in bench/results/SUB/) when the main run has none:
     its tables, and of its targets those whose text names WORD."""

@@ -31,6 +31,8 @@
 #                             BENCH_LARGE_ROUNDS=R, default 5)
 #   BENCH_DVM=0               skip the distributed virtual machine rounds of issue 27 (bench/dvm.sh;
 #                             BENCH_DVM_ROUNDS=R, default 5)
+#   BENCH_VNIC=0              skip the virtual NIC rounds of issue 26 (bench/vnic.sh; BENCH_VNIC_ROUNDS=R,
+#                             default 3)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -438,6 +440,16 @@ if [ "${BENCH_DVM:-1}" != 0 ]; then
         BENCH_PYTHON="$PY" BENCH_RESULTS_DIR="$RESULTS" BENCH_VMFABRIC="$VMF" BENCH_BUILD_DIR="$BUILD"
 else
     log "BENCH_DVM=0: distributed virtual machine skipped"
+fi
+
+# ---------------------------------------------------------------- virtual NIC
+# Issue 26: iperf3 over `vmfabric vnic` against a veth pair at MTU 1500 and 65520, and VLB against none with
+# a slow receiver, in interleaved rounds (results in $RESULTS/vnic.json). BENCH_VNIC=0 skips it.
+if [ "${BENCH_VNIC:-1}" != 0 ]; then
+    sub_bench "virtual NIC" bench/vnic.sh \
+        BENCH_PYTHON="$PY" BENCH_RESULTS_DIR="$RESULTS" BENCH_VMFABRIC="$VMF"
+else
+    log "BENCH_VNIC=0: virtual NIC skipped"
 fi
 
 # ---------------------------------------------------------------- one-sided (RMA)

@@ -59,6 +59,7 @@ const H_MODE: u64 = 32;
 const H_SIGNAL_NS: u64 = 40;
 const H_BYTE_PS: u64 = 48;
 const H_READY: u64 = 56;
+const H_IRQ_NS: u64 = 64;
 
 /// Errors of the emulated hardware.
 #[derive(Debug, Error)]
@@ -191,6 +192,9 @@ pub struct HwConfig {
     pub signal_cost_ns: u64,
     /// Cost per byte moved, picoseconds (the sender spins `len * ps / 1000` ns per transfer).
     pub byte_cost_ps: u64,
+    /// Cost of servicing a signal (an interrupt), ns: the receiving node spins this long each time it
+    /// wakes for its doorbell — what makes many packets per interrupt pay (003_* §2.6, §4.10.3).
+    pub irq_cost_ns: u64,
     /// Topology for the per-hop penalty.
     pub topology: Topology,
     /// Penalty per hop, ns (0: uniform, 003_*'s behaviour).
@@ -208,6 +212,7 @@ impl HwConfig {
             mode: Mode::Bidirectional,
             signal_cost_ns: 0,
             byte_cost_ps: 0,
+            irq_cost_ns: 0,
             topology: Topology::Full,
             hop_cost_ns: 0,
             broken: Vec::new(),
@@ -243,6 +248,7 @@ pub struct Hw {
     mode: Mode,
     signal_ns: u64,
     byte_ps: u64,
+    irq_ns: u64,
 }
 
 fn stride_for(buf: usize) -> u64 {
@@ -293,6 +299,7 @@ impl Hw {
         w(H_MODE, (cfg.mode == Mode::Unidirectional) as u64)?;
         w(H_SIGNAL_NS, cfg.signal_cost_ns)?;
         w(H_BYTE_PS, cfg.byte_cost_ps)?;
+        w(H_IRQ_NS, cfg.irq_cost_ns)?;
         for t in 0..cfg.nodes {
             for s in 0..cfg.nodes {
                 let cost = cfg.topology.hops(s, t, cfg.nodes).saturating_sub(1) * cfg.hop_cost_ns;
@@ -350,6 +357,7 @@ impl Hw {
             mode,
             signal_ns: r(H_SIGNAL_NS)?,
             byte_ps: r(H_BYTE_PS)?,
+            irq_ns: r(H_IRQ_NS)?,
             seg,
         }))
     }
@@ -367,6 +375,11 @@ impl Hw {
     /// Acknowledgement scheme.
     pub fn mode(&self) -> Mode {
         self.mode
+    }
+
+    /// Spin for the emulated cost of servicing one signal.
+    pub fn pay_irq(&self) {
+        spin_for(self.irq_ns);
     }
 
     fn word<T: vmf_bb::segment::ShmSafe>(&self, off: u64) -> &T {

@@ -604,6 +604,7 @@ impl Nic {
     pub fn irq(&mut self) {
         self.in_irq = true;
         self.counters().add(Slot::Irqs, 1);
+        self.port.hw().pay_irq();
     }
 
     /// Take every packet waiting in this node's buffers: packets for this node go to `deliver(origin,

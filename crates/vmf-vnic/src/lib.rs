@@ -125,6 +125,7 @@ impl VnicConfig {
             "unidirectional": self.hw.mode == Mode::Unidirectional,
             "signal_cost_ns": self.hw.signal_cost_ns,
             "byte_cost_ps": self.hw.byte_cost_ps,
+            "irq_cost_ns": self.hw.irq_cost_ns,
             "topology": match self.hw.topology { Topology::Full => "full".to_string(), Topology::Ring => "ring".into(), Topology::Mesh { width } => format!("mesh:{width}") },
             "hop_cost_ns": self.hw.hop_cost_ns,
             "broken_links": self.hw.broken.iter().map(|&(a, b)| format!("{a}-{b}")).collect::<Vec<_>>().join(","),
@@ -155,6 +156,7 @@ impl VnicConfig {
         c.hw.mode = if b("unidirectional") { Mode::Unidirectional } else { Mode::Bidirectional };
         c.hw.signal_cost_ns = u("signal_cost_ns")?;
         c.hw.byte_cost_ps = u("byte_cost_ps")?;
+        c.hw.irq_cost_ns = v["irq_cost_ns"].as_u64().unwrap_or(0);
         c.hw.topology = Topology::parse(v["topology"].as_str().unwrap_or("full"))?;
         c.hw.hop_cost_ns = u("hop_cost_ns")?;
         c.hw.broken = vmf_mphw::hw::parse_links(v["broken_links"].as_str().unwrap_or(""))?;

@@ -67,6 +67,9 @@ pub struct UpArgs {
     /// Emulated cost of a signal, ns.
     #[arg(long, default_value_t = 0)]
     pub signal_cost_ns: u64,
+    /// Emulated cost of servicing a signal (an interrupt) at the receiving node, ns.
+    #[arg(long, default_value_t = 0)]
+    pub irq_cost_ns: u64,
     /// Emulated cost per byte, ps.
     #[arg(long, default_value_t = 0)]
     pub byte_cost_ps: u64,
@@ -133,6 +136,7 @@ impl UpArgs {
         c.hw.mode = if self.unidirectional { Mode::Unidirectional } else { Mode::Bidirectional };
         c.hw.signal_cost_ns = self.signal_cost_ns;
         c.hw.byte_cost_ps = self.byte_cost_ps;
+        c.hw.irq_cost_ns = self.irq_cost_ns;
         c.hw.topology = Topology::parse(&self.topology).map_err(|e| format!("--topology: {e}"))?;
         c.hw.hop_cost_ns = self.hop_cost_ns;
         c.hw.broken = vmf_mphw::hw::parse_links(&self.broken_links).map_err(|e| format!("--broken-links: {e}"))?;
