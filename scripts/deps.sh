@@ -28,6 +28,9 @@ command -v ip >/dev/null 2>&1 || need+=(iproute2)
 # The vnic (vmfabric vnic): its tests ping across the namespaces; its benchmark runs iperf3 against a veth pair.
 command -v ping >/dev/null 2>&1 || need+=(iputils-ping)
 command -v iperf3 >/dev/null 2>&1 || need+=(iperf3)
+# vmfabric sweep: plots (matplotlib for the system python3) and MTU-sized frames on its veth baseline (ethtool).
+/usr/bin/python3 -c 'import matplotlib' >/dev/null 2>&1 || need+=(python3-matplotlib)
+command -v ethtool >/dev/null 2>&1 || need+=(ethtool)
 if [ ${#need[@]} -gt 0 ]; then
   echo "deps: installing ${need[*]}"
   if [ "$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi

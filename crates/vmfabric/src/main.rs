@@ -12,6 +12,7 @@ mod rma_bench;
 mod overcommit;
 mod selftest;
 mod selftest_rma;
+mod sweep;
 mod vnic_cli;
 
 #[derive(Parser)]
@@ -117,6 +118,9 @@ enum Cmd {
     Dvm(dvm_cli::DvmArgs),
     /// The virtual NIC over emulated message-passing hardware (`vmfabric vnic up --nodes N`).
     Vnic(vnic_cli::VnicArgs),
+    /// Run an MPI benchmark over the vnic for every combination of a sweep file's parameters (and over a
+    /// veth bridge as the baseline); CSV and plots at the end; resumes after an interruption.
+    Sweep(sweep::SweepArgs),
     /// Rank programs for the integration tests.
     #[command(hide = true)]
     Selftest(selftest::SelftestArgs),
@@ -287,6 +291,7 @@ fn main() {
         Cmd::Mtx(a) => mtx_cli::run(a),
         Cmd::Dvm(a) => dvm_cli::run(a),
         Cmd::Vnic(a) => vnic_cli::run(a),
+        Cmd::Sweep(a) => sweep::run(a),
         Cmd::Selftest(a) => selftest::run(a),
     };
     std::process::exit(code);
