@@ -684,7 +684,7 @@ impl Port {
         if len > self.hw.buf {
             return Err(HwError::TooLarge { len, cap: self.hw.buf });
         }
-        let old = match self.link(target)? {
+        match self.link(target)? {
             Link::Busy => return Ok(false),
             Link::Broken => {
                 return Err(HwError::Broken {
@@ -692,16 +692,37 @@ impl Port {
                     target,
                 })
             }
-            Link::Free { .. } => self.hw.status(target, self.me).load(Ordering::Relaxed),
-        };
+            Link::Free { .. } => {}
+        }
         let dst = self.hw.data(target, self.me);
         let mut at = 0;
         for p in parts {
             // SAFETY: `dst` is our own buffer at `target` (len <= buffer size, checked above); only we write
-            // it, and the target reads it only after the Release store of the status word below.
+            // it, and the target reads it only after the Release store of the status word in commit().
             unsafe { std::ptr::copy_nonoverlapping(p.as_ptr(), dst.add(at), p.len()) };
             at += p.len();
         }
+        self.commit(target, len)?;
+        Ok(true)
+    }
+
+    /// Our buffer at `target` to write a packet in place, if it is free: its data area (buffer size
+    /// bytes). Nothing changes until [`Port::commit`]; dropping the reservation costs nothing.
+    pub fn reserve(&mut self, target: usize) -> Result<Option<*mut u8>, HwError> {
+        match self.link(target)? {
+            Link::Free { .. } => Ok(Some(self.hw.data(target, self.me))),
+            _ => Ok(None),
+        }
+    }
+
+    /// Mark our buffer at `target`, reserved and filled with `len` bytes, full (as [`Port::try_send`]
+    /// does after its copy). Does not signal.
+    pub fn commit(&mut self, target: usize, len: usize) -> Result<(), HwError> {
+        self.check_peer(target)?;
+        if len > self.hw.buf {
+            return Err(HwError::TooLarge { len, cap: self.hw.buf });
+        }
+        let old = self.hw.status(target, self.me).load(Ordering::Relaxed);
         spin_for(self.hw.link_cost(self.me, target).min(1 << 40) + len as u64 * self.hw.byte_ps / 1000);
         let seq = (self.sent[target] + 1) & SEQ_MASK;
         self.sent[target] = seq;
@@ -712,7 +733,7 @@ impl Port {
         self.hw
             .status(target, self.me)
             .store(FULL | keep | (seq as u64) << 8 | (len as u64) << 32, Ordering::Release);
-        Ok(true)
+        Ok(())
     }
 
     /// Signal `target` (with the emulated signal cost).

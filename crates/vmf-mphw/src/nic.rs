@@ -329,6 +329,55 @@ impl Nic {
         Ok(sent)
     }
 
+    /// Room for a packet to `dest` written in place (no copy through the caller's memory): with its
+    /// TxFIFO empty and its buffer free, a pointer to `mtu` writable bytes; finish with
+    /// [`Nic::commit`]. The room stays ours until then (nobody reads an uncommitted buffer), and a
+    /// reservation that is not committed costs nothing.
+    pub fn reserve(&mut self, dest: usize) -> Option<*mut u8> {
+        if dest >= self.n || dest == self.me || !self.txq[dest].is_empty() || self.dead[dest] {
+            return None;
+        }
+        match self.port.reserve(dest) {
+            // SAFETY: the data area holds buffer_size >= mtu + HEADER bytes (checked in Nic::new).
+            Ok(Some(p)) => Some(unsafe { p.add(HEADER) }),
+            _ => None,
+        }
+    }
+
+    /// Send the `len` bytes written at [`Nic::reserve`]'s room for `dest`.
+    pub fn commit(&mut self, dest: usize, len: usize) -> Sent {
+        if len > self.opts.mtu {
+            self.counters().add(Slot::TxErrors, 1);
+            return Sent::Dropped;
+        }
+        let hdr = self.own_header(dest, len);
+        self.log("send", &hdr);
+        // The header goes in front of the payload already in place.
+        match self.port.reserve(dest) {
+            Ok(Some(p)) => {
+                // SAFETY: our own free buffer's first HEADER bytes.
+                unsafe { std::ptr::copy_nonoverlapping(hdr.encode().as_ptr(), p, HEADER) };
+            }
+            _ => {
+                self.counters().add(Slot::TxErrors, 1);
+                return Sent::Dropped;
+            }
+        }
+        if self.port.commit(dest, HEADER + len).is_err() {
+            self.counters().add(Slot::TxErrors, 1);
+            return Sent::Dropped;
+        }
+        self.tx_seq[dest] = self.tx_seq[dest].wrapping_add(1);
+        self.evaded[dest] = 0;
+        self.unsignalled[dest] = false;
+        self.port.signal(dest);
+        let c = self.counters();
+        c.add(Slot::SignalsSent, 1);
+        c.add(Slot::VlbTxDirect, 1);
+        self.count_sent(len, true);
+        Sent::Direct
+    }
+
     /// Send `payload` to every other node (Ethernet broadcast; sm_nic could not).
     pub fn broadcast(&mut self, payload: &[u8]) {
         for d in 0..self.n {

@@ -503,31 +503,63 @@ pub fn run_node(index: usize) -> Result<(), String> {
     let nic = Arc::new(Mutex::new(nic));
     let nodes = cfg.nodes;
     let eth_at = if cfg.offload { tap::VNET_HDR } else { 0 };
-    // Transmit: frames from the stack to the hardware.
+    // Transmit: frames from the stack to the hardware. The frame is read straight into the buffer of the
+    // node the previous unicast frame went to when that buffer is free (one copy, by the kernel, instead of
+    // two); a frame for another node, or broadcast, is then sent on from there like any other.
+    tap.set_nonblocking().map_err(|e| format!("cannot make {IFNAME} non-blocking: {e}"))?;
     let tx = {
         let (tap, nic) = (tap.clone(), nic.clone());
         std::thread::Builder::new()
             .name(format!("smn{index}-tx"))
             .spawn(move || {
                 let mut buf = vec![0u8; 65_536 + ETH + tap::VNET_HDR];
+                let mut guess = (index + 1) % nodes;
                 loop {
-                    let n = match tap.read(&mut buf) {
+                    let mut nic = nic.lock().unwrap();
+                    let room = nic.reserve(guess);
+                    let (ptr, cap) = match room {
+                        Some(p) => (p, nic.options().mtu),
+                        None => (buf.as_mut_ptr(), buf.len()),
+                    };
+                    // SAFETY: `ptr` is either our reserved hardware room (mtu bytes, ours until commit) or
+                    // the local buffer; both writable for `cap` bytes.
+                    let n = match unsafe { tap.read_into(ptr, cap) } {
                         Ok(n) if n >= eth_at + ETH => n,
                         Ok(_) => continue,
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                            drop(nic);
+                            tap.wait_readable(100);
+                            continue;
+                        }
                         Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                         Err(e) => {
                             eprintln!("smn{index}: read from {IFNAME}: {e}");
                             std::process::exit(1);
                         }
                     };
-                    let frame = &buf[..n];
-                    let mut nic = nic.lock().unwrap();
+                    // SAFETY: `n` bytes were just read there.
+                    let frame = unsafe { std::slice::from_raw_parts(ptr, n) };
                     let dst = &frame[eth_at..eth_at + 6];
-                    if dst[0] & 1 != 0 {
-                        nic.broadcast(frame);
-                    } else if let Some(d) = node_of(dst, nodes) {
-                        if d != index {
-                            nic.send(d, frame);
+                    let to = if dst[0] & 1 != 0 { None } else { node_of(dst, nodes).filter(|&d| d != index) };
+                    if room.is_some() && to == Some(guess) {
+                        nic.commit(guess, n);
+                    } else {
+                        // From the room (an uncommitted buffer of ours, which a send may overwrite: copy it
+                        // first; rare, the destination changed) or from the local buffer.
+                        let owned;
+                        let frame: &[u8] = if room.is_some() {
+                            owned = frame.to_vec();
+                            &owned
+                        } else {
+                            frame
+                        };
+                        match to {
+                            Some(d) => {
+                                nic.send(d, frame);
+                                guess = d;
+                            }
+                            None if dst[0] & 1 != 0 => nic.broadcast(frame),
+                            None => {}
                         }
                     }
                     nic.poll_tx();

@@ -51,6 +51,42 @@ impl Tap {
         Ok(Tap { file })
     }
 
+    /// Make reads return `WouldBlock` instead of waiting (then wait with [`Tap::wait_readable`]).
+    pub fn set_nonblocking(&self) -> io::Result<()> {
+        let fd = self.file.as_raw_fd();
+        // SAFETY: fcntl on our own descriptor.
+        let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+        // SAFETY: as above.
+        if fl < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Wait until a frame can be read or `timeout_ms` passes.
+    pub fn wait_readable(&self, timeout_ms: i32) {
+        let mut p = libc::pollfd {
+            fd: self.file.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        unsafe { libc::poll(&mut p, 1, timeout_ms) };
+    }
+
+    /// Read one frame into `len` bytes at `dst` (which may be shared memory).
+    ///
+    /// # Safety
+    /// `dst` must be writable for `len` bytes.
+    pub unsafe fn read_into(&self, dst: *mut u8, len: usize) -> io::Result<usize> {
+        let r = libc::read(self.file.as_raw_fd(), dst.cast(), len);
+        if r < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(r as usize)
+        }
+    }
+
     /// Read one frame into `buf`.
     pub fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
         // SAFETY: `buf` is writable for its length.
