@@ -293,6 +293,28 @@ if vn and _json.loads(vn)["rounds"]:
                     m, ", ".join("%.2f" % x for x in xs), _vmed(lambda r: r["vlb_on"])[0], _vmed(lambda r: r["vlb_off"])[0],
                     ppi, _vmed(lambda r: r["vlb_off_ppi"])[0],
                     "**PASS** (both above 1)" if m > 1 and ppi > 1 else "**MISS** (target: packets per IRQ > 1 and throughput above VLB off)"))
+    if all("ext_plain" in r for r in VR):
+        rows += ["\n003_*'s chapter-6 extensions, each against the plain configuration (4 nodes, MTU 1500 without offload, "
+                 "iperf3 node 0 to node 3; medians):\n",
+                 "| configuration | Gbit/s | ratio to (median of rounds) | status reads in remote memory (node 0) | indirect packets at node 3 | packets per IRQ at node 3 |",
+                 "|---|---|---|---|---|---|"]
+        # Slow-receiver rows compare with the slow receiver without VLB (the VLB experiment's "off" run).
+        for r in VR:
+            for k, v in (("", r["vlb_off"]), ("_remote_reads", 0.0), ("_indirect", r["vlb_off_indirect"]), ("_ppi", r["vlb_off_ppi"])):
+                r.setdefault("ext_slow" + k, v)
+        for key, name, ref in (("plain", "plain (bidirectional status words, uniform links)", "plain"),
+                               ("unidirectional", "unidirectional status words (6.2.4)", "plain"),
+                               ("mesh", "2x2 mesh, 2 us per extra hop: 0-3 diagonal (6.2.1)", "plain"),
+                               ("broken", "link 0-3 broken, VLB (6.2.2)", "plain"),
+                               ("slow", "slow receiver (20 us per interrupt), no VLB", "slow"),
+                               ("vlb_slow", "VLB, slow receiver", "slow"),
+                               ("freeslot_slow", "VLB evading to free slots (6.2.3), slow receiver", "slow")):
+            g = _vmed(lambda r: r["ext_" + key])[0]
+            rel = _vmed(lambda r: r["ext_" + key] / r["ext_" + ref])[0]
+            rows.append("| %s | %.3f | %.2fx %s | %s | %.0f | %.2f |" % (
+                name, g, rel, ref, "-" if key == "slow" else "%.0f" % _vmed(lambda r: r["ext_%s_remote_reads" % key])[0],
+                _vmed(lambda r: r["ext_%s_indirect" % key])[0], _vmed(lambda r: r["ext_%s_ppi" % key])[0]))
+        rows.append("")
     if all("mphw_lat8" in r for r in VR):
         rows.append("The mphw transport under MPI (`VMF_TRANSPORT=mphw vmfabric run -n 2 vmfabric bench latency|bw`) beside the "
                     "shared-memory transport, same rounds: 8-byte latency %.3f us vs %.3f us (%.2fx); 64 KiB bandwidth %.0f vs %.0f MB/s (%.2fx).\n" % (

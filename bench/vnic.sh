@@ -10,6 +10,10 @@
 #     (servicing a signal costs BENCH_VNIC_IRQ_NS ns, default 20000: the emulated interrupt cost), iperf3 from node 0 to
 #     node 3 with VLB off and on (--vlb-max-evade-ratio 8), and the performance values of each run
 #     (VLB_AveragePacketsPerIRQ at the receiver, indirect packets);
+#   - 003_*'s chapter-6 extensions, one at a time against the plain configuration (4 nodes, MTU 1500 without
+#     offload, iperf3 from node 0 to node 3): unidirectional status words (and the remote status reads they
+#     remove), a 2x2 mesh with 2 us per extra hop (0 and 3 are diagonal), the link 0-3 broken with VLB, and
+#     evade-to-a-free-slot against plain VLB with a slow receiver;
 #   - the mphw transport under MPI: `vmfabric run -n 2 vmfabric bench latency` (8 bytes) and `bench bw`
 #     (64 KiB) with VMF_TRANSPORT=mphw and with the default shared-memory transport, alternating.
 # Writes $BENCH_RESULTS_DIR/vnic.json: {"rounds": [{"vnic_1500": Gbit/s, "veth_1500": .., "vnic_65520": ..,
@@ -84,6 +88,21 @@ for r in $(seq 1 "$ROUNDS"); do
         R[vlb_${vlb}_indirect]=$(stat 3 VLB_RX_Indirect)
         "$VMF" vnic down --quiet
     done
+    ext() { # NAME OPTIONS... : iperf3 0 -> 3 and the counters that tell what changed
+        local name=$1; shift
+        "$VMF" vnic up --nodes 4 --mtu 1500 --no-offload "$@" >/dev/null
+        R[ext_$name]=$(iperf "$VMF vnic exec 0 --" "$VMF vnic exec 3 --" 10.77.0.4)
+        R[ext_${name}_remote_reads]=$(stat 0 RemoteStatusReads)
+        R[ext_${name}_indirect]=$(stat 3 VLB_RX_Indirect)
+        R[ext_${name}_ppi]=$(stat 3 VLB_AveragePacketsPerIRQ)
+        "$VMF" vnic down --quiet
+    }
+    ext plain
+    ext unidirectional --unidirectional
+    ext mesh --topology mesh:2 --hop-cost-ns 2000
+    ext broken --broken-links 0-3 --vlb
+    ext vlb_slow --vlb --vlb-max-evade-ratio 8 --irq-cost-ns "$IRQ_NS"
+    ext freeslot_slow --vlb --vlb-max-evade-ratio 8 --vlb-evade-free-slot --irq-cost-ns "$IRQ_NS"
     for t in $( [ $((r % 2)) = 1 ] && echo "mphw shm" || echo "shm mphw"); do
         tr=auto; [ "$t" = mphw ] && tr=mphw
         R[${t}_lat8]=$(VMF_TRANSPORT=$tr "$VMF" run -n 2 "$VMF" bench latency --sizes 8 --iters 20000 | awk '$1 == 8 {print $2}')
