@@ -42,6 +42,8 @@ pub const COUNTER_SLOTS: usize = 56;
 const LINKS: u64 = NODE_BLOCKS + NODE_BLOCK * MAX_NODES as u64;
 const BUFFERS: u64 = LINKS + (MAX_NODES * MAX_NODES * 8) as u64;
 const BUF_HDR: u64 = 64;
+/// Largest emulated cost of one event, ns (costs are capped here when a region is made or read).
+pub const MAX_COST_NS: u64 = 1_000_000_000;
 /// A link whose cost word holds this is broken.
 pub const BROKEN: u64 = u64::MAX;
 
@@ -302,7 +304,10 @@ impl Hw {
         w(H_IRQ_NS, cfg.irq_cost_ns)?;
         for t in 0..cfg.nodes {
             for s in 0..cfg.nodes {
-                let cost = cfg.topology.hops(s, t, cfg.nodes).saturating_sub(1) * cfg.hop_cost_ns;
+                // At most a second per transfer (and never BROKEN by overflow).
+                let cost = (cfg.topology.hops(s, t, cfg.nodes).saturating_sub(1))
+                    .saturating_mul(cfg.hop_cost_ns)
+                    .min(MAX_COST_NS);
                 w(LINKS + ((t * MAX_NODES + s) * 8) as u64, cost)?;
             }
         }
@@ -355,9 +360,9 @@ impl Hw {
             buf,
             stride: stride_for(buf),
             mode,
-            signal_ns: r(H_SIGNAL_NS)?,
-            byte_ps: r(H_BYTE_PS)?,
-            irq_ns: r(H_IRQ_NS)?,
+            signal_ns: r(H_SIGNAL_NS)?.min(MAX_COST_NS),
+            byte_ps: r(H_BYTE_PS)?.min(MAX_COST_NS),
+            irq_ns: r(H_IRQ_NS)?.min(MAX_COST_NS),
             seg,
         }))
     }
@@ -723,7 +728,8 @@ impl Port {
             return Err(HwError::TooLarge { len, cap: self.hw.buf });
         }
         let old = self.hw.status(target, self.me).load(Ordering::Relaxed);
-        spin_for(self.hw.link_cost(self.me, target).min(1 << 40) + len as u64 * self.hw.byte_ps / 1000);
+        let link = self.hw.link_cost(self.me, target).min(MAX_COST_NS);
+        spin_for(link.saturating_add((len as u64).saturating_mul(self.hw.byte_ps) / 1000).min(MAX_COST_NS));
         let seq = (self.sent[target] + 1) & SEQ_MASK;
         self.sent[target] = seq;
         let keep = match self.hw.mode {

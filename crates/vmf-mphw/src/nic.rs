@@ -167,6 +167,9 @@ pub struct Nic {
     in_irq: bool,
     ctr: Counters,
     last_retry: Instant,
+    /// The first link or packet error (peer, what): the vnic counts and goes on, a transport that needs
+    /// every packet turns it into an error ([`Nic::take_error`]).
+    error: Option<(usize, String)>,
 }
 
 impl Nic {
@@ -211,6 +214,7 @@ impl Nic {
             in_irq: false,
             ctr: Counters::new(port.hw(), me),
             last_retry: Instant::now(),
+            error: None,
             opts,
             port,
         };
@@ -238,6 +242,23 @@ impl Nic {
     /// The hardware attachment (for its doorbell).
     pub fn port(&self) -> &Port {
         &self.port
+    }
+
+    /// The first corrupt link or packet seen since the last call: (the peer, what was wrong).
+    pub fn take_error(&mut self) -> Option<(usize, String)> {
+        self.error.take()
+    }
+
+    /// Whether the link from or to `peer` was found corrupt and is no longer used.
+    pub fn is_dead(&self, peer: usize) -> bool {
+        self.dead.get(peer).copied().unwrap_or(true)
+    }
+
+    fn note_error(&mut self, peer: usize, what: String) {
+        eprintln!("smn{}: {what}", self.me);
+        if self.error.is_none() {
+            self.error = Some((peer, what));
+        }
     }
 
     /// Packets waiting in the TxFIFOs.
@@ -295,6 +316,15 @@ impl Nic {
         }
     }
 
+    /// With VLB, whether some allowed evade node has working links from us and to `dest`.
+    fn can_route_around(&self, dest: usize) -> bool {
+        let hw = self.port.hw();
+        self.opts.vlb
+            && self.evade_order.iter().any(|&e| {
+                e != dest && !self.dead[e] && hw.link_cost(self.me, e) != BROKEN && hw.link_cost(e, dest) != BROKEN
+            })
+    }
+
     fn count_sent(&self, len: usize, immediate: bool) {
         let c = self.counters();
         c.add(Slot::TxPackets, 1);
@@ -322,6 +352,13 @@ impl Nic {
             Ok(false) => self.try_evade(&hdr, parts).is_some(),
             Err(()) => return Err(format!("the link from node {} to node {dest} is unusable", self.me)),
         };
+        if !sent && self.port.hw().link_cost(self.me, dest) == BROKEN && !self.can_route_around(dest) {
+            return Err(format!(
+                "the link from node {} to node {dest} is broken and {}",
+                self.me,
+                if self.opts.vlb { "no evade node has a working link to it" } else { "VLB is off" }
+            ));
+        }
         if sent {
             self.tx_seq[dest] = self.tx_seq[dest].wrapping_add(1);
             self.count_sent(len, true);
@@ -435,11 +472,11 @@ impl Nic {
             self.counters().add(Slot::TxErrors, 1);
             return Err(());
         }
-        let reads = self.port.remote_reads();
         let h = hdr.encode();
         let r = self.port.try_send(dest, &with_header(&h, payload));
         let c = self.ctr;
-        c.add(Slot::RemoteStatusReads, self.port.remote_reads() - reads);
+        // Every status word read in other nodes' memory so far (direct tries, evade scans, reservations).
+        c.set(Slot::RemoteStatusReads, self.port.remote_reads());
         match r {
             Ok(true) => {
                 if !foreign {
@@ -467,7 +504,7 @@ impl Nic {
                 Ok(false)
             }
             Err(e) => {
-                eprintln!("smn{}: link to node {dest} is unusable: {e}", self.me);
+                self.note_error(dest, format!("link to node {dest} is unusable: {e}"));
                 self.dead[dest] = true;
                 c.add(Slot::TxErrors, 1);
                 Err(())
@@ -569,23 +606,26 @@ impl Nic {
             while let Some(q) = self.txq[d].pop_front() {
                 let foreign = q.from.is_some();
                 let ok = match self.try_direct(&q.hdr, &[&q.payload], foreign) {
-                    Ok(true) => true,
-                    Ok(false) => self.try_evade(&q.hdr, &[&q.payload]).is_some(),
-                    Err(()) => {
-                        // Link unusable: the packet is lost.
-                        self.counters().add(Slot::TxDropped, 1);
-                        true
-                    }
+                    Ok(true) => Some(true),
+                    Ok(false) => self.try_evade(&q.hdr, &[&q.payload]).map(|_| true),
+                    // Link unusable: the packet is lost (counted, not progress).
+                    Err(()) => Some(false),
                 };
-                if !ok {
+                let Some(delivered) = ok else {
                     self.txq[d].push_front(q);
                     break;
-                }
+                };
                 self.queued -= 1;
-                sent += 1;
+                if delivered {
+                    sent += 1;
+                } else {
+                    self.counters().add(Slot::TxDropped, 1);
+                }
                 if let Some(f) = q.from {
                     self.foreign_left(f);
-                    self.counters().add(Slot::Forwarded, 1);
+                    if delivered {
+                        self.counters().add(Slot::Forwarded, 1);
+                    }
                 }
             }
         }
@@ -669,7 +709,7 @@ impl Nic {
                 Ok(Some(p)) => (p.as_ptr(), p.len()),
                 Ok(None) => continue,
                 Err(e) => {
-                    eprintln!("smn{}: link from node {s} is unusable: {e}", self.me);
+                    self.note_error(s, format!("link from node {s} is unusable: {e}"));
                     self.dead[s] = true;
                     self.counters().add(Slot::RxErrors, 1);
                     continue;
@@ -685,6 +725,7 @@ impl Nic {
             }
             let Some(mut h) = Header::decode(bytes, self.n) else {
                 c.add(Slot::RxErrors, 1);
+                self.note_error(s, format!("a {}-byte packet from node {s} has no valid header", bytes.len()));
                 self.port.release(s, self.stopped[s]);
                 continue;
             };
@@ -701,6 +742,7 @@ impl Nic {
             } else if !self.opts.vlb || h.origin == self.me {
                 // Not for us and we do not forward: a misrouted packet.
                 c.add(Slot::RxErrors, 1);
+                self.note_error(s, format!("a packet {}->{} reached node {} over node {s}, which does not forward (VLB off here?)", h.origin, h.dest, self.me));
             } else {
                 h.ttl = h.ttl.saturating_sub(1);
                 self.log("forward", &h);

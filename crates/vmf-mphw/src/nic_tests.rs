@@ -281,3 +281,42 @@ fn max_foreigners_stops_a_sender() {
     assert_eq!(a.queued(), 2, "the last two packets wait");
     std::fs::remove_file(p).unwrap();
 }
+
+#[test]
+fn send_now_fails_over_a_broken_link_it_cannot_route_around() {
+    let p = tmp("send-now-broken");
+    let mut cfg = HwConfig::new(3, 128);
+    cfg.broken = parse_links("0-1,2-1").unwrap();
+    let hw = Hw::create(&p, &cfg).unwrap();
+    let _n1 = hw.port(1).unwrap();
+    let _n2 = hw.port(2).unwrap();
+    // Without VLB: an error, not "busy" for ever.
+    let mut a = Nic::new(hw.port(0).unwrap(), NicOptions { mtu: 64, ..Default::default() }).unwrap();
+    let e = a.send_now(1, &[b"x"]).unwrap_err();
+    assert!(e.contains("VLB is off"), "{e}");
+    drop(a);
+    // With VLB, but the only evade node (2) has no working link to 1 either.
+    let mut a = Nic::new(hw.port(0).unwrap(), NicOptions { mtu: 64, vlb: true, ..Default::default() }).unwrap();
+    let e = a.send_now(1, &[b"x"]).unwrap_err();
+    assert!(e.contains("no evade node"), "{e}");
+    // A working link is fine, and a busy one is "not now", not an error.
+    assert!(a.send_now(2, &[b"x"]).unwrap());
+    assert!(!a.send_now(2, &[b"y"]).unwrap());
+    std::fs::remove_file(p).unwrap();
+}
+
+#[test]
+fn corrupt_input_is_reported_once_for_transports() {
+    let p = tmp("take-error");
+    let hw = Hw::create(&p, &HwConfig::new(2, 256)).unwrap();
+    let mut raw = hw.port(0).unwrap();
+    let mut b = Nic::new(hw.port(1).unwrap(), NicOptions { mtu: 200, ..Default::default() }).unwrap();
+    assert!(raw.try_send(1, &[&[0u8; 20]]).unwrap());
+    b.receive(&mut |_, _, _| true);
+    let (peer, what) = b.take_error().expect("an undecodable packet is an error");
+    assert_eq!(peer, 0);
+    assert!(what.contains("no valid header"), "{what}");
+    assert!(b.take_error().is_none());
+    assert!(!b.is_dead(0), "a bad packet does not kill the link; a bad status word does");
+    std::fs::remove_file(p).unwrap();
+}

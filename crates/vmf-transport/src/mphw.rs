@@ -44,8 +44,12 @@ fn num<T: std::str::FromStr>(name: &str) -> Result<Option<T>, TransportError> {
     }
 }
 
-fn flag(name: &str) -> bool {
-    env(name).is_some_and(|v| v != "0")
+fn flag(name: &str) -> Result<bool, TransportError> {
+    match env(name).as_deref() {
+        None | Some("0" | "false" | "no" | "off") => Ok(false),
+        Some("1" | "true" | "yes" | "on") => Ok(true),
+        Some(v) => Err(TransportError::Setup(format!("{name}={v} is not 0 or 1"))),
+    }
 }
 
 /// The hardware configuration for `nodes` ranks from the environment.
@@ -55,7 +59,7 @@ pub fn hw_config_from_env(nodes: usize) -> Result<HwConfig, TransportError> {
         return Err(TransportError::Setup(format!("VMF_MPHW_BUFFER={buffer} is below 256 bytes")));
     }
     let mut c = HwConfig::new(nodes, buffer);
-    if flag("VMF_MPHW_UNIDIRECTIONAL") {
+    if flag("VMF_MPHW_UNIDIRECTIONAL")? {
         c.mode = Mode::Unidirectional;
     }
     c.signal_cost_ns = num("VMF_MPHW_SIGNAL_COST_NS")?.unwrap_or(0);
@@ -81,19 +85,19 @@ pub fn nic_options_from_env(buffer: usize) -> Result<NicOptions, TransportError>
         max_tx_retries: u64::MAX,
         ..Default::default()
     };
-    o.vlb = flag("VMF_MPHW_VLB");
+    o.vlb = flag("VMF_MPHW_VLB")?;
     if let Some(v) = num("VMF_MPHW_VLB_TIME_TO_LIVE")? {
         o.vlb_time_to_live = v;
     }
-    o.vlb_randomize = flag("VMF_MPHW_VLB_RANDOMIZE");
+    o.vlb_randomize = flag("VMF_MPHW_VLB_RANDOMIZE")?;
     if let Some(v) = num("VMF_MPHW_VLB_MAX_EVADE_RATIO")? {
         o.vlb_max_evade_ratio = v;
     }
     if let Some(v) = num::<u64>("VMF_MPHW_VLB_MAX_FOREIGNERS")? {
         o.vlb_max_foreigners = v.max(1);
     }
-    o.vlb_reduce_interrupts = flag("VMF_MPHW_VLB_REDUCE_INTERRUPTS");
-    o.vlb_evade_free_slot = flag("VMF_MPHW_VLB_EVADE_FREE_SLOT");
+    o.vlb_reduce_interrupts = flag("VMF_MPHW_VLB_REDUCE_INTERRUPTS")?;
+    o.vlb_evade_free_slot = flag("VMF_MPHW_VLB_EVADE_FREE_SLOT")?;
     if let Some(h) = env("VMF_MPHW_VLB_NEXT_HOPS") {
         o.vlb_next_hops = h
             .split(',')
@@ -141,7 +145,20 @@ impl MphwTransport {
                 vmf_mphw::hw::MAX_NODES
             )));
         }
-        Hw::create(path, &hw_config_from_env(nodes)?)
+        let cfg = hw_config_from_env(nodes)?;
+        // The file is sparse and fills as buffers are used: a tmpfs smaller than it would kill a rank
+        // with SIGBUS mid-run.
+        let need = vmf_mphw::hw::region_size(nodes, cfg.buffer_size);
+        if let Some(avail) = path.parent().and_then(vmf_pal::fs_available) {
+            if need > avail {
+                return Err(TransportError::Setup(format!(
+                    "the emulated hardware for {nodes} ranks with {}-byte buffers needs {need} bytes in {}, which has {avail} free (lower VMF_MPHW_BUFFER)",
+                    cfg.buffer_size,
+                    path.parent().unwrap().display()
+                )));
+            }
+        }
+        Hw::create(path, &cfg)
             .map(|_| ())
             .map_err(|e| TransportError::Setup(e.to_string()))
     }
@@ -198,7 +215,8 @@ impl MphwTransport {
         !i.ready.is_empty()
             // Forwarded packets wait for a buffer elsewhere: keep polling (the agent does too, with VLB).
             || i.nic.queued() > 0
-            || (0..self.hw.nodes()).any(|s| s != self.me && !self.hw.peer_buffer_free(self.me, s))
+            || i.corrupt.is_some()
+            || (0..self.hw.nodes()).any(|s| s != self.me && !i.nic.is_dead(s) && !self.hw.peer_buffer_free(self.me, s))
     }
 
     /// Sleep on the doorbell until it moves past `seen` or `timeout` passes; a wake-up counts as an
@@ -285,6 +303,12 @@ impl Inner {
             }
             true
         });
+        // A corrupt link or packet loses a packet of the stream: fatal here (the vnic only counts it).
+        if let Some((peer, what)) = nic.take_error() {
+            if corrupt.is_none() {
+                *corrupt = Some(TransportError::Corrupt { peer, what });
+            }
+        }
     }
 }
 
@@ -412,6 +436,27 @@ impl Transport for MphwTransport {
 mod tests {
     use super::*;
     use crate::proto::Kind;
+
+    #[test]
+    fn an_undecodable_packet_is_an_error_not_a_hang() {
+        let path = std::env::temp_dir().join(format!("vmf-mphw-transport-corrupt-{}", std::process::id()));
+        Hw::create(&path, &HwConfig::new(2, 1024)).unwrap();
+        let mut t = MphwTransport::attach(&path, 1).unwrap();
+        // Node 0 puts 8 zero bytes in its buffer at node 1: a packet without a valid hardware header, which
+        // loses a packet of node 0's stream.
+        let hw = Hw::open(&path).unwrap();
+        let mut raw = hw.port(0).unwrap();
+        assert!(raw.try_send(1, &[&[0u8; 8]]).unwrap());
+        let e = loop {
+            match t.poll() {
+                Err(e) => break e,
+                Ok(Some(_)) => panic!("garbage delivered"),
+                Ok(None) => {}
+            }
+        };
+        assert!(matches!(e, TransportError::Corrupt { peer: 0, .. }), "{e}");
+        std::fs::remove_file(&path).unwrap();
+    }
 
     #[test]
     fn in_order_delivery_through_vlb_between_threads() {

@@ -253,12 +253,24 @@ fn pid_alive(pid: i32) -> bool {
     pid > 0 && unsafe { libc::kill(pid, 0) } == 0
 }
 
+/// Whether `pid` is one of our node daemons (not a later process that got its pid) and not a zombie.
+fn is_daemon(pid: i32) -> bool {
+    let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let args: Vec<&[u8]> = cmd.split(|&b| b == 0).collect();
+    let ours = args.windows(2).any(|w| w[0] == b"vnic" && w[1] == b"node");
+    let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(')').map(|(_, r)| r.trim_start().starts_with('Z')))
+        .unwrap_or(true);
+    ours && !zombie && pid_alive(pid)
+}
+
 /// The running configuration and daemon pids, if the vnic is up.
 pub fn running() -> Option<(VnicConfig, Vec<i32>)> {
     let s = read_state()?;
     let cfg = VnicConfig::from_json(&s["config"]).ok()?;
     let pids: Vec<i32> = s["pids"].as_array()?.iter().filter_map(|p| p.as_i64().map(|x| x as i32)).collect();
-    pids.iter().any(|&p| pid_alive(p)).then_some((cfg, pids))
+    pids.iter().any(|&p| is_daemon(p)).then_some((cfg, pids))
 }
 
 /// Namespaces named like ours (`vnic` followed by digits).
@@ -309,12 +321,15 @@ pub fn up(cfg: &VnicConfig, exe: &Path) -> Result<(), String> {
         if let Err(e) = sh(&["ip", "netns", "add", &netns(i)]) {
             return fail(e, &pids);
         }
-        let log = std::fs::File::create(dir.join(format!("node{i}.log"))).map_err(|e| e.to_string())?;
+        let log = match std::fs::File::create(dir.join(format!("node{i}.log"))).and_then(|l| Ok((l.try_clone()?, l))) {
+            Ok(l) => l,
+            Err(e) => return fail(format!("cannot create node {i}'s log: {e}"), &pids),
+        };
         let mut cmd = Command::new(exe);
         cmd.args(["vnic", "node", "--index", &i.to_string()])
             .stdin(Stdio::null())
-            .stdout(log.try_clone().map_err(|e| e.to_string())?)
-            .stderr(log);
+            .stdout(log.0)
+            .stderr(log.1);
         // SAFETY: setsid in the child before exec; async-signal-safe.
         unsafe {
             use std::os::unix::process::CommandExt;
@@ -330,7 +345,9 @@ pub fn up(cfg: &VnicConfig, exe: &Path) -> Result<(), String> {
             }
             Err(e) => return fail(format!("cannot start the node daemon: {e}"), &pids),
         }
-        write_state(&pids)?;
+        if let Err(e) = write_state(&pids) {
+            return fail(e, &pids);
+        }
     }
     // Wait for every daemon's ready mark.
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -371,18 +388,17 @@ pub fn down(report: bool) -> Result<(), String> {
     }
     if let Some(s) = &state {
         let pids: Vec<i32> = s["pids"].as_array().map(|a| a.iter().filter_map(|p| p.as_i64().map(|x| x as i32)).collect()).unwrap_or_default();
+        let pids: Vec<i32> = pids.into_iter().filter(|&p| is_daemon(p)).collect();
         for &p in &pids {
-            if pid_alive(p) {
-                // SAFETY: daemons we started (recorded in our state file).
-                unsafe { libc::kill(p, libc::SIGTERM) };
-            }
+            // SAFETY: daemons we started (recorded in our state file, checked by their command line).
+            unsafe { libc::kill(p, libc::SIGTERM) };
         }
         let deadline = Instant::now() + Duration::from_secs(3);
-        while pids.iter().any(|&p| pid_alive(p)) && Instant::now() < deadline {
+        while pids.iter().any(|&p| is_daemon(p)) && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(10));
         }
         for &p in &pids {
-            if pid_alive(p) {
+            if is_daemon(p) {
                 // SAFETY: as above.
                 unsafe { libc::kill(p, libc::SIGKILL) };
             }

@@ -412,8 +412,12 @@ fn run_benchmark(s: &Sweep, r: &Run, prog: &str, launcher: &Path, out: &Path) ->
         }
         std::thread::sleep(Duration::from_millis(20));
     };
-    let _ = reader.join();
-    let err = err_reader.join().unwrap_or_default();
+    // A descendant that left the process group may still hold the pipes: do not wait for it forever.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !(reader.is_finished() && err_reader.is_finished()) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let err = if err_reader.is_finished() { err_reader.join().unwrap_or_default() } else { String::new() };
     let _ = std::fs::write(out.with_extension("stderr"), &err);
     let complete = finished.lock().unwrap().is_some();
     match status {
@@ -452,6 +456,11 @@ fn parse_imb(text: &str) -> Vec<Row> {
         }
     }
     rows
+}
+
+/// A CSV field, quoted (parameter values such as `broken_links = "0-3,1-2"` hold commas).
+fn quote(s: &str) -> String {
+    format!("\"{}\"", s.replace('"', "\"\""))
 }
 
 fn python_with_matplotlib() -> Option<String> {
@@ -558,12 +567,12 @@ fn sweep(a: SweepArgs) -> Result<(), String> {
         for (b, procs, bytes, reps, t, tmin, tmax, mb) in parse_imb(&text) {
             csv.push_str(&format!(
                 "{},{},{},{},{},{},{b},{bytes},{reps},{t},{},{},{}\n",
-                r.id(),
+                quote(&r.id()),
                 if r.baseline { "baseline" } else { "smn" },
                 r.nodes(),
                 procs,
                 r.int("mtu"),
-                r.extra(),
+                quote(&r.extra()),
                 opt(tmin),
                 opt(tmax),
                 opt(mb)
