@@ -2004,48 +2004,8 @@ impl Engine {
         if self.mig.as_ref().is_some_and(|m| m.old_shm.is_some()) {
             n += self.poll_old_shm()?;
         }
-        if self.shm.is_some() {
-            for _ in 0..32 {
-                let inc = match self.shm.as_mut().unwrap().poll() {
-                    Ok(Some(i)) => i,
-                    Ok(None) => break,
-                    Err(e) => {
-                        let peer = match &e {
-                            TransportError::Corrupt { peer, .. } => *peer,
-                            _ => self.me,
-                        };
-                        return Err(self.terr(peer, Op::Progress, e));
-                    }
-                };
-                // SAFETY: payload valid until release below.
-                let payload = unsafe { slice(inc.payload_ptr(), inc.len()) };
-                let r = self.handle(inc.peer, &inc.hdr, payload, 0);
-                self.shm.as_mut().unwrap().release(inc);
-                r?;
-                n += 1;
-            }
-        }
-        if self.mphw.is_some() {
-            for _ in 0..32 {
-                let inc = match self.mphw.as_mut().unwrap().poll() {
-                    Ok(Some(i)) => i,
-                    Ok(None) => break,
-                    Err(e) => {
-                        let peer = match &e {
-                            TransportError::Corrupt { peer, .. } => *peer,
-                            _ => self.me,
-                        };
-                        return Err(self.terr(peer, Op::Progress, e));
-                    }
-                };
-                // SAFETY: payload valid until release below.
-                let payload = unsafe { slice(inc.payload_ptr(), inc.len()) };
-                let r = self.handle(inc.peer, &inc.hdr, payload, 0);
-                self.mphw.as_mut().unwrap().release(inc);
-                r?;
-                n += 1;
-            }
-        }
+        n += self.poll_transport(|e| e.shm.as_mut())?;
+        n += self.poll_transport(|e| e.mphw.as_mut())?;
         while !self.selfq.is_empty() {
             let Some(inc) = self.selfq.poll().expect("self transport cannot fail") else {
                 break;
@@ -2100,6 +2060,39 @@ impl Engine {
         }
         if !self.streaming.is_empty() {
             n += self.pump_streams()?;
+        }
+        Ok(n)
+    }
+
+    /// Hand up to 32 packets of the transport `pick` returns (none: nothing to do) to the protocol.
+    #[inline(always)]
+    fn poll_transport<T, F>(&mut self, pick: F) -> Result<usize>
+    where
+        T: Transport,
+        F: Fn(&mut Engine) -> Option<&mut T>,
+    {
+        let mut n = 0;
+        while n < 32 {
+            let Some(t) = pick(self) else { break };
+            let inc = match t.poll() {
+                Ok(Some(i)) => i,
+                Ok(None) => break,
+                Err(e) => {
+                    let peer = match &e {
+                        TransportError::Corrupt { peer, .. } => *peer,
+                        _ => self.me,
+                    };
+                    return Err(self.terr(peer, Op::Progress, e));
+                }
+            };
+            // SAFETY: payload valid until release below.
+            let payload = unsafe { slice(inc.payload_ptr(), inc.len()) };
+            let r = self.handle(inc.peer, &inc.hdr, payload, 0);
+            if let Some(t) = pick(self) {
+                t.release(inc);
+            }
+            r?;
+            n += 1;
         }
         Ok(n)
     }

@@ -421,22 +421,12 @@ impl Hw {
 
     /// Sleep until node `i`'s forwarding doorbell moves past `seen` or `timeout` passes.
     pub fn wait_forward(&self, i: usize, seen: u32, timeout: Duration) -> bool {
-        let bell = self.fwd_bell(i);
-        let sl = self.fwd_sleepers(i);
-        sl.fetch_add(1, Ordering::SeqCst);
-        if bell.load(Ordering::SeqCst) == seen {
-            vmf_pal::futex::wait(bell, seen, Some(timeout));
-        }
-        sl.fetch_sub(1, Ordering::SeqCst);
-        bell.load(Ordering::SeqCst) != seen
+        wait_bell(self.fwd_bell(i), self.fwd_sleepers(i), seen, timeout)
     }
 
     /// Ring node `target`'s forwarding doorbell.
     pub fn ring_forward(&self, target: usize) {
-        self.fwd_bell(target).fetch_add(1, Ordering::SeqCst);
-        if self.fwd_sleepers(target).load(Ordering::SeqCst) != 0 {
-            vmf_pal::futex::wake(self.fwd_bell(target), u32::MAX);
-        }
+        ring_bell(self.fwd_bell(target), self.fwd_sleepers(target));
     }
 
     fn owner(&self, i: usize) -> &AtomicU64 {
@@ -561,22 +551,32 @@ impl Hw {
 
     /// Sleep until node `i`'s doorbell moves past `seen` or `timeout` passes. Returns whether it moved.
     pub fn wait_doorbell(&self, i: usize, seen: u32, timeout: Duration) -> bool {
-        let bell = self.bell(i);
-        let sl = self.sleepers(i);
-        sl.fetch_add(1, Ordering::SeqCst);
-        if bell.load(Ordering::SeqCst) == seen {
-            vmf_pal::futex::wait(bell, seen, Some(timeout));
-        }
-        sl.fetch_sub(1, Ordering::SeqCst);
-        bell.load(Ordering::SeqCst) != seen
+        wait_bell(self.bell(i), self.sleepers(i), seen, timeout)
     }
 
     /// Ring node `target`'s doorbell (no emulated cost).
     pub fn ring(&self, target: usize) {
-        self.bell(target).fetch_add(1, Ordering::SeqCst);
-        if self.sleepers(target).load(Ordering::SeqCst) != 0 {
-            vmf_pal::futex::wake(self.bell(target), u32::MAX);
-        }
+        ring_bell(self.bell(target), self.sleepers(target));
+    }
+}
+
+/// Sleep while `bell` holds `seen` (at most `timeout`), announced in `sleepers`; whether it moved. The
+/// SeqCst increment of `sleepers` before the last look pairs with [`ring_bell`]'s SeqCst load after its
+/// increment: either the ringer sees the sleeper or the sleeper sees the new value.
+fn wait_bell(bell: &AtomicU32, sleepers: &AtomicU32, seen: u32, timeout: Duration) -> bool {
+    sleepers.fetch_add(1, Ordering::SeqCst);
+    if bell.load(Ordering::SeqCst) == seen {
+        vmf_pal::futex::wait(bell, seen, Some(timeout));
+    }
+    sleepers.fetch_sub(1, Ordering::SeqCst);
+    bell.load(Ordering::SeqCst) != seen
+}
+
+/// Move `bell` on and wake whoever sleeps on it.
+fn ring_bell(bell: &AtomicU32, sleepers: &AtomicU32) {
+    bell.fetch_add(1, Ordering::SeqCst);
+    if sleepers.load(Ordering::SeqCst) != 0 {
+        vmf_pal::futex::wake(bell, u32::MAX);
     }
 }
 
