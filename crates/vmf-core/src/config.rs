@@ -17,7 +17,8 @@ pub struct Param {
 /// Every tunable of the fabric.
 pub const PARAMS: &[Param] = &[
     Param { name: "REGION_DIR", default: "/dev/shm", doc: "directory that holds each host's shared region file" },
-    Param { name: "REGION_PATH", default: "", doc: "existing mappable file or device to use as the region (e.g. an ivshmem BAR /sys/bus/pci/devices/*/resource2); empty: a file in REGION_DIR" },
+    Param { name: "REGION_PATH", default: "", doc: "existing mappable file or device to use as the region (e.g. an ivshmem BAR /sys/bus/pci/devices/*/resource2); empty: inside a VM with an ivshmem device (see IVSHMEM) its BAR 2, else a file in REGION_DIR" },
+    Param { name: "IVSHMEM", default: "1", doc: "1: when REGION_PATH is empty and this machine (a VM) has an ivshmem PCI device (1af4:1110), use its BAR 2 as the region, so ranks in VMs sharing the device talk through it; 0: ignore ivshmem devices" },
     Param { name: "SHM_EAGER_LIMIT", default: "auto", doc: "largest message (bytes) copied through the ring; larger ones use rendezvous; auto: this host's calibration (see CALIBRATION), else 64K" },
     Param { name: "SHM_RING_SIZE", default: "1M", doc: "largest ring (bytes) per ordered pair of co-resident ranks; shrunk to fit SHM_BUDGET" },
     Param { name: "SHM_BUDGET", default: "48M", doc: "ring memory per host region (bytes); rings get min(SHM_RING_SIZE, budget / pairs), at least 64K" },
@@ -120,8 +121,10 @@ pub struct Config {
     values: BTreeMap<&'static str, String>,
     /// REGION_DIR.
     pub region_dir: String,
-    /// REGION_PATH.
+    /// REGION_PATH (after IVSHMEM discovery: the BAR found, if any).
     pub region_path: String,
+    /// IVSHMEM.
+    pub ivshmem: bool,
     /// SHM_EAGER_LIMIT (None = auto).
     pub shm_eager_limit: Option<usize>,
     /// SHM_RING_SIZE.
@@ -282,6 +285,7 @@ impl Config {
         Ok(Config {
             region_dir: get("REGION_DIR"),
             region_path: get("REGION_PATH"),
+            ivshmem: flag("IVSHMEM")?,
             shm_eager_limit: if get("SHM_EAGER_LIMIT") == "auto" {
                 None
             } else {
@@ -403,6 +407,18 @@ impl Config {
         let fit = (self.shm_budget / pairs).max(64 << 10);
         let fit = 1u64 << (63 - fit.leading_zeros());
         fit.min(self.shm_ring_size).max(64 << 10)
+    }
+
+    /// The existing file or device to use as the region: `VMF_REGION_PATH` when set, else (with
+    /// `VMF_IVSHMEM=1`) BAR 2 of this VM's first ivshmem device, else None (a file in REGION_DIR).
+    pub fn region_device(&self) -> Option<std::path::PathBuf> {
+        if !self.region_path.is_empty() {
+            return Some(self.region_path.clone().into());
+        }
+        if self.ivshmem {
+            return vmf_pal::pci::ivshmem_devices().into_iter().next().map(|d| d.bar2);
+        }
+        None
     }
 
     /// Region sizing for a job of `job_size` ranks (the most that may share one region).

@@ -855,6 +855,12 @@ impl Engine {
     pub fn eager_limit(&self) -> usize {
         self.eager_limit
     }
+    /// Single copy (process_vm_readv/writev) with `peer`: enabled, and the peer runs under our kernel
+    /// (a peer in another VM sharing an ivshmem region has no process we could read).
+    #[inline]
+    fn cma_with(&self, peer: usize) -> bool {
+        self.cma && self.shm.as_ref().is_some_and(|s| s.same_kernel(peer))
+    }
     /// True if some large messages use a single copy (`process_vm_readv` or `process_vm_writev`).
     pub fn cma_enabled(&self) -> bool {
         self.cma && !self.large.steps.is_empty()
@@ -1458,7 +1464,7 @@ impl Engine {
             }
         } else {
             let hdr = PktHeader::new(Kind::Rts, self.me as u32, tag, ctx, 0, len as u64);
-            let strategy = if route == Route::Shm && self.cma {
+            let strategy = if route == Route::Shm && self.cma_with(dest) {
                 self.large.pick(len)
             } else {
                 crate::calibrate::Strategy::Pipelined
@@ -1645,8 +1651,9 @@ impl Engine {
         }
         // The sender asks to copy the data itself: the CTS names our buffer, and the sender answers with a
         // FIN flagged FLAG_WRITTEN once the data is here, or with DATA chunks if the kernel refuses the copy.
-        let written = info.pid != 0 && self.cma && want > 0 && info.write == 1;
-        if info.pid != 0 && self.cma && want > 0 && !written {
+        let cma = self.cma_with(src);
+        let written = info.pid != 0 && cma && want > 0 && info.write == 1;
+        if info.pid != 0 && cma && want > 0 && !written {
             // SAFETY: buf has cap >= want bytes (irecv contract).
             let dst = unsafe { std::slice::from_raw_parts_mut(buf, want) };
             match vmf_pal::cma::read_from(info.pid as i32, info.addr, dst) {
@@ -1879,7 +1886,7 @@ impl Engine {
                 }
                 if c.want == 0 {
                     self.complete(id);
-                } else if c.pid != 0 && self.cma && self.write_to_receiver(peer, id, &c)? {
+                } else if c.pid != 0 && self.cma_with(peer) && self.write_to_receiver(peer, id, &c)? {
                     // Written by a single copy; the receiver has been told.
                 } else {
                     self.reqs[id.idx as usize].phase = Phase::Streaming {

@@ -244,10 +244,9 @@ impl Fabric {
         let mut mig_ctx = None;
         let mut watchdog = None;
         if size > 1 {
-            let src = if cfg.region_path.is_empty() {
-                RegionSource::Dir(cfg.region_dir.clone().into())
-            } else {
-                RegionSource::Device(cfg.region_path.clone().into())
+            let src = match cfg.region_device() {
+                None => RegionSource::Dir(cfg.region_dir.clone().into()),
+                Some(p) => RegionSource::Device(p),
             };
             let launcher = launcher_from_env();
             let timeout = Duration::from_secs(cfg.init_timeout_s);
@@ -276,7 +275,7 @@ impl Fabric {
             // VMF_TRANSPORT=mphw: rank 0 makes the emulated hardware now; everyone attaches after the fence.
             let mphw_path = std::path::Path::new(&cfg.region_dir).join(format!("vmf-mphw-{job}"));
             if cfg.mphw {
-                if std::env::var_os("VMF_HOSTS_TABLE").is_some() || !cfg.region_path.is_empty() {
+                if std::env::var_os("VMF_HOSTS_TABLE").is_some() || cfg.region_device().is_some() {
                     return Err(setup(rank, "VMF_TRANSPORT=mphw emulates hardware on one host: no emulated hosts, no VMF_REGION_PATH"));
                 }
                 if rank == 0 {

@@ -74,7 +74,7 @@
 pub mod control;
 pub mod hosts;
 mod output;
-mod signals;
+pub mod signals;
 mod spawn;
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -549,7 +549,7 @@ fn describe(st: &ExitStatus) -> String {
 
 /// `LD_LIBRARY_PATH` for the processes: our library directory first, so programs built against MPICH find
 /// our libmpich.so.12.
-fn library_path() -> std::ffi::OsString {
+pub fn library_path() -> std::ffi::OsString {
     let libdir = mpi_libdir();
     match std::env::var_os("LD_LIBRARY_PATH") {
         Some(old) if !old.is_empty() => {

@@ -6,7 +6,7 @@ static PENDING: AtomicI32 = AtomicI32::new(0);
 static INSTALLED: Mutex<(usize, Vec<(libc::c_int, libc::sigaction)>)> = Mutex::new((0, Vec::new()));
 
 /// The signals the launcher turns into "stop the job".
-pub(crate) const CAUGHT: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+pub const CAUGHT: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
 
 extern "C" fn on_signal(sig: libc::c_int) {
     // Async-signal-safe: one atomic store. The first signal wins.
@@ -14,16 +14,17 @@ extern "C" fn on_signal(sig: libc::c_int) {
 }
 
 /// The first caught signal since the handlers were installed, or 0.
-pub(crate) fn pending() -> i32 {
+pub fn pending() -> i32 {
     PENDING.load(Ordering::SeqCst)
 }
 
 /// Handlers installed for the lifetime of the guard (reference counted across concurrent jobs; the previous
 /// dispositions are restored when the last guard drops). Signals that were ignored stay ignored.
-pub(crate) struct Guard(());
+pub struct Guard(());
 
 impl Guard {
-    pub(crate) fn install() -> Guard {
+    /// Install the handlers (or take another reference to them).
+    pub fn install() -> Guard {
         let mut g = INSTALLED.lock().unwrap_or_else(|p| p.into_inner());
         if g.0 == 0 {
             PENDING.store(0, Ordering::SeqCst);
@@ -65,7 +66,7 @@ impl Drop for Guard {
 }
 
 /// Conventional name of a signal number, e.g. `SIGKILL`.
-pub(crate) fn name(sig: i32) -> String {
+pub fn name(sig: i32) -> String {
     let n = match sig {
         libc::SIGHUP => "SIGHUP",
         libc::SIGINT => "SIGINT",

@@ -15,6 +15,7 @@ pub mod cma;
 pub mod futex;
 pub mod inplace;
 pub mod membarrier;
+pub mod pci;
 pub mod process;
 pub mod shmem;
 

@@ -165,7 +165,24 @@ pub fn run(ranks: Option<usize>) -> i32 {
     println!("  tcp    authenticated TCP between ranks that share no region (other hosts); selection per pair:");
     println!("         self, then shm, then tcp (run a job with `vmfabric run -n N vmfabric info` to see it)");
     println!();
-    if cfg.region_path.is_empty() {
+    let ivshmem = vmf_pal::pci::ivshmem_devices();
+    for d in &ivshmem {
+        println!(
+            "ivshmem device: {} (PCI 1af4:1110, {}), BAR 2 {} = {}{}",
+            d.address,
+            if d.doorbell { "ivshmem-doorbell" } else { "ivshmem-plain" },
+            d.bar2.display(),
+            human(d.size),
+            if cfg.region_path.is_empty() && cfg.ivshmem && d.address == ivshmem[0].address {
+                ", used as the region"
+            } else {
+                ""
+            }
+        );
+    }
+    if let (true, Some(p)) = (cfg.region_path.is_empty(), cfg.region_device()) {
+        println!("Region device: {} (found: ivshmem BAR 2)", p.display());
+    } else if cfg.region_path.is_empty() {
         let d = std::path::Path::new(&cfg.region_dir);
         let ok = d.is_dir();
         println!(

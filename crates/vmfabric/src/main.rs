@@ -14,6 +14,7 @@ mod selftest;
 mod selftest_rma;
 mod sweep;
 mod vnic_cli;
+mod vm_cli;
 
 #[derive(Parser)]
 #[command(
@@ -121,6 +122,8 @@ enum Cmd {
     /// Run an MPI benchmark over the vnic for every combination of a sweep file's parameters (and over a
     /// veth bridge as the baseline); CSV and plots at the end; resumes after an interruption.
     Sweep(sweep::SweepArgs),
+    /// Jobs across real QEMU guests sharing an ivshmem region (`vmfabric vm run --vms 2 -n 2 PROG`).
+    Vm(vm_cli::VmArgs),
     /// Rank programs for the integration tests.
     #[command(hide = true)]
     Selftest(selftest::SelftestArgs),
@@ -292,6 +295,7 @@ fn main() {
         Cmd::Dvm(a) => dvm_cli::run(a),
         Cmd::Vnic(a) => vnic_cli::run(a),
         Cmd::Sweep(a) => sweep::run(a),
+        Cmd::Vm(a) => vm_cli::run(a),
         Cmd::Selftest(a) => selftest::run(a),
     };
     std::process::exit(code);

@@ -273,12 +273,23 @@ impl ShmTransport {
         self.peers.iter().filter(|p| p.is_some()).count()
     }
 
-    /// True if `peer`'s process is alive (reads /proc: not for the hot path).
+    /// True if `peer` shares our kernel (processes, containers); false for a peer in another VM or unknown.
+    #[inline]
+    pub fn same_kernel(&self, peer: usize) -> bool {
+        self.peers
+            .get(peer)
+            .and_then(|p| p.as_ref())
+            .is_some_and(|p| p.same_kernel)
+    }
+
+    /// True if `peer`'s process is alive (reads /proc: not for the hot path). A peer under another kernel
+    /// (another VM sharing an ivshmem region) cannot be seen and counts as alive: its death is the
+    /// launcher's to detect (the guest agent reports every rank's exit).
     pub fn peer_alive(&self, peer: usize) -> bool {
         self.peers
             .get(peer)
             .and_then(|p| p.as_ref())
-            .is_none_or(|p| p.proc_id.is_alive())
+            .is_none_or(|p| !p.same_kernel || p.proc_id.is_alive())
     }
 
     /// The first co-resident peer whose process died while still attached (a peer that detached in an
@@ -290,7 +301,7 @@ impl ShmTransport {
                 .region
                 .slot(p.local)
                 .is_ok_and(|s| s.state.load(Ordering::Acquire) == 1);
-            (attached && !p.proc_id.is_alive()).then_some((r, p.proc_id.pid))
+            (attached && p.same_kernel && !p.proc_id.is_alive()).then_some((r, p.proc_id.pid))
         })
     }
 

@@ -220,7 +220,16 @@ impl Region {
                 std::thread::sleep(Duration::from_micros(200));
                 continue;
             }
-            // Not ours (fresh zeroes, or an earlier job's leftovers in a device): try to become the initialiser.
+            // Not ours (fresh zeroes, or an earlier job's leftovers in a device): try to become the
+            // initialiser, unless a rank of that other job may still be using the device.
+            if !is_file && w & 3 == STATE_READY {
+                if let Some(why) = Self::occupant(&seg, hdr) {
+                    return Err(err(format!(
+                        "Unable to use the shared region {} since another job's region occupies it ({why}); wait for that job to end, or give this job another device",
+                        seg.path().display()
+                    )));
+                }
+            }
             if hdr
                 .init_word
                 .compare_exchange(w, jh << 2 | STATE_INIT, Ordering::AcqRel, Ordering::Acquire)
@@ -233,6 +242,35 @@ impl Region {
             }
         }
         Self::validate(seg, is_file)
+    }
+
+    /// Why a device region initialised by another job must not be taken over: a slot still attached
+    /// whose owner is alive, or runs under another kernel (another VM, where its liveness cannot be
+    /// seen). Slots of dead processes on this kernel, and anything unreadable, do not count.
+    fn occupant(seg: &Segment, hdr: &RegionHeader) -> Option<String> {
+        if hdr.magic.load(Ordering::Acquire) != REGION_MAGIC {
+            return None;
+        }
+        let n = hdr.max_local.load(Ordering::Acquire) as u64;
+        let off = hdr.slots_off.load(Ordering::Acquire);
+        let me = vmf_pal::process::kernel_id();
+        (0..n.min(4096)).find_map(|i| {
+            let s: &Slot = seg.at(off.checked_add(i * SLOT_SIZE)?).ok()?;
+            if s.state.load(Ordering::Acquire) != 1 {
+                return None;
+            }
+            let pid = s.pid.load(Ordering::Acquire);
+            let rank = s.rank.load(Ordering::Acquire);
+            if s.kernel.load(Ordering::Acquire) != me {
+                return Some(format!("rank {rank} (pid {pid}) in another VM is attached"));
+            }
+            let p = ProcessId {
+                pid: pid as i32,
+                start_time: s.start_time.load(Ordering::Acquire),
+            };
+            p.is_alive()
+                .then(|| format!("rank {rank} (pid {pid}) is attached and alive"))
+        })
     }
 
     fn initialise(
@@ -747,15 +785,26 @@ mod tests {
             Duration::from_secs(2),
         )
         .unwrap();
-        a.attach(0).unwrap();
-        let b = Region::open(
-            &RegionSource::Device(p.clone()),
-            "jobB",
-            SZ,
-            None,
-            Duration::from_secs(2),
-        )
-        .unwrap();
+        let ia = a.attach(0).unwrap();
+        let open_b = || {
+            Region::open(
+                &RegionSource::Device(p.clone()),
+                "jobB",
+                SZ,
+                None,
+                Duration::from_secs(2),
+            )
+        };
+        // Job A is attached and alive: B must not take the device over.
+        let e = open_b().err().expect("a live job's device must be refused").to_string();
+        assert!(e.contains("another job's region occupies it"), "{e}");
+        // Another VM's rank (a kernel id not ours) counts as alive too.
+        a.slot(ia).unwrap().kernel.store(12345, Ordering::Relaxed);
+        assert!(open_b().is_err());
+        a.slot(ia).unwrap().kernel.store(vmf_pal::process::kernel_id(), Ordering::Relaxed);
+        // A dead owner on this kernel is a leftover.
+        a.slot(ia).unwrap().pid.store(i32::MAX as u32 - 1, Ordering::Relaxed);
+        let b = open_b().unwrap();
         assert_ne!(a.uuid, b.uuid);
         assert_eq!(b.attach(0).unwrap(), 0, "slots of the old job must be gone");
         std::fs::remove_dir_all(&d).unwrap();

@@ -1,0 +1,319 @@
+//! The guest agent: `vmfabric vm agent`, PID 1 of a guest (started by the initramfs' `/init`). It listens
+//! on TCP port [`AGENT_PORT`](crate::proto::AGENT_PORT) and, per request of the host, starts ranks (with
+//! the host's working directory bound into the guest), forwards their output and exit status, kills them
+//! when asked or when the host goes away, reports what it sees (`info`) and powers the guest off.
+//! As PID 1 it reaps every process of the guest.
+use crate::proto::{Frame, RankSpec};
+use crate::VmError;
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Where the initramfs mounted the host's files read-write.
+pub const HOST_RW: &str = "/run/host";
+
+type Reaped = Arc<Mutex<HashMap<i32, mpsc::Sender<(i32, i32)>>>>;
+
+/// Run the agent (never returns on success when PID 1: the guest powers off).
+pub fn run(port: u16, name: &str) -> Result<(), VmError> {
+    let l = TcpListener::bind(("0.0.0.0", port))
+        .map_err(|e| VmError::Setup(format!("the agent cannot listen on port {port} ({e})")))?;
+    eprintln!("vmfabric-guest: {name}: agent listening on port {port}");
+    let children: Reaped = Arc::new(Mutex::new(HashMap::new()));
+    let c2 = children.clone();
+    std::thread::spawn(move || reaper(c2));
+    for s in l.incoming() {
+        let Ok(s) = s else { continue };
+        let ch = children.clone();
+        let name = name.to_owned();
+        std::thread::spawn(move || {
+            if let Err(e) = serve(s, &ch, &name) {
+                eprintln!("vmfabric-guest: {name}: {e}");
+            }
+        });
+    }
+    Ok(())
+}
+
+/// Reap every child (and, as PID 1, every orphan); tell the job that started it.
+fn reaper(children: Reaped) {
+    loop {
+        let mut st = 0;
+        // SAFETY: waitpid with a valid status pointer.
+        let pid = unsafe { libc::waitpid(-1, &mut st, 0) };
+        if pid <= 0 {
+            std::thread::sleep(Duration::from_millis(20));
+            continue;
+        }
+        let code = if libc::WIFEXITED(st) {
+            libc::WEXITSTATUS(st)
+        } else if libc::WIFSIGNALED(st) {
+            128 + libc::WTERMSIG(st)
+        } else {
+            continue;
+        };
+        // The spawner holds this lock from fork until it has recorded the pid.
+        if let Some(tx) = children.lock().unwrap_or_else(|p| p.into_inner()).remove(&pid) {
+            let _ = tx.send((pid, code));
+        }
+    }
+}
+
+fn reply(s: &mut TcpStream, v: serde_json::Value) -> std::io::Result<()> {
+    s.write_all(format!("{v}\n").as_bytes())
+}
+
+fn serve(s: TcpStream, children: &Reaped, name: &str) -> Result<(), VmError> {
+    let io = |e: std::io::Error| VmError::Io(format!("serving the host ({e})"));
+    let _ = s.set_nodelay(true);
+    let mut r = BufReader::new(s.try_clone().map_err(io)?);
+    let mut line = String::new();
+    r.read_line(&mut line).map_err(io)?;
+    let req: serde_json::Value = serde_json::from_str(line.trim())
+        .map_err(|e| VmError::Protocol(format!("bad request {:?} ({e})", line.trim())))?;
+    let mut w = s;
+    match req.get("cmd").and_then(|c| c.as_str()).unwrap_or("") {
+        "info" => reply(&mut w, info(name)).map_err(io),
+        "poweroff" => {
+            let _ = reply(&mut w, serde_json::json!({"ok": true}));
+            poweroff();
+            Ok(())
+        }
+        "release-region" => {
+            let r = release_region();
+            reply(&mut w, serde_json::json!({"ok": r.is_ok(), "error": r.err()})).map_err(io)
+        }
+        "run" => {
+            let ranks = req
+                .get("ranks")
+                .and_then(|v| v.as_array())
+                .and_then(|a| a.iter().map(RankSpec::from_json).collect::<Option<Vec<_>>>())
+                .ok_or_else(|| VmError::Protocol("run request without valid ranks".into()))?;
+            run_ranks(r, w, ranks, children)
+        }
+        c => reply(&mut w, serde_json::json!({"error": format!("unknown command {c:?}")})).map_err(io),
+    }
+}
+
+/// What the host asks for with `info`.
+pub fn info(name: &str) -> serde_json::Value {
+    let up = std::fs::read_to_string("/proc/uptime")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|w| w.parse::<f64>().ok()))
+        .unwrap_or(0.0);
+    let dev: Vec<serde_json::Value> = vmf_pal::pci::ivshmem_devices()
+        .iter()
+        .map(|d| {
+            serde_json::json!({"address": d.address, "bar2": d.bar2.display().to_string(),
+                "size": d.size, "doorbell": d.doorbell})
+        })
+        .collect();
+    serde_json::json!({
+        "name": name,
+        "uptime_s": up,
+        "cpus": vmf_pal::available_cpus(),
+        "ivshmem": dev,
+        "pid": std::process::id(),
+    })
+}
+
+/// Zero the header of this guest's ivshmem region (the job that used it has ended everywhere): the next
+/// job initialises it afresh instead of finding an earlier job's ranks in its slots.
+fn release_region() -> Result<(), String> {
+    let Some(d) = vmf_pal::pci::ivshmem_devices().into_iter().next() else {
+        return Ok(());
+    };
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&d.bar2)
+        .map_err(|e| format!("cannot open {} ({e})", d.bar2.display()))?;
+    let len = 4096usize.min(d.size as usize);
+    // SAFETY: a fresh shared mapping of the BAR, written and unmapped here.
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            std::os::fd::AsRawFd::as_raw_fd(&f),
+            0,
+        );
+        if p == libc::MAP_FAILED {
+            return Err(format!("cannot map {} ({})", d.bar2.display(), std::io::Error::last_os_error()));
+        }
+        std::ptr::write_bytes(p as *mut u8, 0, len);
+        libc::munmap(p, len);
+    }
+    Ok(())
+}
+
+fn poweroff() {
+    // SAFETY: plain system calls; as PID 1 this ends the guest.
+    unsafe {
+        libc::sync();
+        if libc::getpid() == 1 {
+            libc::kill(-1, libc::SIGKILL);
+            libc::reboot(libc::RB_POWER_OFF);
+        }
+    }
+    std::process::exit(0);
+}
+
+fn mounted(path: &str) -> bool {
+    std::fs::read_to_string("/proc/self/mountinfo").is_ok_and(|m| {
+        m.lines()
+            .any(|l| l.split_whitespace().nth(4) == Some(path))
+    })
+}
+
+/// Make the host's directory `cwd` the guest's `cwd`, writable: bind `/run/host<cwd>` over it.
+fn bind_cwd(cwd: &str) -> Result<(), String> {
+    let src = format!("{HOST_RW}{cwd}");
+    if !std::path::Path::new(&src).is_dir() {
+        return Err(format!("the working directory {cwd} is not a directory on the host"));
+    }
+    if !std::path::Path::new(HOST_RW).is_dir() || mounted(cwd) {
+        return Ok(());
+    }
+    // A directory in the guest's own tmpfs (/tmp, /run, /dev/shm) must first exist to be mounted on.
+    let _ = std::fs::create_dir_all(cwd);
+    let c = |s: &str| std::ffi::CString::new(s).map_err(|_| format!("{s:?} holds a NUL byte"));
+    let (s, d) = (c(&src)?, c(cwd)?);
+    // SAFETY: valid C strings; a bind mount.
+    let rc = unsafe {
+        libc::mount(s.as_ptr(), d.as_ptr(), std::ptr::null(), libc::MS_BIND | libc::MS_REC, std::ptr::null())
+    };
+    if rc != 0 {
+        return Err(format!("cannot bind the host's {cwd} into the guest ({})", std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+fn run_ranks(
+    mut r: BufReader<TcpStream>,
+    w: TcpStream,
+    ranks: Vec<RankSpec>,
+    children: &Reaped,
+) -> Result<(), VmError> {
+    let w = Arc::new(Mutex::new(w));
+    let send = |f: Frame| {
+        let mut g = w.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = f.write_to(&mut *g);
+    };
+    let (tx, rx) = mpsc::channel::<(i32, i32)>();
+    let mut pids: HashMap<i32, u32> = HashMap::new();
+    let mut readers: HashMap<u32, Vec<std::thread::JoinHandle<()>>> = HashMap::new();
+    for spec in &ranks {
+        if let Err(m) = bind_cwd(&spec.cwd) {
+            send(Frame::SpawnFailed(spec.rank, m));
+            continue;
+        }
+        let mut cmd = Command::new(&spec.argv[0]);
+        cmd.args(&spec.argv[1..])
+            .env_clear()
+            .envs(spec.env.iter().map(|(k, v)| (k, v)))
+            .current_dir(&spec.cwd)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        // SAFETY: only async-signal-safe calls between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                // Its own process group, so kill reaches what it starts.
+                libc::setpgid(0, 0);
+                Ok(())
+            });
+        }
+        let mut map = children.lock().unwrap_or_else(|p| p.into_inner());
+        match cmd.spawn() {
+            Ok(mut child) => {
+                let pid = child.id() as i32;
+                map.insert(pid, tx.clone());
+                drop(map);
+                pids.insert(pid, spec.rank);
+                send(Frame::Started(spec.rank, pid as u32));
+                let mut hs = Vec::new();
+                for (i, pipe) in [
+                    child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>),
+                    child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>),
+                ]
+                .into_iter()
+                .enumerate()
+                {
+                    let Some(mut p) = pipe else { continue };
+                    let w = w.clone();
+                    let rank = spec.rank;
+                    hs.push(std::thread::spawn(move || {
+                        let mut buf = vec![0u8; 16384];
+                        while let Ok(n) = p.read(&mut buf) {
+                            if n == 0 {
+                                break;
+                            }
+                            let d = buf[..n].to_vec();
+                            let f = if i == 0 { Frame::Stdout(rank, d) } else { Frame::Stderr(rank, d) };
+                            let mut g = w.lock().unwrap_or_else(|p| p.into_inner());
+                            if f.write_to(&mut *g).is_err() {
+                                break;
+                            }
+                        }
+                    }));
+                }
+                readers.insert(spec.rank, hs);
+                // The reaper owns the wait: dropping `child` neither waits nor kills.
+                drop(child);
+            }
+            Err(e) => {
+                drop(map);
+                send(Frame::SpawnFailed(spec.rank, format!("cannot start {} ({e})", spec.argv[0])));
+            }
+        }
+    }
+    drop(tx);
+    // Kill requests from the host; its going away kills the ranks.
+    let live: Arc<Mutex<Vec<i32>>> = Arc::new(Mutex::new(pids.keys().copied().collect()));
+    let l2 = live.clone();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        loop {
+            line.clear();
+            let sig = match r.read_line(&mut line) {
+                Ok(0) | Err(_) => libc::SIGKILL,
+                Ok(_) => match line.trim().strip_prefix("kill ").and_then(|s| s.parse::<i32>().ok()) {
+                    Some(s) if (1..=64).contains(&s) => s,
+                    _ => continue,
+                },
+            };
+            for &p in l2.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+                // SAFETY: signalling the process group of a rank we started and have not reaped.
+                unsafe { libc::kill(-p, sig) };
+            }
+            if sig == libc::SIGKILL && line.is_empty() {
+                return;
+            }
+        }
+    });
+    let mut left = pids.len();
+    while left > 0 {
+        let Ok((pid, code)) = rx.recv() else { break };
+        live.lock().unwrap_or_else(|p| p.into_inner()).retain(|&p| p != pid);
+        let Some(&rank) = pids.get(&pid) else { continue };
+        // Let the output drain first (bounded: a process the rank left behind may hold its pipes).
+        if let Some(hs) = readers.remove(&rank) {
+            let deadline = std::time::Instant::now() + Duration::from_secs(2);
+            for h in hs {
+                while !h.is_finished() && std::time::Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            }
+        }
+        send(Frame::Exit(rank, code));
+        left -= 1;
+    }
+    send(Frame::Done);
+    Ok(())
+}

@@ -1,0 +1,433 @@
+//! A set of running guests: booted for one job (`vmfabric vm run`) or kept up (`vmfabric vm up`), recorded
+//! in a state file so `vm ls`, `vm run` and `vm down` find them, and torn down leaving no QEMU, tap,
+//! bridge or ivshmem file behind.
+use crate::qemu::{self, Accel, GuestSpec};
+use crate::{image, net, proto, VmError};
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+/// Directory of the running guests' files (`VMF_VM_DIR`, default `/run/vmfabric-vm`).
+pub fn state_dir() -> PathBuf {
+    std::env::var_os("VMF_VM_DIR")
+        .filter(|d| !d.is_empty())
+        .map_or_else(|| PathBuf::from("/run/vmfabric-vm"), PathBuf::from)
+}
+
+/// Directory of the boot image and the accelerator probe (`VMF_VM_CACHE`, default
+/// `/var/cache/vmfabric/vm`).
+pub fn cache_dir() -> PathBuf {
+    std::env::var_os("VMF_VM_CACHE")
+        .filter(|d| !d.is_empty())
+        .map_or_else(|| PathBuf::from("/var/cache/vmfabric/vm"), PathBuf::from)
+}
+
+/// How to boot a cluster.
+#[derive(Debug, Clone)]
+pub struct ClusterOptions {
+    /// Number of guests (1..=[`net::MAX_VMS`]).
+    pub vms: usize,
+    /// vCPUs per guest.
+    pub vcpus: usize,
+    /// Memory per guest, MiB.
+    pub mem_mb: u64,
+    /// Guests per host group (sharing one ivshmem file); 0: all in one group.
+    pub vms_per_group: usize,
+    /// Give guests an ivshmem device at all.
+    pub ivshmem: bool,
+    /// Size of each group's ivshmem region (a power of two).
+    pub ivshmem_size: u64,
+    /// How long a guest may take to boot to its agent.
+    pub boot_timeout: Duration,
+    /// Keep the guests after this process ends (`vm up`).
+    pub persistent: bool,
+}
+
+impl Default for ClusterOptions {
+    fn default() -> Self {
+        ClusterOptions {
+            vms: 2,
+            vcpus: 1,
+            mem_mb: 512,
+            vms_per_group: 0,
+            ivshmem: true,
+            ivshmem_size: 256 << 20,
+            boot_timeout: Duration::from_secs(120),
+            persistent: false,
+        }
+    }
+}
+
+/// One running guest.
+#[derive(Debug, Clone)]
+pub struct Guest {
+    /// Index.
+    pub index: usize,
+    /// Name (`vm<i>`).
+    pub name: String,
+    /// Its address on the bridge.
+    pub ip: String,
+    /// QEMU's pid on the host.
+    pub pid: i32,
+    /// Its host group (the ivshmem file it shares), if any.
+    pub group: Option<usize>,
+    /// Seconds from starting QEMU until the agent answered.
+    pub boot_s: f64,
+    /// vCPUs.
+    pub vcpus: usize,
+    /// Memory, MiB.
+    pub mem_mb: u64,
+}
+
+/// Running guests.
+pub struct Cluster {
+    /// Their files.
+    pub dir: PathBuf,
+    /// The guests.
+    pub guests: Vec<Guest>,
+    /// The ivshmem file of each host group.
+    pub groups: Vec<PathBuf>,
+    /// How they run.
+    pub accel: Accel,
+    /// Why that accelerator.
+    pub accel_why: String,
+    /// Kept after this process (`vm up`).
+    pub persistent: bool,
+    children: Vec<Child>,
+    torn_down: bool,
+}
+
+fn alive(pid: i32) -> bool {
+    pid > 0
+        && std::fs::read(format!("/proc/{pid}/cmdline"))
+            .is_ok_and(|c| String::from_utf8_lossy(&c).contains("qemu-system"))
+}
+
+/// Send one request to a guest's agent and read its one-line answer.
+pub fn request(ip: &str, req: &serde_json::Value, timeout: Duration) -> Result<serde_json::Value, VmError> {
+    let addr: SocketAddr = format!("{ip}:{}", proto::AGENT_PORT)
+        .parse()
+        .map_err(|e| VmError::Io(format!("address {ip} ({e})")))?;
+    let io = |e: std::io::Error| VmError::Io(format!("the agent at {addr}: {e}"));
+    let mut s = TcpStream::connect_timeout(&addr, timeout.min(Duration::from_secs(2))).map_err(io)?;
+    s.set_read_timeout(Some(timeout)).map_err(io)?;
+    s.write_all(format!("{req}\n").as_bytes()).map_err(io)?;
+    let mut l = String::new();
+    BufReader::new(s).read_line(&mut l).map_err(io)?;
+    serde_json::from_str(l.trim()).map_err(|e| VmError::Protocol(format!("agent answer {l:?} ({e})")))
+}
+
+fn tail(p: &Path, lines: usize) -> String {
+    let s = std::fs::read_to_string(p).unwrap_or_default();
+    let v: Vec<&str> = s
+        .lines()
+        .map(|l| l.trim_matches(|c: char| c.is_control() || c == ' '))
+        .filter(|l| !l.is_empty())
+        .collect();
+    v[v.len().saturating_sub(lines)..].join(" | ")
+}
+
+impl Cluster {
+    /// Boot guests as `o` says.
+    pub fn boot(o: &ClusterOptions) -> Result<Cluster, VmError> {
+        if o.vms == 0 || o.vms > net::MAX_VMS {
+            return Err(VmError::Usage(format!("--vms {} is not within 1..={}", o.vms, net::MAX_VMS)));
+        }
+        if o.vcpus == 0 || o.vcpus > 64 {
+            return Err(VmError::Usage(format!("--vcpus {} is not within 1..=64", o.vcpus)));
+        }
+        if o.mem_mb < 128 {
+            return Err(VmError::Usage(format!("--mem {} MiB is too small (at least 128)", o.mem_mb)));
+        }
+        if o.ivshmem && (!o.ivshmem_size.is_power_of_two() || o.ivshmem_size < (1 << 20)) {
+            return Err(VmError::Usage(format!(
+                "--ivshmem-size {} is not a power of two of at least 1 MiB (a PCI BAR)",
+                o.ivshmem_size
+            )));
+        }
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err(VmError::Setup(
+                "vmfabric vm needs root (the guests' bridge and taps need CAP_NET_ADMIN)".into(),
+            ));
+        }
+        let dir = state_dir();
+        match Self::attach() {
+            Ok(_) => {
+                return Err(VmError::Setup(format!(
+                    "guests are already running (state in {}): `vmfabric vm ls` shows them, `vmfabric vm down` stops them",
+                    dir.display()
+                )))
+            }
+            Err(_) => Self::clean_leftovers(),
+        }
+        let qemu = qemu::binary()?;
+        let cache = cache_dir();
+        let img = image::image(&cache)?;
+        let (accel, accel_why) = qemu::accel(&qemu, &img, &cache)?;
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| VmError::Setup(format!("cannot create {} ({e})", dir.display())))?;
+        let agent = std::env::current_exe()
+            .map_err(|e| VmError::Setup(format!("cannot find the vmfabric executable ({e})")))?;
+        let per = if o.vms_per_group == 0 { o.vms } else { o.vms_per_group };
+        let ngroups = if o.ivshmem { o.vms.div_ceil(per) } else { 0 };
+        let mut c = Cluster {
+            dir: dir.clone(),
+            guests: Vec::new(),
+            groups: (0..ngroups)
+                .map(|k| PathBuf::from(format!("/dev/shm/vmfabric-vm-g{k}")))
+                .collect(),
+            accel,
+            accel_why,
+            persistent: o.persistent,
+            children: Vec::new(),
+            torn_down: false,
+        };
+        let res = c.start(o, &qemu, &img, &agent, per);
+        if let Err(e) = res {
+            c.teardown();
+            return Err(e);
+        }
+        Ok(c)
+    }
+
+    fn start(
+        &mut self,
+        o: &ClusterOptions,
+        qemu: &Path,
+        img: &image::Image,
+        agent: &Path,
+        per: usize,
+    ) -> Result<(), VmError> {
+        net::up(o.vms)?;
+        for g in &self.groups {
+            let f = std::fs::File::create(g)
+                .and_then(|f| f.set_len(o.ivshmem_size).map(|()| f))
+                .map_err(|e| VmError::Setup(format!("cannot create the ivshmem file {} ({e})", g.display())))?;
+            drop(f);
+        }
+        let mut started = Vec::new();
+        for i in 0..o.vms {
+            let group = o.ivshmem.then_some(i / per);
+            let spec = GuestSpec {
+                index: i,
+                name: format!("vm{i}"),
+                vcpus: o.vcpus,
+                mem_mb: o.mem_mb,
+                ivshmem: group.map(|k| (self.groups[k].clone(), o.ivshmem_size)),
+                agent: agent.to_owned(),
+                dir: self.dir.clone(),
+            };
+            let _ = std::fs::remove_file(spec.console());
+            let log = std::fs::File::create(spec.log())
+                .map_err(|e| VmError::Setup(format!("cannot create {} ({e})", spec.log().display())))?;
+            let mut cmd = qemu::command(qemu, img, self.accel, &spec);
+            cmd.stdout(log.try_clone().map_err(|e| VmError::Setup(e.to_string()))?)
+                .stderr(log);
+            let persistent = o.persistent;
+            // SAFETY: only async-signal-safe calls between fork and exec.
+            unsafe {
+                cmd.pre_exec(move || {
+                    if persistent {
+                        libc::setsid();
+                    } else {
+                        // QEMU must not outlive the command that booted it for one job.
+                        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                    }
+                    Ok(())
+                });
+            }
+            let child = cmd
+                .spawn()
+                .map_err(|e| VmError::Setup(format!("cannot start QEMU {} ({e})", qemu.display())))?;
+            self.guests.push(Guest {
+                index: i,
+                name: spec.name.clone(),
+                ip: net::guest_ip(i),
+                pid: child.id() as i32,
+                group,
+                boot_s: 0.0,
+                vcpus: o.vcpus,
+                mem_mb: o.mem_mb,
+            });
+            self.children.push(child);
+            started.push((spec, Instant::now()));
+        }
+        self.save()?;
+        // Wait for every agent.
+        let deadline = Instant::now() + o.boot_timeout;
+        let mut pending: Vec<usize> = (0..o.vms).collect();
+        while !pending.is_empty() {
+            let mut still = Vec::new();
+            for &i in &pending {
+                let (spec, t0) = &started[i];
+                if let Ok(Some(st)) = self.children[i].try_wait() {
+                    return Err(VmError::Boot(format!(
+                        "VM {} did not boot: QEMU exited ({st}): {} | console: {}",
+                        spec.name,
+                        tail(&spec.log(), 3),
+                        tail(&spec.console(), 3)
+                    )));
+                }
+                if std::fs::read_to_string(spec.console()).is_ok_and(|s| s.contains("vmfabric-guest: FAILED")) {
+                    return Err(VmError::Boot(format!(
+                        "VM {} did not boot: {}",
+                        spec.name,
+                        tail(&spec.console(), 2)
+                    )));
+                }
+                match request(&self.guests[i].ip, &serde_json::json!({"cmd": "info"}), Duration::from_millis(500)) {
+                    Ok(_) => self.guests[i].boot_s = t0.elapsed().as_secs_f64(),
+                    Err(_) => still.push(i),
+                }
+            }
+            pending = still;
+            if !pending.is_empty() {
+                if Instant::now() > deadline {
+                    let names: Vec<String> = pending.iter().map(|&i| self.guests[i].name.clone()).collect();
+                    return Err(VmError::Boot(format!(
+                        "VM {} did not boot within {:?} ({}); console: {}",
+                        names.join(", "),
+                        o.boot_timeout,
+                        self.accel.name(),
+                        tail(&started[pending[0]].0.console(), 3)
+                    )));
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        self.save()
+    }
+
+    fn state_file(dir: &Path) -> PathBuf {
+        dir.join("state.json")
+    }
+
+    fn save(&self) -> Result<(), VmError> {
+        let v = serde_json::json!({
+            "accel": self.accel.name(),
+            "accel_why": self.accel_why,
+            "persistent": self.persistent,
+            "groups": self.groups.iter().map(|g| g.display().to_string()).collect::<Vec<_>>(),
+            "guests": self.guests.iter().map(|g| serde_json::json!({
+                "index": g.index, "name": g.name, "ip": g.ip, "pid": g.pid, "group": g.group,
+                "boot_s": g.boot_s, "vcpus": g.vcpus, "mem_mb": g.mem_mb,
+            })).collect::<Vec<_>>(),
+        });
+        std::fs::write(Self::state_file(&self.dir), format!("{v:#}\n"))
+            .map_err(|e| VmError::Setup(format!("cannot write {} ({e})", self.dir.display())))
+    }
+
+    fn load(dir: &Path) -> Option<Cluster> {
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(Self::state_file(dir)).ok()?).ok()?;
+        let guests = v
+            .get("guests")?
+            .as_array()?
+            .iter()
+            .map(|g| {
+                Some(Guest {
+                    index: g.get("index")?.as_u64()? as usize,
+                    name: g.get("name")?.as_str()?.to_owned(),
+                    ip: g.get("ip")?.as_str()?.to_owned(),
+                    pid: g.get("pid")?.as_i64()? as i32,
+                    group: g.get("group").and_then(|x| x.as_u64()).map(|x| x as usize),
+                    boot_s: g.get("boot_s").and_then(|x| x.as_f64()).unwrap_or(0.0),
+                    vcpus: g.get("vcpus").and_then(|x| x.as_u64()).unwrap_or(1) as usize,
+                    mem_mb: g.get("mem_mb").and_then(|x| x.as_u64()).unwrap_or(0),
+                })
+            })
+            .collect::<Option<Vec<_>>>()?;
+        Some(Cluster {
+            dir: dir.to_owned(),
+            guests,
+            groups: v
+                .get("groups")?
+                .as_array()?
+                .iter()
+                .filter_map(|g| g.as_str().map(PathBuf::from))
+                .collect(),
+            accel: if v.get("accel")?.as_str()? == "kvm" { Accel::Kvm } else { Accel::Tcg },
+            accel_why: v.get("accel_why").and_then(|x| x.as_str()).unwrap_or("").to_owned(),
+            persistent: v.get("persistent").and_then(|x| x.as_bool()).unwrap_or(false),
+            children: Vec::new(),
+            torn_down: false,
+        })
+    }
+
+    /// The guests `vmfabric vm up` left running (every one of them alive).
+    pub fn attach() -> Result<Cluster, VmError> {
+        let dir = state_dir();
+        let c = Self::load(&dir)
+            .ok_or_else(|| VmError::Setup("no guests are up (vmfabric vm up starts them)".into()))?;
+        if let Some(g) = c.guests.iter().find(|g| !alive(g.pid)) {
+            return Err(VmError::Setup(format!(
+                "guest {} (QEMU pid {}) is no longer running; `vmfabric vm down` cleans up",
+                g.name, g.pid
+            )));
+        }
+        let mut c = c;
+        // Another process owns them: never tear them down on drop.
+        c.persistent = true;
+        Ok(c)
+    }
+
+    /// Remove what a crashed run left (QEMU processes recorded in the state file, taps, files).
+    pub fn clean_leftovers() {
+        let dir = state_dir();
+        if let Some(mut c) = Self::load(&dir) {
+            c.teardown();
+        } else {
+            net::down(net::MAX_VMS);
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
+
+    /// Power the guests off (QEMU killed if they do not within 3 s) and remove the network and files.
+    pub fn teardown(&mut self) {
+        if self.torn_down {
+            return;
+        }
+        self.torn_down = true;
+        for g in &self.guests {
+            let _ = request(&g.ip, &serde_json::json!({"cmd": "poweroff"}), Duration::from_millis(300));
+        }
+        let deadline = Instant::now() + Duration::from_secs(3);
+        for (i, g) in self.guests.iter().enumerate() {
+            loop {
+                let gone = match self.children.get_mut(i) {
+                    Some(c) => c.try_wait().map_or(true, |s| s.is_some()),
+                    None => !alive(g.pid),
+                };
+                if gone {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    // SAFETY: kill of a QEMU process we started (checked by its command line).
+                    unsafe { libc::kill(g.pid, libc::SIGKILL) };
+                    if let Some(c) = self.children.get_mut(i) {
+                        let _ = c.wait();
+                    }
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        net::down(self.guests.len().max(net::MAX_VMS));
+        for g in &self.groups {
+            let _ = std::fs::remove_file(g);
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if !self.persistent {
+            self.teardown();
+        }
+    }
+}
