@@ -134,7 +134,8 @@ impl MigCtx {
         }
     }
 
-    /// Parse `VMF_HOSTS_TABLE` (`i=netns_path,region_dir,ip;...`).
+    /// Parse `VMF_HOSTS_TABLE` (`i=netns_path,region_dir,ip;...`; netns `-`: none, region `ivshmem`:
+    /// this VM's ivshmem BAR, or a file or device path instead of a directory).
     pub fn parse_table(s: &str) -> Result<Vec<HostSpec>, String> {
         let mut v = Vec::new();
         for (k, item) in s.split(';').filter(|x| !x.is_empty()).enumerate() {
@@ -174,6 +175,22 @@ fn mig_err(rank: usize, why: impl std::fmt::Display) -> Error {
         rank,
         op: Op::Progress,
         why: format!("migration failed: {why}"),
+    }
+}
+
+/// Where a host's region is: `ivshmem` (BAR 2 of this VM's ivshmem device, looked up now: it may have
+/// been plugged in since the job started), an existing file or device, or a directory for region files.
+pub fn region_source(dir: &std::path::Path) -> std::result::Result<RegionSource, String> {
+    if dir.as_os_str() == "ivshmem" {
+        return vmf_pal::pci::ivshmem_devices()
+            .into_iter()
+            .next()
+            .map(|d| RegionSource::Device(d.bar2))
+            .ok_or_else(|| "this VM has no ivshmem device (it is unplugged)".to_string());
+    }
+    match std::fs::metadata(dir) {
+        Ok(m) if !m.is_dir() => Ok(RegionSource::Device(dir.to_owned())),
+        _ => Ok(RegionSource::Dir(dir.to_owned())),
     }
 }
 
@@ -262,26 +279,38 @@ impl Engine {
         self.wait_until(Op::Progress, |e| {
             e.peers.iter().all(|p| !p.holding && p.next_route.is_none())
         })?;
-        // 1. The new home; undone on any failure.
-        let mut back = NsGuard(Some(
-            std::fs::File::open("/proc/self/ns/net").map_err(|e| mig_err(me, e))?,
-        ));
-        let ns = std::fs::File::open(&spec.netns)
-            .map_err(|e| mig_err(me, format!("cannot open {}: {e}", spec.netns.display())))?;
-        // SAFETY: setns on a namespace file we opened; single-threaded rank contract.
-        if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-            return Err(mig_err(
-                me,
-                format!(
-                    "cannot enter the network namespace of host {host}: {}",
-                    std::io::Error::last_os_error()
-                ),
+        // 1. The new home; undone on any failure. A host without a namespace ("-": a VM leaving its
+        // ivshmem region for its own memory, or joining it again) keeps the network it has.
+        let mut back = NsGuard(None);
+        let same_ns = spec.netns.as_os_str() == "-" || spec.netns.as_os_str().is_empty();
+        if !same_ns {
+            back = NsGuard(Some(
+                std::fs::File::open("/proc/self/ns/net").map_err(|e| mig_err(me, e))?,
             ));
+            let ns = std::fs::File::open(&spec.netns)
+                .map_err(|e| mig_err(me, format!("cannot open {}: {e}", spec.netns.display())))?;
+            // SAFETY: setns on a namespace file we opened; single-threaded rank contract.
+            if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                return Err(mig_err(
+                    me,
+                    format!(
+                        "cannot enter the network namespace of host {host}: {}",
+                        std::io::Error::last_os_error()
+                    ),
+                ));
+            }
         }
+        let source = match region_source(&spec.dir) {
+            Ok(s) => s,
+            Err(e) => {
+                back.restore();
+                return Err(mig_err(me, e));
+            }
+        };
         let prepared = (|| -> Result<(ShmTransport, Option<SocketAddr>)> {
             let ctx = self.mig_ctx.as_ref().unwrap();
             let reg = Region::open(
-                &RegionSource::Dir(spec.dir.clone()),
+                &source,
                 &ctx.job,
                 ctx.sizing,
                 ctx.launcher,
@@ -305,9 +334,19 @@ impl Engine {
             ));
             let mut addr = None;
             if let Some(tcp) = self.tcp.as_mut() {
-                t.enable_socket_doorbell(vmf_transport::shm::region::job_hash(&ctx.job))
-                    .map_err(|e| mig_err(me, e))?;
-                addr = Some(tcp.rebind(spec.ip).map_err(|e| mig_err(me, e))?);
+                let job = vmf_transport::shm::region::job_hash(&ctx.job);
+                if same_ns {
+                    // The doorbell's name is bound once per namespace: the new transport takes the
+                    // socket over (peers ring the same name whichever transport reads it).
+                    addr = Some(tcp.rebind(spec.ip).map_err(|e| mig_err(me, e))?);
+                    match self.shm.as_mut().and_then(|o| o.take_socket_doorbell()) {
+                        Some(s) => t.adopt_socket_doorbell(s, job),
+                        None => t.enable_socket_doorbell(job).map_err(|e| mig_err(me, e))?,
+                    }
+                } else {
+                    t.enable_socket_doorbell(job).map_err(|e| mig_err(me, e))?;
+                    addr = Some(tcp.rebind(spec.ip).map_err(|e| mig_err(me, e))?);
+                }
             }
             Ok((t, addr))
         })();

@@ -19,6 +19,77 @@ pub const HOST_RW: &str = "/run/host";
 
 type Reaped = Arc<Mutex<HashMap<i32, mpsc::Sender<(i32, i32)>>>>;
 
+/// A running rank's control socket (the launcher's protocol: it writes `ready`, is asked
+/// `migrate <host>` after SIGUSR2 and answers `ok <ms> ms` or `error ...`).
+struct RankCtl {
+    rank: u32,
+    pid: i32,
+    sock: std::os::unix::net::UnixStream,
+    ready: bool,
+}
+
+/// Every running rank's control socket, for `leave-region` / `join-region`.
+static CTLS: Mutex<Vec<RankCtl>> = Mutex::new(Vec::new());
+
+/// The hosts a rank in this guest can be on: 0 = the ivshmem region, 1 = this guest's own memory
+/// (a region file in [`LOCAL_DIR`]); the same address on both.
+pub const LOCAL_DIR: &str = "/dev/shm/vmfabric-local";
+
+fn hosts_table(ip: &str) -> String {
+    format!("0=-,ivshmem,{ip};1=-,{LOCAL_DIR},{ip}")
+}
+
+/// This guest's address (eth0's IPv4), from the kernel command line the host gave it.
+fn my_ip() -> Option<String> {
+    let c = std::fs::read_to_string("/proc/cmdline").ok()?;
+    c.split_whitespace()
+        .find_map(|w| w.strip_prefix("vmf_ip="))
+        .map(|v| v.split('/').next().unwrap_or(v).to_owned())
+}
+
+/// Move every running rank of this guest to `host` (0: onto the ivshmem region, 1: off it), one at a
+/// time; per rank its answer. Ok only when every rank moved.
+fn move_ranks(host: usize) -> Result<Vec<(u32, String)>, String> {
+    use std::io::Read as _;
+    let mut g = CTLS.lock().unwrap_or_else(|p| p.into_inner());
+    g.sort_by_key(|c| c.rank);
+    let mut out = Vec::new();
+    let mut bad = None;
+    for c in g.iter_mut() {
+        if !c.ready {
+            // The rank writes `ready` once its SIGUSR2 handler is in place.
+            let _ = c.sock.set_read_timeout(Some(Duration::from_secs(30)));
+            let mut b = [0u8; 6];
+            c.ready = c.sock.read_exact(&mut b).is_ok() && &b == b"ready\n";
+            if !c.ready {
+                bad.get_or_insert(format!("rank {} has not initialised the fabric", c.rank));
+                continue;
+            }
+        }
+        if c.sock.write_all(format!("migrate {host}\n").as_bytes()).is_err() {
+            bad.get_or_insert(format!("rank {} does not answer", c.rank));
+            continue;
+        }
+        // SAFETY: signalling a rank this agent started and has not reaped.
+        unsafe { libc::kill(c.pid, libc::SIGUSR2) };
+        let _ = c.sock.set_read_timeout(Some(Duration::from_secs(120)));
+        let mut line = Vec::new();
+        let mut b = [0u8; 1];
+        while c.sock.read_exact(&mut b).is_ok() && b[0] != b'\n' {
+            line.push(b[0]);
+        }
+        let reply = String::from_utf8_lossy(&line).trim().to_owned();
+        if !reply.starts_with("ok") {
+            bad.get_or_insert(format!("rank {}: {reply}", c.rank));
+        }
+        out.push((c.rank, reply));
+    }
+    match bad {
+        Some(b) => Err(b),
+        None => Ok(out),
+    }
+}
+
 /// Run the agent (never returns on success when PID 1: the guest powers off).
 pub fn run(port: u16, name: &str) -> Result<(), VmError> {
     let l = TcpListener::bind(("0.0.0.0", port))
@@ -84,6 +155,18 @@ fn serve(s: TcpStream, children: &Reaped, name: &str) -> Result<(), VmError> {
             poweroff();
             Ok(())
         }
+        "leave-region" | "join-region" => {
+            let host = usize::from(req["cmd"] == "leave-region");
+            let t0 = std::time::Instant::now();
+            let r = move_ranks(host);
+            let ms = t0.elapsed().as_secs_f64() * 1e3;
+            let v = match r {
+                Ok(ranks) => serde_json::json!({"ok": true, "ms": ms,
+                    "ranks": ranks.iter().map(|(r, a)| serde_json::json!({"rank": r, "answer": a})).collect::<Vec<_>>()}),
+                Err(e) => serde_json::json!({"ok": false, "error": e, "ms": ms}),
+            };
+            reply(&mut w, v).map_err(io)
+        }
         "release-region" => {
             let r = release_region();
             reply(&mut w, serde_json::json!({"ok": r.is_ok(), "error": r.err()})).map_err(io)
@@ -129,6 +212,7 @@ fn release_region() -> Result<(), String> {
         return Ok(());
     };
     let f = std::fs::OpenOptions::new()
+        .read(true)
         .write(true)
         .open(&d.bar2)
         .map_err(|e| format!("cannot open {} ({e})", d.bar2.display()))?;
@@ -200,6 +284,10 @@ fn run_ranks(
     ranks: Vec<RankSpec>,
     children: &Reaped,
 ) -> Result<(), VmError> {
+    // The host's root is mounted with 9p's loose cache (fast starts); a program rebuilt on the host
+    // since this guest last read it would be seen half old, half new. Nothing of a job runs between
+    // jobs, so drop the cached pages and inodes: every job reads the host's files as they are now.
+    let _ = std::fs::write("/proc/sys/vm/drop_caches", "3");
     let w = Arc::new(Mutex::new(w));
     let send = |f: Frame| {
         let mut g = w.lock().unwrap_or_else(|p| p.into_inner());
@@ -213,19 +301,38 @@ fn run_ranks(
             send(Frame::SpawnFailed(spec.rank, m));
             continue;
         }
+        // A control socket and the hosts table, when this guest has an ivshmem region to leave.
+        let mut ctl: Option<(std::os::unix::net::UnixStream, std::os::fd::OwnedFd)> = None;
+        let mut extra: Vec<(String, String)> = Vec::new();
+        if let (false, Some(ip)) = (vmf_pal::pci::ivshmem_devices().is_empty(), my_ip()) {
+            if let Ok((ours, theirs)) = std::os::unix::net::UnixStream::pair() {
+                let _ = std::fs::create_dir_all(LOCAL_DIR);
+                let fd: std::os::fd::OwnedFd = theirs.into();
+                extra.push(("VMF_CTL_FD".into(), std::os::fd::AsRawFd::as_raw_fd(&fd).to_string()));
+                extra.push(("VMF_HOSTS_TABLE".into(), hosts_table(&ip)));
+                extra.push(("VMF_HOST".into(), "0".into()));
+                ctl = Some((ours, fd));
+            }
+        }
+        let ctl_fd = ctl.as_ref().map(|c| std::os::fd::AsRawFd::as_raw_fd(&c.1));
         let mut cmd = Command::new(&spec.argv[0]);
         cmd.args(&spec.argv[1..])
             .env_clear()
             .envs(spec.env.iter().map(|(k, v)| (k, v)))
+            .envs(extra.iter().map(|(k, v)| (k, v)))
             .current_dir(&spec.cwd)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         // SAFETY: only async-signal-safe calls between fork and exec.
         unsafe {
-            cmd.pre_exec(|| {
+            cmd.pre_exec(move || {
                 // Its own process group, so kill reaches what it starts.
                 libc::setpgid(0, 0);
+                // The control socket survives exec.
+                if let Some(fd) = ctl_fd {
+                    libc::fcntl(fd, libc::F_SETFD, 0);
+                }
                 Ok(())
             });
         }
@@ -236,6 +343,12 @@ fn run_ranks(
                 map.insert(pid, tx.clone());
                 drop(map);
                 pids.insert(pid, spec.rank);
+                if let Some((sock, theirs)) = ctl.take() {
+                    drop(theirs);
+                    CTLS.lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push(RankCtl { rank: spec.rank, pid, sock, ready: false });
+                }
                 send(Frame::Started(spec.rank, pid as u32));
                 let mut hs = Vec::new();
                 for (i, pipe) in [
@@ -301,6 +414,7 @@ fn run_ranks(
     while left > 0 {
         let Ok((pid, code)) = rx.recv() else { break };
         live.lock().unwrap_or_else(|p| p.into_inner()).retain(|&p| p != pid);
+        CTLS.lock().unwrap_or_else(|p| p.into_inner()).retain(|c| c.pid != pid);
         let Some(&rank) = pids.get(&pid) else { continue };
         // Let the output drain first (bounded: a process the rank left behind may hold its pipes).
         if let Some(hs) = readers.remove(&rank) {

@@ -386,6 +386,100 @@ impl Cluster {
         }
     }
 
+    /// The guest called `name`.
+    pub fn guest(&self, name: &str) -> Result<&Guest, VmError> {
+        self.guests.iter().find(|g| g.name == name).ok_or_else(|| {
+            let names: Vec<&str> = self.guests.iter().map(|g| g.name.as_str()).collect();
+            VmError::Usage(format!("no guest {name:?} (the guests are {})", names.join(", ")))
+        })
+    }
+
+    fn qmp(&self, g: &Guest) -> Result<qemu::Qmp, VmError> {
+        qemu::Qmp::connect(&self.dir.join(format!("{}.qmp", g.name)))
+    }
+
+    /// The id of the memory backend behind `g`'s ivshmem device (`ivmem` as booted; `plug` makes new ones).
+    fn memdev(&self, g: &Guest) -> String {
+        std::fs::read_to_string(self.dir.join(format!("{}.memdev", g.name)))
+            .map(|s| s.trim().to_owned())
+            .unwrap_or_else(|_| "ivmem".into())
+    }
+
+    /// Take guest `name` out of its host group as before a migration to another host: its ranks move
+    /// their channels off the ivshmem region (to TCP, and to the guest's own memory among themselves),
+    /// then the device is hot-unplugged (`device_del`). Returns (ranks' answers, ms to move them, ms
+    /// until the guest released the device).
+    pub fn unplug(&self, name: &str) -> Result<(serde_json::Value, f64, f64), VmError> {
+        let g = self.guest(name)?;
+        if g.group.is_none() {
+            return Err(VmError::Usage(format!("{name} has no ivshmem device")));
+        }
+        let a = request(&g.ip, &serde_json::json!({"cmd": "leave-region"}), Duration::from_secs(300))?;
+        if a.get("ok").and_then(|v| v.as_bool()) != Some(true) {
+            return Err(VmError::Io(format!(
+                "the ranks of {name} could not leave the region: {}",
+                a.get("error").and_then(|v| v.as_str()).unwrap_or("no answer")
+            )));
+        }
+        let t0 = Instant::now();
+        let mut q = self.qmp(g)?;
+        q.execute("device_del", serde_json::json!({"id": "ivshmem0"}))?;
+        q.wait_event("DEVICE_DELETED", Duration::from_secs(60))?;
+        // QEMU cannot give the same memory backend to a second device (its RAM block keeps the first
+        // one's name): drop it; `plug` makes a new one over the same file.
+        let _ = q.execute("object-del", serde_json::json!({"id": self.memdev(g)}));
+        let ms = a.get("ms").and_then(|v| v.as_f64()).unwrap_or(0.0);
+        Ok((a["ranks"].clone(), ms, t0.elapsed().as_secs_f64() * 1e3))
+    }
+
+    /// Give guest `name` its ivshmem device back (`device_add`) and move its ranks onto the region again.
+    /// Returns (ranks' answers, ms to move them, ms until the guest saw the device).
+    pub fn plug(&self, name: &str) -> Result<(serde_json::Value, f64, f64), VmError> {
+        let g = self.guest(name)?;
+        if g.group.is_none() {
+            return Err(VmError::Usage(format!("{name} has no ivshmem device")));
+        }
+        let t0 = Instant::now();
+        let mut q = self.qmp(g)?;
+        let file = &self.groups[g.group.unwrap_or(0)];
+        let size = std::fs::metadata(file)
+            .map_err(|e| VmError::Io(format!("the ivshmem file {} ({e})", file.display())))?
+            .len();
+        let id = format!("ivmem{}", t0.elapsed().as_nanos() ^ std::process::id() as u128);
+        q.execute(
+            "object-add",
+            serde_json::json!({"qom-type": "memory-backend-file", "id": id,
+                "mem-path": file.display().to_string(), "size": size, "share": true}),
+        )?;
+        if let Err(e) = q.execute(
+            "device_add",
+            serde_json::json!({"driver": "ivshmem-plain", "memdev": id, "bus": "rp1", "id": "ivshmem0"}),
+        ) {
+            let _ = q.execute("object-del", serde_json::json!({"id": id}));
+            return Err(e);
+        }
+        let _ = std::fs::write(self.dir.join(format!("{}.memdev", g.name)), &id);
+        let seen = loop {
+            let i = request(&g.ip, &serde_json::json!({"cmd": "info"}), Duration::from_secs(5))?;
+            if i["ivshmem"].as_array().is_some_and(|a| !a.is_empty()) {
+                break t0.elapsed().as_secs_f64() * 1e3;
+            }
+            if t0.elapsed() > Duration::from_secs(60) {
+                return Err(VmError::Io(format!("{name} did not see its ivshmem device within 60 s")));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let a = request(&g.ip, &serde_json::json!({"cmd": "join-region"}), Duration::from_secs(300))?;
+        if a.get("ok").and_then(|v| v.as_bool()) != Some(true) {
+            return Err(VmError::Io(format!(
+                "the ranks of {name} could not join the region: {}",
+                a.get("error").and_then(|v| v.as_str()).unwrap_or("no answer")
+            )));
+        }
+        let ms = a.get("ms").and_then(|v| v.as_f64()).unwrap_or(0.0);
+        Ok((a["ranks"].clone(), ms, seen))
+    }
+
     /// Power the guests off (QEMU killed if they do not within 3 s) and remove the network and files.
     pub fn teardown(&mut self) {
         if self.torn_down {

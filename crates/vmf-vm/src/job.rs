@@ -85,12 +85,47 @@ fn describe(code: i32) -> String {
     }
 }
 
+/// Zero the header of every host group's region (through one guest of the group).
+fn release_regions(c: &Cluster) -> Result<(), VmError> {
+    let mut seen = Vec::new();
+    for g in &c.guests {
+        let Some(k) = g.group else { continue };
+        if seen.contains(&k) {
+            continue;
+        }
+        seen.push(k);
+        let a = request(&g.ip, &serde_json::json!({"cmd": "release-region"}), Duration::from_secs(5))?;
+        if a.get("ok").and_then(|v| v.as_bool()) != Some(true) {
+            return Err(VmError::Io(format!(
+                "cannot release the ivshmem region of group {k} through {}: {}",
+                g.name,
+                a.get("error").and_then(|v| v.as_str()).unwrap_or("no answer")
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Run the job; its exit status (0, the first failing rank's code, 128 + signal, or the abort code).
 pub fn run(c: &Cluster, o: &JobOptions) -> Result<i32, VmError> {
     if o.argv.is_empty() {
         return Err(VmError::Usage("no program to run was given".into()));
     }
     let place = placement(o.np, c.guests.len(), o.ranks_per_vm)?;
+    // The only job on these guests (no other `vm run` holds the lock): what an earlier job that was
+    // killed left in the groups' regions is stale, release it. With another job running, leave the
+    // regions alone; the ranks then find them occupied and say so.
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(c.dir.join("job.lock"))
+        .map_err(|e| VmError::Setup(format!("cannot open {} ({e})", c.dir.join("job.lock").display())))?;
+    // SAFETY: flock on a descriptor we own.
+    let alone = unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX | libc::LOCK_NB) } == 0;
+    if alone {
+        release_regions(c)?;
+    }
     // `vmfabric` is this vmfabric when PATH has none (the guests see the host's files).
     let mut argv = o.argv.clone();
     let on_path = |p: &str| {
@@ -333,15 +368,10 @@ pub fn run(c: &Cluster, o: &JobOptions) -> Result<i32, VmError> {
     kvs.shutdown("the job ended");
     drop(writers);
     // Every rank is gone: let the next job initialise the groups' regions afresh.
-    let mut seen = Vec::new();
-    for g in &c.guests {
-        if let Some(k) = g.group {
-            if !seen.contains(&k) {
-                seen.push(k);
-                let _ = request(&g.ip, &serde_json::json!({"cmd": "release-region"}), Duration::from_secs(5));
-            }
-        }
+    if let Err(e) = release_regions(c) {
+        eprintln!("vmfabric: warning: {e}");
     }
+    drop(lock);
     if !o.quiet {
         if let Some(s) = first_start {
             eprintln!("vmfabric: vm job {job}: first rank started {s:.2} s after the job was sent");

@@ -101,7 +101,11 @@ pub fn command(qemu: &Path, img: &Image, accel: Accel, g: &GuestSpec) -> Command
         Accel::Kvm => c.args(["-accel", "kvm", "-cpu", "host"]),
         Accel::Tcg => c.args(["-accel", "tcg,thread=multi", "-cpu", "max"]),
     };
-    c.args(["-m", &g.mem_mb.to_string(), "-smp", &g.vcpus.to_string()])
+    // maxcpus of at least 2: with one possible vCPU, TCG translates the guest's locked instructions
+    // into plain loads and stores (atomic only among its own vCPUs), and atomics on the ivshmem region
+    // shared with another QEMU process would lose updates.
+    let smp = format!("{},maxcpus={}", g.vcpus, g.vcpus.max(2));
+    c.args(["-m", &g.mem_mb.to_string(), "-smp", &smp])
         .arg("-kernel")
         .arg(&img.kernel)
         .arg("-initrd")
@@ -250,6 +254,31 @@ impl Qmp {
         }
         q.execute("qmp_capabilities", serde_json::json!({}))?;
         Ok(q)
+    }
+
+    /// Wait for the event `name` (e.g. `DEVICE_DELETED`) for at most `timeout`; events seen while
+    /// waiting for command answers are not kept, so call this right after the command.
+    pub fn wait_event(&mut self, name: &str, timeout: Duration) -> Result<serde_json::Value, VmError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(VmError::Io(format!("QMP: no {name} event within {timeout:?}")));
+            }
+            let _ = self.w.set_read_timeout(Some(left));
+            let mut l = String::new();
+            match self.r.read_line(&mut l) {
+                Ok(0) => return Err(VmError::Io(format!("QMP: the monitor closed while waiting for {name}"))),
+                Ok(_) => {}
+                Err(_) => return Err(VmError::Io(format!("QMP: no {name} event within {timeout:?}"))),
+            }
+            if let Ok(v) = serde_json::from_str::<serde_json::Value>(l.trim()) {
+                if v.get("event").and_then(|e| e.as_str()) == Some(name) {
+                    let _ = self.w.set_read_timeout(Some(Duration::from_secs(30)));
+                    return Ok(v);
+                }
+            }
+        }
     }
 
     /// Run `cmd` with `args`; its `return` value, or an error with QEMU's description.

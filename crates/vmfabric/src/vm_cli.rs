@@ -13,9 +13,9 @@ pub struct VmArgs {
 /// How guests are made.
 #[derive(Args, Clone, Debug)]
 pub struct GuestArgs {
-    /// Number of guests.
-    #[arg(long, default_value_t = 2)]
-    vms: usize,
+    /// Number of guests (default 2; with guests up, `vm run` uses all of them, or the first N).
+    #[arg(long)]
+    vms: Option<usize>,
     /// vCPUs per guest.
     #[arg(long, default_value_t = 1)]
     vcpus: usize,
@@ -39,7 +39,7 @@ pub struct GuestArgs {
 impl GuestArgs {
     fn options(&self, persistent: bool) -> ClusterOptions {
         ClusterOptions {
-            vms: self.vms,
+            vms: self.vms.unwrap_or(2),
             vcpus: self.vcpus,
             mem_mb: self.mem >> 20,
             vms_per_group: self.vms_per_group,
@@ -106,6 +106,17 @@ enum VmCmd {
     },
     /// Power the guests off and remove their network and files.
     Down,
+    /// Take a guest out of its host group (before it migrates): its ranks move off the ivshmem region
+    /// to TCP, then the device is hot-unplugged.
+    Unplug {
+        /// The guest (vm0, vm1, ...).
+        vm: String,
+    },
+    /// Give a guest its ivshmem device back; its ranks return to shared memory.
+    Plug {
+        /// The guest.
+        vm: String,
+    },
     /// The guest agent (PID 1 of a guest; started by its /init).
     #[command(hide = true)]
     Agent {
@@ -141,14 +152,15 @@ pub fn run(a: VmArgs) -> i32 {
         VmCmd::Run { guests, np, ranks_per_vm, tag_output, quiet, command } => {
             let _signals = vmf_launch::signals::Guard::install();
             let cluster = match Cluster::attach() {
-                Ok(c) => {
-                    if guests.vms > c.guests.len() {
+                Ok(mut c) => {
+                    let want = guests.vms.unwrap_or(c.guests.len());
+                    if want > c.guests.len() || want == 0 {
                         return fail(format!(
-                            "--vms {} but only {} guests are up (vmfabric vm down, then run again to boot them)",
-                            guests.vms,
+                            "--vms {want} but {} guests are up (vmfabric vm down, then run again to boot them)",
                             c.guests.len()
                         ));
                     }
+                    c.guests.truncate(want);
                     c
                 }
                 Err(_) => match Cluster::boot(&guests.options(false)) {
@@ -233,6 +245,8 @@ pub fn run(a: VmArgs) -> i32 {
                 0
             }
         },
+        VmCmd::Unplug { vm } => plug(&vm, false),
+        VmCmd::Plug { vm } => plug(&vm, true),
         VmCmd::Down => {
             match Cluster::attach() {
                 Ok(mut c) => {
@@ -247,6 +261,39 @@ pub fn run(a: VmArgs) -> i32 {
             }
             0
         }
+    }
+}
+
+fn plug(vm: &str, add: bool) -> i32 {
+    let c = match Cluster::attach() {
+        Ok(c) => c,
+        Err(e) => return fail(e),
+    };
+    let r = if add { c.plug(vm) } else { c.unplug(vm) };
+    match r {
+        Ok((ranks, move_ms, dev_ms)) => {
+            let answers: Vec<String> = ranks
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .map(|r| format!("rank {}: {}", r["rank"], r["answer"].as_str().unwrap_or("")))
+                        .collect()
+                })
+                .unwrap_or_default();
+            if add {
+                println!(
+                    "vm plug {vm}: device seen after {dev_ms:.1} ms; ranks back on the region in {move_ms:.1} ms ({})",
+                    answers.join("; ")
+                );
+            } else {
+                println!(
+                    "vm unplug {vm}: ranks off the region in {move_ms:.1} ms ({}); device removed after {dev_ms:.1} ms",
+                    answers.join("; ")
+                );
+            }
+            0
+        }
+        Err(e) => fail(e),
     }
 }
 

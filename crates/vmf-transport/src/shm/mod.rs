@@ -227,6 +227,18 @@ impl ShmTransport {
         Ok(())
     }
 
+    /// Give up the doorbell socket (to the transport that replaces this one in the same network
+    /// namespace, where its name can only be bound once).
+    pub fn take_socket_doorbell(&mut self) -> Option<std::os::unix::net::UnixDatagram> {
+        self.db_sock.take()
+    }
+
+    /// Use a doorbell socket another transport of this rank bound (see [`Self::take_socket_doorbell`]).
+    pub fn adopt_socket_doorbell(&mut self, s: std::os::unix::net::UnixDatagram, job: u64) {
+        self.db_sock = Some(s);
+        self.job = job;
+    }
+
     /// The doorbell socket's descriptor, if enabled.
     pub fn doorbell_fd(&self) -> Option<std::os::fd::RawFd> {
         use std::os::fd::AsRawFd;
