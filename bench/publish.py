@@ -323,6 +323,46 @@ if vn and _json.loads(vn)["rounds"]:
     parts.append("\n".join(rows) + "\n")
 
 
+# bench/vm.sh: ranks in QEMU guests over ivshmem, TCP between the guests, host processes; failover (issue 24).
+vmj = read("vm.json")
+if vmj and _json.loads(vmj).get("rounds"):
+    import statistics as _st4
+    VJ = _json.loads(vmj)
+    VR = VJ["rounds"]
+
+    def _qmed(f):
+        xs = [f(r) for r in VR]
+        return _st4.median(xs), xs
+
+    judged = VJ["accel"] == "kvm"
+    lr, lxs = _qmed(lambda r: r["ivshmem_lat8"] / r["tcp_lat8"])
+    br, bxs = _qmed(lambda r: r["ivshmem_bw4m"] / r["tcp_bw4m"])
+    hr, _ = _qmed(lambda r: r["ivshmem_lat8"] / r["host_lat8"])
+    rows = ["## Ranks in QEMU guests (`bash bench/vm.sh`, issue 24)\n",
+            "Two guests (%s: %s; booted in %s s), one rank in each, %d interleaved rounds; ratios are medians of "
+            "within-round ratios.\n" % (VJ["accel"], VJ["accel_why"], "/".join("%.1f" % b for b in VJ["boot_s"]), len(VR)),
+            "| measure | ivshmem | TCP between the guests | 2 host processes | ratio | target |", "|---|---|---|---|---|---|",
+            "| 8-byte latency, us | %.3f | %.1f | %.3f | %.3fx TCP (rounds %s) | %s <= 0.25x TCP |" % (
+                _qmed(lambda r: r["ivshmem_lat8"])[0], _qmed(lambda r: r["tcp_lat8"])[0], _qmed(lambda r: r["host_lat8"])[0],
+                lr, ", ".join("%.3f" % x for x in lxs), "**PASS**" if lr <= 0.25 else "**MISS**"),
+            "| 8-byte latency vs the host | | | | %.1fx host processes | %s |" % (
+                hr, ("**PASS**" if hr <= 1.5 else "**MISS**") + " <= 1.5x" if judged else "reported, not judged (TCG)"),
+            "| 4 MiB bandwidth, MB/s | %.0f | %.0f | %.0f | %.1fx TCP (rounds %s) | %s >= 5x TCP |" % (
+                _qmed(lambda r: r["ivshmem_bw4m"])[0], _qmed(lambda r: r["tcp_bw4m"])[0], _qmed(lambda r: r["host_bw4m"])[0],
+                br, ", ".join("%.1f" % x for x in bxs), "**PASS**" if br >= 5 else "**MISS**")]
+    F = VJ.get("failover") or {}
+    if F.get("rank_ms"):
+        rm = _st4.median(F["rank_ms"])
+        rows.append("\nFailover, %d unplug/plug cycles of vm0 under mpi/tests/migstress.c (4 ranks, 2 per guest, every message "
+                    "checked: %s): each rank's switch off or onto the region (request until every peer answered) median "
+                    "%.1f ms (min %.1f, max %.1f); the guest's ranks together: leave %.1f ms, join %.1f ms (medians); the guest "
+                    "released the device %.0f ms after device_del. Target: pause <= 10 ms: %s.\n" % (
+                        len(F["leave_ms"]), F["migstress"], rm, min(F["rank_ms"]), max(F["rank_ms"]),
+                        _st4.median(F["leave_ms"]), _st4.median(F["join_ms"]), _st4.median(F["device_del_ms"]),
+                        "**PASS**" if rm <= 10 else "**MISS**"))
+    parts.append("\n".join(rows) + "\n")
+
+
 def own_run(sub, prefix, title, env, what, word, extra=()):
     """A section of bench/run.sh run on its own (results in bench/results/SUB/) when the main run has none:
     its tables, and of its targets those whose text names WORD."""

@@ -31,6 +31,7 @@
 #                             BENCH_LARGE_ROUNDS=R, default 5)
 #   BENCH_DVM=0               skip the distributed virtual machine rounds of issue 27 (bench/dvm.sh;
 #                             BENCH_DVM_ROUNDS=R, default 5)
+#   BENCH_VM=0                skip the QEMU guests of issue 24 (bench/vm.sh; BENCH_VM_ROUNDS, BENCH_VM_CYCLES)
 #   BENCH_VNIC=0              skip the virtual NIC rounds of issue 26 (bench/vnic.sh; BENCH_VNIC_ROUNDS=R,
 #                             default 3)
 set -euo pipefail
@@ -450,6 +451,17 @@ if [ "${BENCH_VNIC:-1}" != 0 ]; then
         BENCH_PYTHON="$PY" BENCH_RESULTS_DIR="$RESULTS" BENCH_VMFABRIC="$VMF"
 else
     log "BENCH_VNIC=0: virtual NIC skipped"
+fi
+
+# ---------------------------------------------------------------- real VMs
+# Issue 24: ranks in two QEMU guests over their ivshmem region against TCP between them and against two
+# host processes, and the failover pause of unplug/plug cycles under traffic (results in $RESULTS/vm.json).
+# BENCH_VM=0 skips it.
+if [ "${BENCH_VM:-1}" != 0 ]; then
+    sub_bench "QEMU guests" bench/vm.sh \
+        BENCH_PYTHON="$PY" BENCH_RESULTS_DIR="$RESULTS" BENCH_VMFABRIC="$VMF"
+else
+    log "BENCH_VM=0: QEMU guests skipped"
 fi
 
 # ---------------------------------------------------------------- one-sided (RMA)

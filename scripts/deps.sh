@@ -31,6 +31,11 @@ command -v iperf3 >/dev/null 2>&1 || need+=(iperf3)
 # vmfabric sweep: plots (matplotlib for the system python3) and MTU-sized frames on its veth baseline (ethtool).
 /usr/bin/python3 -c 'import matplotlib' >/dev/null 2>&1 || need+=(python3-matplotlib)
 command -v ethtool >/dev/null 2>&1 || need+=(ethtool)
+# vmfabric vm (real QEMU guests): QEMU, Debian's guest kernel and a static busybox for the guests' initramfs.
+command -v qemu-system-x86_64 >/dev/null 2>&1 || need+=(qemu-system-x86)
+ls /boot/vmlinuz-*-amd64 >/dev/null 2>&1 || need+=(linux-image-amd64)
+{ [ -x /bin/busybox ] && ! ldd /bin/busybox >/dev/null 2>&1; } || need+=(busybox-static)
+command -v modprobe >/dev/null 2>&1 || need+=(kmod)
 if [ ${#need[@]} -gt 0 ]; then
   echo "deps: installing ${need[*]}"
   if [ "$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi

@@ -906,7 +906,9 @@ impl Engine {
     /// shared pool. `None` without a region, without a pool, on emulated hosts, or when it is full.
     pub fn pool_alloc(&mut self, len: usize, align: usize) -> Option<*mut u8> {
         if self.shared.is_none() {
-            if self.mig_ctx.is_some() {
+            // Emulated hosts hand a left slot to the next rank moving in at once: no pool there. A VM
+            // (hosts without namespaces) keeps its pool; it cannot leave the region while it uses it.
+            if self.mig_ctx.as_ref().is_some_and(|c| !c.keeps_pool()) {
                 return None;
             }
             let shm = self.shm.as_ref()?;

@@ -134,6 +134,12 @@ impl MigCtx {
         }
     }
 
+    /// True when every host keeps this network namespace (a VM moving between its ivshmem region and its
+    /// own memory): ranks may use the region's pool, and must give it back before they leave.
+    pub fn keeps_pool(&self) -> bool {
+        self.hosts.iter().all(|h| h.netns.as_os_str() == "-" || h.netns.as_os_str().is_empty())
+    }
+
     /// Parse `VMF_HOSTS_TABLE` (`i=netns_path,region_dir,ip;...`; netns `-`: none, region `ivshmem`:
     /// this VM's ivshmem BAR, or a file or device path instead of a directory).
     pub fn parse_table(s: &str) -> Result<Vec<HostSpec>, String> {
@@ -269,6 +275,13 @@ impl Engine {
         }
         if self.fatal.is_some() {
             return Err(self.fatal.clone().unwrap());
+        }
+        // Pool blocks (MPI_Alloc_mem memory, windows' memory) live in the region being left.
+        if let Some(n) = self.shared.as_ref().map(|p| p.in_use()).filter(|&n| n > 0) {
+            return Err(mig_err(
+                me,
+                format!("{n} blocks of its shared-memory pool (MPI_Alloc_mem memory or one-sided windows) are still in use in the region it would leave; free them first"),
+            ));
         }
         let t0 = Instant::now();
         let t0_ns = monotonic_ns();
@@ -432,6 +445,8 @@ impl Engine {
             slot: new_slot,
             addr: new_addr,
         };
+        // The (empty) pool was the old region's: the next allocation takes one in the new region.
+        self.shared = None;
         let ctx = self.mig_ctx.as_mut().unwrap();
         ctx.current = host;
         drop(back.0.take()); // stay in the new namespace

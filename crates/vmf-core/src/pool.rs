@@ -138,6 +138,11 @@ impl Pool {
         }
     }
 
+    /// Blocks still live or still possibly read by peers.
+    pub fn in_use(&self) -> usize {
+        self.live.len() + self.deferred.len()
+    }
+
     /// Bytes still free (for tests and `vmfabric info`).
     pub fn free_bytes(&self) -> u64 {
         self.free.iter().map(|e| e.1).sum()

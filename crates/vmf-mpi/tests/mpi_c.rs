@@ -1588,13 +1588,13 @@ fn mpich_built_programs_run_across_qemu_guests() {
     }
     let info = ok(vm(&["run", "-n", "4", "--ranks-per-vm", "2", "--quiet", "vmfabric", "info"], &[]), "rank 0");
     let out = String::from_utf8_lossy(&info.stdout);
-    assert!(out.contains("rank 0: channels 0:self 1:shm 2:shm 3:shm"), "{out}");
+    assert!(out.contains(": channels 0:self 1:shm 2:shm 3:shm"), "{out}");
     // `vmfabric info` outside a job, in a guest: the device it found.
     let info = ok(vm(&["run", "-n", "1", "--quiet", "sh", "-c", "env -u PMI_PORT vmfabric info"], &[]), "ivshmem device: ");
     assert!(String::from_utf8_lossy(&info.stdout).contains("(PCI 1af4:1110, ivshmem-plain)"));
     // The same guests over TCP when the job asks for it.
     let info = ok(vm(&["run", "-n", "2", "--quiet", "vmfabric", "info"], &[("VMF_SHM", "0")]), "rank 0");
-    assert!(String::from_utf8_lossy(&info.stdout).contains("rank 0: channels 0:self 1:tcp"));
+    assert!(String::from_utf8_lossy(&info.stdout).contains(": channels 0:self 1:tcp"));
     // A rank that dies: the job's status, a message naming the rank and its guest.
     let o = vm(&["run", "-n", "2", "--quiet", "sh", "-c", "exit 3"], &[]);
     assert_eq!(o.status.code(), Some(3), "{}", show(&o));
@@ -1623,7 +1623,7 @@ fn mpich_built_programs_run_across_qemu_guests() {
     // Failover: a guest's ivshmem device is unplugged under a sequence-checked stream (its ranks move
     // to TCP first) and plugged back (they return), in both guests; nothing lost, duplicated, reordered.
     let stop = work.join("stop");
-    let mut stream = Command::new(s.rel.join("vmfabric"))
+    let stream = Command::new(s.rel.join("vmfabric"))
         .args(["vm", "run", "-n", "4", "--ranks-per-vm", "2", "--quiet", &bin("migstress")])
         .arg(&stop)
         .arg("200")
@@ -1648,7 +1648,7 @@ fn mpich_built_programs_run_across_qemu_guests() {
     ok(vm(&["up", "--vms", "2", "--vms-per-group", "1"], &[]), "vm up: 2 guests");
     ok(vm(&["run", "-n", "4", "--ranks-per-vm", "2", &bin("coll_all")], &[]), "PASS");
     let info = ok(vm(&["run", "-n", "4", "--ranks-per-vm", "2", "--quiet", "vmfabric", "info"], &[]), "rank 0");
-    assert!(String::from_utf8_lossy(&info.stdout).contains("rank 0: channels 0:self 1:shm 2:tcp 3:tcp"));
+    assert!(String::from_utf8_lossy(&info.stdout).contains(": channels 0:self 1:shm 2:tcp 3:tcp"));
     ok(vm(&["down"], &[]), "2 guests stopped");
 
     // A BAR too small for the job.

@@ -194,6 +194,13 @@ pub fn run(c: &Cluster, o: &JobOptions) -> Result<i32, VmError> {
         .filter(|(k, _)| k != "LD_LIBRARY_PATH")
         .collect();
     base.push(("LD_LIBRARY_PATH".into(), vmf_launch::library_path().to_string_lossy().into_owned()));
+    // This vmfabric is `vmfabric` for the ranks' own commands too (scripts calling it).
+    if let Some(dir) = std::env::current_exe().ok().and_then(|e| e.parent().map(|d| d.display().to_string())) {
+        match base.iter_mut().find(|(k, _)| k == "PATH") {
+            Some((_, v)) => *v = format!("{dir}:{v}"),
+            None => base.push(("PATH".into(), format!("{dir}:/usr/bin:/bin"))),
+        }
+    }
     let n = o.np.to_string();
     let mut writers: Vec<Option<TcpStream>> = Vec::new();
     for (vi, g) in c.guests.iter().enumerate() {

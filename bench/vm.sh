@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# bench/vm.sh -- issue 24's side-by-side run: ranks in two QEMU guests (`vmfabric vm`), over their shared
+# ivshmem region against TCP between the same guests, beside two processes on the host; and the failover
+# pause when a guest's ivshmem device is unplugged and plugged back under traffic.
+#
+# Per round (BENCH_VM_ROUNDS, default 3), interleaved:
+#   - `vmfabric vm run -n 2 vmfabric bench latency --sizes 8` and `bench bw --sizes 4M`: one rank per guest,
+#     over ivshmem, then over TCP (VMF_SHM=0) between the same guests;
+#   - the same two benchmarks between two processes on the host (`vmfabric run -n 2`), for reference.
+# Then BENCH_VM_CYCLES (default 10) unplug/plug cycles of vm0 while 4 ranks (2 per guest) run
+# mpi/tests/migstress.c (every message checked): per cycle the time the ranks of vm0 took to move off the
+# region and back (each rank's switch, from the request until every peer answered).
+# Writes $BENCH_RESULTS_DIR/vm.json: {"accel": "tcg"|"kvm", "accel_why": .., "boot_s": [..],
+# "rounds": [{"ivshmem_lat8": us, "tcp_lat8": us, "host_lat8": us, "ivshmem_bw4m": MB/s, "tcp_bw4m": ..,
+# "host_bw4m": ..}], "failover": {"leave_ms": [..], "join_ms": [..], "rank_ms": [..], "device_del_ms": [..],
+# "migstress": "PASS ..."}}.
+#
+# Called by bench/run.sh (BENCH_VM=0 skips it), or alone after a release build: bash bench/vm.sh.
+# Needs root, qemu-system-x86_64, a guest kernel (linux-image-amd64) and busybox-static (`make deps`).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+VMF="$(realpath "${BENCH_VMFABRIC:-target/release/vmfabric}")"
+OUT="$(realpath -m "${BENCH_RESULTS_DIR:-bench/results}")"
+PY="${BENCH_PYTHON:-python3}"
+ROUNDS="${BENCH_VM_ROUNDS:-3}"
+CYCLES="${BENCH_VM_CYCLES:-10}"
+LIB="$(dirname "$VMF")/lib"
+export LD_LIBRARY_PATH="$LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+TMP="$(mktemp -d /tmp/vmf-vm-bench.XXXXXX)"
+mkdir -p "$OUT"
+cleanup() { "$VMF" vm down >/dev/null 2>&1 || true; rm -rf "$TMP"; }
+trap cleanup EXIT
+if [ "$(id -u)" != 0 ] || ! command -v qemu-system-x86_64 >/dev/null || ! command -v mpicc.mpich >/dev/null; then
+    echo "vm bench: skipped (needs root, qemu-system-x86_64 and mpicc.mpich)"
+    echo '{"rounds": []}' > "$OUT/vm.json"; exit 0
+fi
+mpicc.mpich -O2 -o "$TMP/migstress" mpi/tests/migstress.c
+"$VMF" vm down >/dev/null 2>&1 || true
+"$VMF" vm up --vms 2 > "$TMP/up.txt"
+"$VMF" vm ls --json > "$TMP/ls.json"
+cd "$TMP"
+one() { # one <out.json> <launcher...> -- runs a bench with --json
+    local out=$1; shift
+    "$@" --json "$out" >/dev/null 2>"$out.err" || { cat "$out.err" >&2; return 1; }
+}
+for r in $(seq 1 "$ROUNDS"); do
+    echo "vm bench: round $r/$ROUNDS"
+    one "r$r-ivl.json" "$VMF" vm run -n 2 --quiet vmfabric bench latency --sizes 8 --iters 20000
+    one "r$r-tcl.json" env VMF_SHM=0 "$VMF" vm run -n 2 --quiet vmfabric bench latency --sizes 8 --iters 2000
+    one "r$r-hol.json" "$VMF" run --quiet -n 2 "$VMF" bench latency --sizes 8 --iters 20000
+    one "r$r-ivb.json" "$VMF" vm run -n 2 --quiet vmfabric bench bw --sizes 4M --iters 20
+    one "r$r-tcb.json" env VMF_SHM=0 "$VMF" vm run -n 2 --quiet vmfabric bench bw --sizes 4M --iters 10
+    one "r$r-hob.json" "$VMF" run --quiet -n 2 "$VMF" bench bw --sizes 4M --iters 50
+done
+echo "vm bench: $CYCLES unplug/plug cycles under migstress"
+rm -f stop
+"$VMF" vm run -n 4 --ranks-per-vm 2 --quiet "$TMP/migstress" "$TMP/stop" 900 > migstress.out 2>&1 &
+MS=$!
+sleep 3
+: > cycles.txt
+for c in $(seq 1 "$CYCLES"); do
+    "$VMF" vm unplug vm0 >> cycles.txt
+    "$VMF" vm plug vm0 >> cycles.txt
+done
+touch stop
+wait $MS || { cat migstress.out >&2; echo "vm bench: migstress failed" >&2; exit 1; }
+"$PY" - "$ROUNDS" "$OUT/vm.json" <<'PYEOF'
+import json, re, sys
+rounds, out = int(sys.argv[1]), sys.argv[2]
+def first(path, key):
+    return json.load(open(path))["results"][0][key]
+R = []
+for r in range(1, rounds + 1):
+    R.append({
+        "ivshmem_lat8": first("r%d-ivl.json" % r, "latency_us"),
+        "tcp_lat8": first("r%d-tcl.json" % r, "latency_us"),
+        "host_lat8": first("r%d-hol.json" % r, "latency_us"),
+        "ivshmem_bw4m": first("r%d-ivb.json" % r, "mb_per_s"),
+        "tcp_bw4m": first("r%d-tcb.json" % r, "mb_per_s"),
+        "host_bw4m": first("r%d-hob.json" % r, "mb_per_s"),
+    })
+ls = json.load(open("ls.json"))
+up = open("up.txt").read()
+m = re.search(r"\((tcg|kvm): (.*)\), booted in", up)
+cyc = open("cycles.txt").read()
+leave = [float(x) for x in re.findall(r"ranks off the region in ([0-9.]+) ms", cyc)]
+join = [float(x) for x in re.findall(r"ranks back on the region in ([0-9.]+) ms", cyc)]
+rank = [float(x) for x in re.findall(r"ok ([0-9.]+) ms", cyc)]
+dele = [float(x) for x in re.findall(r"device removed after ([0-9.]+) ms", cyc)]
+ms = open("migstress.out").read().strip().splitlines()
+json.dump({
+    "accel": m.group(1) if m else "?", "accel_why": m.group(2) if m else "",
+    "boot_s": [g["boot_s"] for g in ls["guests"]],
+    "rounds": R,
+    "failover": {"leave_ms": leave, "join_ms": join, "rank_ms": rank, "device_del_ms": dele,
+                 "migstress": next((l for l in ms if "PASS" in l), "FAIL")},
+}, open(out, "w"), indent=1)
+print("vm bench: wrote", out)
+PYEOF
