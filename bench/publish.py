@@ -340,7 +340,7 @@ if vmj and _json.loads(vmj).get("rounds"):
     hr, _ = _qmed(lambda r: r["ivshmem_lat8"] / r["host_lat8"])
     rows = ["## Ranks in QEMU guests (`bash bench/vm.sh`, issue 24)\n",
             "Two guests (%s: %s; booted in %s s), one rank in each, %d interleaved rounds; ratios are medians of "
-            "within-round ratios.\n" % (VJ["accel"], VJ["accel_why"], "/".join("%.1f" % b for b in VJ["boot_s"]), len(VR)),
+            "within-round ratios.\n" % (VJ["accel"], VJ["accel_why"].split(" (cached in")[0].split(": qemu-system")[0], "/".join("%.1f" % b for b in VJ["boot_s"]), len(VR)),
             "| measure | ivshmem | TCP between the guests | 2 host processes | ratio | target |", "|---|---|---|---|---|---|",
             "| 8-byte latency, us | %.3f | %.1f | %.3f | %.3fx TCP (rounds %s) | %s <= 0.25x TCP |" % (
                 _qmed(lambda r: r["ivshmem_lat8"])[0], _qmed(lambda r: r["tcp_lat8"])[0], _qmed(lambda r: r["host_lat8"])[0],
@@ -350,6 +350,13 @@ if vmj and _json.loads(vmj).get("rounds"):
             "| 4 MiB bandwidth, MB/s | %.0f | %.0f | %.0f | %.1fx TCP (rounds %s) | %s >= 5x TCP |" % (
                 _qmed(lambda r: r["ivshmem_bw4m"])[0], _qmed(lambda r: r["tcp_bw4m"])[0], _qmed(lambda r: r["host_bw4m"])[0],
                 br, ", ".join("%.1f" % x for x in bxs), "**PASS**" if br >= 5 else "**MISS**")]
+    if all("ompi_tcp_lat8" in r for r in VR):
+        ol, olx = _qmed(lambda r: r["ivshmem_lat8"] / r["ompi_tcp_lat8"])
+        ob, obx = _qmed(lambda r: r["ivshmem_bw4m"] / r["ompi_tcp_bw4m"])
+        rows.append("| 8-byte latency vs Open MPI's TCP between the guests, us | | %.1f (Open MPI) | | %.3fx (rounds %s) | %s <= 0.25x |" % (
+            _qmed(lambda r: r["ompi_tcp_lat8"])[0], ol, ", ".join("%.3f" % x for x in olx), "**PASS**" if ol <= 0.25 else "**MISS**"))
+        rows.append("| 4 MiB bandwidth vs Open MPI's TCP, MB/s | | %.0f (Open MPI) | | %.1fx (rounds %s) | %s >= 5x |" % (
+            _qmed(lambda r: r["ompi_tcp_bw4m"])[0], ob, ", ".join("%.1f" % x for x in obx), "**PASS**" if ob >= 5 else "**MISS**"))
     F = VJ.get("failover") or {}
     if F.get("rank_ms"):
         rm = _st4.median(F["rank_ms"])

@@ -6,13 +6,15 @@
 # Per round (BENCH_VM_ROUNDS, default 3), interleaved:
 #   - `vmfabric vm run -n 2 vmfabric bench latency --sizes 8` and `bench bw --sizes 4M`: one rank per guest,
 #     over ivshmem, then over TCP (VMF_SHM=0) between the same guests;
-#   - the same two benchmarks between two processes on the host (`vmfabric run -n 2`), for reference.
+#   - the same two benchmarks between two processes on the host (`vmfabric run -n 2`), for reference;
+#   - Open MPI's TCP between the same guests (bench/c/mpi_pingpong.c built with mpicc.openmpi; mpirun in
+#     vm0 reaches vm1 through `vmfabric vm rsh` as its plm_rsh_agent).
 # Then BENCH_VM_CYCLES (default 10) unplug/plug cycles of vm0 while 4 ranks (2 per guest) run
 # mpi/tests/migstress.c (every message checked): per cycle the time the ranks of vm0 took to move off the
 # region and back (each rank's switch, from the request until every peer answered).
 # Writes $BENCH_RESULTS_DIR/vm.json: {"accel": "tcg"|"kvm", "accel_why": .., "boot_s": [..],
 # "rounds": [{"ivshmem_lat8": us, "tcp_lat8": us, "host_lat8": us, "ivshmem_bw4m": MB/s, "tcp_bw4m": ..,
-# "host_bw4m": ..}], "failover": {"leave_ms": [..], "join_ms": [..], "rank_ms": [..], "device_del_ms": [..],
+# "host_bw4m": .., "ompi_tcp_lat8": .., "ompi_tcp_bw4m": ..}], "failover": {"leave_ms": [..], "join_ms": [..], "rank_ms": [..], "device_del_ms": [..],
 # "migstress": "PASS ..."}}.
 #
 # Called by bench/run.sh (BENCH_VM=0 skips it), or alone after a release build: bash bench/vm.sh.
@@ -36,6 +38,21 @@ if [ "$(id -u)" != 0 ] || ! command -v qemu-system-x86_64 >/dev/null || ! comman
     echo '{"rounds": []}' > "$OUT/vm.json"; exit 0
 fi
 mpicc.mpich -O2 -o "$TMP/migstress" mpi/tests/migstress.c
+# Open MPI's TCP between the same guests: mpirun in vm0 starts its daemons in both through `vmfabric vm rsh`.
+OMPI=0
+if command -v mpicc.openmpi >/dev/null && command -v mpirun.openmpi >/dev/null \
+    && mpicc.openmpi -O2 -o "$TMP/pp.ompi" bench/c/mpi_pingpong.c; then
+    OMPI=1
+    cat > "$TMP/ompi.sh" <<'SHEOF'
+#!/bin/sh
+unset PMI_PORT PMI_ID PMI_RANK PMI_SIZE PMI_JOBID
+export LD_LIBRARY_PATH=
+exec mpirun.openmpi --allow-run-as-root --host 10.79.0.10,10.79.0.11 -np 2 \
+  --mca plm_rsh_agent "vmfabric vm rsh" --mca pml ob1 --mca btl tcp,self \
+  --mca btl_tcp_if_include eth0 --mca oob_tcp_if_include eth0 "$@"
+SHEOF
+    chmod +x "$TMP/ompi.sh"
+fi
 "$VMF" vm down >/dev/null 2>&1 || true
 "$VMF" vm up --vms 2 > "$TMP/up.txt"
 "$VMF" vm ls --json > "$TMP/ls.json"
@@ -49,9 +66,13 @@ for r in $(seq 1 "$ROUNDS"); do
     one "r$r-ivl.json" "$VMF" vm run -n 2 --quiet vmfabric bench latency --sizes 8 --iters 20000
     one "r$r-tcl.json" env VMF_SHM=0 "$VMF" vm run -n 2 --quiet vmfabric bench latency --sizes 8 --iters 2000
     one "r$r-hol.json" "$VMF" run --quiet -n 2 "$VMF" bench latency --sizes 8 --iters 20000
-    one "r$r-ivb.json" "$VMF" vm run -n 2 --quiet vmfabric bench bw --sizes 4M --iters 20
-    one "r$r-tcb.json" env VMF_SHM=0 "$VMF" vm run -n 2 --quiet vmfabric bench bw --sizes 4M --iters 10
-    one "r$r-hob.json" "$VMF" run --quiet -n 2 "$VMF" bench bw --sizes 4M --iters 50
+    one "r$r-ivb.json" "$VMF" vm run -n 2 --quiet vmfabric bench bw --sizes 4M --window 8 --iters 20
+    one "r$r-tcb.json" env VMF_SHM=0 "$VMF" vm run -n 2 --quiet vmfabric bench bw --sizes 4M --window 8 --iters 10
+    one "r$r-hob.json" "$VMF" run --quiet -n 2 "$VMF" bench bw --sizes 4M --window 8 --iters 50
+    if [ "$OMPI" = 1 ]; then
+        one "r$r-oml.json" "$VMF" vm run -n 1 --quiet ./ompi.sh ./pp.ompi latency --sizes 8 --iters 2000
+        one "r$r-omb.json" "$VMF" vm run -n 1 --quiet ./ompi.sh ./pp.ompi bw --sizes 4194304 --window 8 --iters 10
+    fi
 done
 echo "vm bench: $CYCLES unplug/plug cycles under migstress"
 rm -f stop
@@ -80,6 +101,11 @@ for r in range(1, rounds + 1):
         "tcp_bw4m": first("r%d-tcb.json" % r, "mb_per_s"),
         "host_bw4m": first("r%d-hob.json" % r, "mb_per_s"),
     })
+    try:
+        R[-1]["ompi_tcp_lat8"] = first("r%d-oml.json" % r, "latency_us")
+        R[-1]["ompi_tcp_bw4m"] = first("r%d-omb.json" % r, "mb_per_s")
+    except (OSError, KeyError, IndexError):
+        pass
 ls = json.load(open("ls.json"))
 up = open("up.txt").read()
 m = re.search(r"\((tcg|kvm): (.*)\), booted in", up)

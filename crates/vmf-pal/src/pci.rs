@@ -100,10 +100,8 @@ mod tests {
             "0x00000000fe000000 0x00000000fe0000ff 0x40200\n{z}0x0000000400000000 0x0000000403ffffff 0x14220c\n"
         );
         fake(&root, "0000:00:05.0", "0x1af4\n", "0x1110\n", &plain);
-        let bell = format!(
-            "0x00000000fe000000 0x00000000fe0000ff 0x40200\n0x00000000fe001000 0x00000000fe001fff 0x40200\n0x0000000800000000 0x00000008000fffff 0x14220c\n"
-        );
-        fake(&root, "0000:00:04.0", "0x1af4\n", "0x1110\n", &bell);
+        let bell = "0x00000000fe000000 0x00000000fe0000ff 0x40200\n0x00000000fe001000 0x00000000fe001fff 0x40200\n0x0000000800000000 0x00000008000fffff 0x14220c\n";
+        fake(&root, "0000:00:04.0", "0x1af4\n", "0x1110\n", bell);
         fake(&root, "0000:00:06.0", "garbage", "0x1110\n", &plain);
         let v = ivshmem_devices_in(&root);
         assert_eq!(v.len(), 2);

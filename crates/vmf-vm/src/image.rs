@@ -83,7 +83,7 @@ pub fn find_kernel() -> Result<(PathBuf, String), VmError> {
             Path::new("/lib/modules").join(&r).join("kernel").is_dir().then_some((p, r))
         })
         .collect();
-    found.sort_by(|a, b| natural(&a.1).cmp(&natural(&b.1)));
+    found.sort_by_key(|a| natural(&a.1));
     found.pop().ok_or_else(|| {
         VmError::Setup(
             "no guest kernel: /boot has no vmlinuz-* with its modules in /lib/modules (apt-get install linux-image-amd64; `make` does)".into(),

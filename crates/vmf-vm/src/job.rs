@@ -393,6 +393,51 @@ pub fn run(c: &Cluster, o: &JobOptions) -> Result<i32, VmError> {
     }
 }
 
+/// `vmfabric vm rsh HOST COMMAND...`: run one command in the guest at HOST (an address, or `vmN`) through
+/// its agent, as `rsh`/`ssh` would (the words joined and given to `sh -c`, this environment, this
+/// directory), forwarding its output; returns its exit status. Used from inside a guest as the remote
+/// shell of other launchers (Open MPI's `plm_rsh_agent`, Hydra's `-launcher-exec`).
+pub fn rsh(host: &str, command: &[String]) -> Result<i32, VmError> {
+    if command.is_empty() {
+        return Err(VmError::Usage("vm rsh: no command".into()));
+    }
+    let ip = match host.strip_prefix("vm").and_then(|i| i.parse::<usize>().ok()) {
+        Some(i) => net::guest_ip(i),
+        None => host.to_owned(),
+    };
+    let cwd = std::env::current_dir().map_or_else(|_| "/".to_string(), |d| d.display().to_string());
+    let spec = RankSpec {
+        rank: 0,
+        argv: vec!["/bin/sh".into(), "-c".into(), command.join(" ")],
+        env: std::env::vars().collect(),
+        cwd,
+    };
+    let req = serde_json::json!({"cmd": "run", "job": "rsh", "ranks": [spec.to_json()]});
+    let io = |e: std::io::Error| VmError::Io(format!("vm rsh: the agent at {ip}:{AGENT_PORT} ({e})"));
+    let mut s = TcpStream::connect((ip.as_str(), AGENT_PORT)).map_err(io)?;
+    s.write_all(format!("{req}\n").as_bytes()).map_err(io)?;
+    let mut code = 255;
+    loop {
+        match Frame::read_from(&mut s).map_err(io)? {
+            Some(Frame::Stdout(_, d)) => {
+                let mut o = std::io::stdout().lock();
+                let _ = o.write_all(&d);
+                let _ = o.flush();
+            }
+            Some(Frame::Stderr(_, d)) => {
+                let _ = std::io::stderr().write_all(&d);
+            }
+            Some(Frame::Exit(_, c)) => code = c,
+            Some(Frame::SpawnFailed(_, m)) => {
+                eprintln!("vm rsh: {m}");
+                code = 127;
+            }
+            Some(Frame::Started(..)) => {}
+            Some(Frame::Done) | None => return Ok(code),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

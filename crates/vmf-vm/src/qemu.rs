@@ -211,7 +211,7 @@ fn probe_kvm(qemu: &Path, img: &Image, dir: &Path) -> (Accel, String) {
             if ok(&out) {
                 break (Accel::Kvm, "a KVM guest booted to /init".to_string());
             }
-            let last = err.lines().filter(|l| !l.trim().is_empty()).last().unwrap_or("").to_owned();
+            let last = err.lines().rfind(|l| !l.trim().is_empty()).unwrap_or("").to_owned();
             break (Accel::Tcg, format!("QEMU under KVM exited ({st}) before /init ran: {last}"));
         }
         if Instant::now() > deadline {

@@ -117,6 +117,15 @@ enum VmCmd {
         /// The guest.
         vm: String,
     },
+    /// Run a command in a guest through its agent, as rsh would (for launchers inside the guests, e.g.
+    /// Open MPI's `--mca plm_rsh_agent "vmfabric vm rsh"`).
+    Rsh {
+        /// The guest: its address or vmN.
+        host: String,
+        /// The command.
+        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+        command: Vec<String>,
+    },
     /// The guest agent (PID 1 of a guest; started by its /init).
     #[command(hide = true)]
     Agent {
@@ -244,6 +253,10 @@ pub fn run(a: VmArgs) -> i32 {
                 }
                 0
             }
+        },
+        VmCmd::Rsh { host, command } => match vmf_vm::job::rsh(&host, &command) {
+            Ok(c) => c,
+            Err(e) => fail(e),
         },
         VmCmd::Unplug { vm } => plug(&vm, false),
         VmCmd::Plug { vm } => plug(&vm, true),

@@ -1125,6 +1125,24 @@ impl TcpTransport {
                         return self.poll_peer(peer, place);
                     }
                 }
+                if hdr.kind == Kind::Data as u8 && b_len > 0 && avail < fixed {
+                    // A rendezvous DATA frame (up to TCP_CHUNK, larger than any buffered frame) whose
+                    // fixed part is still arriving (a slow link splits even its first bytes): read on
+                    // before deciding where its payload goes.
+                    let c = self.conns[peer].as_mut().unwrap();
+                    if c.rx.len() - c.rx_start < fixed {
+                        c.rx.copy_within(c.rx_start..c.rx_end, 0);
+                        c.rx_end -= c.rx_start;
+                        c.rx_start = 0;
+                        if c.rx.len() < fixed {
+                            c.rx.resize(fixed, 0);
+                        }
+                    }
+                    if attempt == 1 || !self.fill(peer)? {
+                        return Ok(None);
+                    }
+                    continue;
+                }
                 if FRAME_HDR + len > self.cfg.max_frame + FRAME_HDR + HDR_SIZE + 64 {
                     return Err(TransportError::Corrupt {
                         peer,
@@ -1747,6 +1765,51 @@ mod tests {
         }
         assert!(ga && gb);
         assert!(ra == db && rb == da);
+    }
+
+    /// A rendezvous DATA frame far above the buffered-frame limit whose fixed part arrives split (a slow
+    /// link, e.g. between TCG guests) is still placed, not taken for an oversized frame.
+    #[test]
+    fn data_frame_with_split_fixed_part_is_placed() {
+        let mut a = TcpTransport::new(0, 2, cfg(7)).unwrap();
+        let mut small = cfg(7);
+        small.max_frame = 64 << 10;
+        let mut b = TcpTransport::new(1, 2, small).unwrap();
+        let (aa, ba) = (a.local_addr(), b.local_addr());
+        a.set_peer_addr(1, ba);
+        b.set_peer_addr(0, aa);
+        let h = PktHeader::new(Kind::Eager, 0, 0, 0, 0, 1);
+        send_all(&mut a, &mut b, 1, &h, b"1");
+        recv_one(&mut b);
+        let n = 256 << 10;
+        let a_part = [7u8; 16];
+        let body: Vec<u8> = (0..n).map(|i| (i % 253) as u8).collect();
+        let mut f = Vec::new();
+        f.extend_from_slice(&((HDR_SIZE + a_part.len() + n) as u32).to_le_bytes());
+        f.extend_from_slice(&(a_part.len() as u16).to_le_bytes());
+        f.extend_from_slice(&[0, 0]);
+        f.extend_from_slice(PktHeader::new(Kind::Data, 0, 0, 0, 0, n as u64).as_bytes());
+        f.extend_from_slice(&a_part);
+        f.extend_from_slice(&body);
+        let split = FRAME_HDR + HDR_SIZE + 5; // inside the a-part
+        let c = a.conns[1].as_mut().unwrap();
+        (&c.stream).write_all(&f[..split]).unwrap();
+        let mut dst = vec![0u8; n];
+        let p = dst.as_mut_ptr();
+        for _ in 0..1000 {
+            assert!(b.poll_placed(&mut |_, _, _| Some(p)).unwrap().is_none());
+        }
+        (&c.stream).write_all(&f[split..]).unwrap();
+        let mut got = false;
+        for _ in 0..1_000_000 {
+            if let Some(i) = b.poll_placed(&mut |_, _, _| Some(p)).unwrap() {
+                assert_eq!(i.placed, n);
+                b.release(i);
+                got = true;
+                break;
+            }
+        }
+        assert!(got && dst == body);
     }
 
     #[test]
