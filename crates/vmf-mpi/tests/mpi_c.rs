@@ -1574,10 +1574,20 @@ fn mpich_built_programs_run_across_qemu_guests() {
         o
     };
     let bin = |p: &str| s.build.join("mpich").join(p).display().to_string();
+    // Booting is retried once when a guest's kernel died on the way (seen once under TCG on a loaded
+    // machine); the failure is printed, and a second one fails the test.
+    let up = |args: &[&str]| {
+        let o = vm(args, &[]);
+        if !o.status.success() && String::from_utf8_lossy(&o.stderr).contains("did not boot") {
+            eprintln!("note: a guest did not boot, retrying once: {}", show(&o));
+            return ok(vm(args, &[]), "vm up: 2 guests");
+        }
+        ok(o, "vm up: 2 guests")
+    };
     vm(&["down"], &[]);
 
     // Two guests sharing one ivshmem region.
-    ok(vm(&["up", "--vms", "2"], &[]), "vm up: 2 guests");
+    up(&["up", "--vms", "2"]);
     let ls = ok(vm(&["ls", "--json"], &[]), "guests");
     let v: serde_json::Value = serde_json::from_slice(&ls.stdout).unwrap();
     for g in v["guests"].as_array().unwrap() {
@@ -1645,7 +1655,7 @@ fn mpich_built_programs_run_across_qemu_guests() {
     ok(vm(&["down"], &[]), "2 guests stopped");
 
     // Guests that share no region: 2 ranks in each share their own guest's, and talk TCP across.
-    ok(vm(&["up", "--vms", "2", "--vms-per-group", "1"], &[]), "vm up: 2 guests");
+    up(&["up", "--vms", "2", "--vms-per-group", "1"]);
     ok(vm(&["run", "-n", "4", "--ranks-per-vm", "2", &bin("coll_all")], &[]), "PASS");
     let info = ok(vm(&["run", "-n", "4", "--ranks-per-vm", "2", "--quiet", "vmfabric", "info"], &[]), "rank 0");
     assert!(String::from_utf8_lossy(&info.stdout).contains(": channels 0:self 1:shm 2:tcp 3:tcp"));

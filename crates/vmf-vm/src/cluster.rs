@@ -120,6 +120,26 @@ pub fn request(ip: &str, req: &serde_json::Value, timeout: Duration) -> Result<s
     serde_json::from_str(l.trim()).map_err(|e| VmError::Protocol(format!("agent answer {l:?} ({e})")))
 }
 
+/// The line of a console log that says why the guest's kernel stopped, with the faulting process.
+fn panic_line(p: &Path) -> Option<String> {
+    let s = std::fs::read_to_string(p).ok()?;
+    let pick = |pat: &str| s.lines().find(|l| l.contains(pat)).map(|l| l.trim().to_owned());
+    let why = pick("Kernel panic").or_else(|| pick("BUG:")).or_else(|| pick("segfault"))?;
+    Some(match pick("segfault").or_else(|| pick("traps:")) {
+        Some(f) if f != why => format!("{why} | {f}"),
+        _ => why,
+    })
+}
+
+/// Keep a failed guest's console (the state directory goes with the teardown); where it went.
+fn keep_console(p: &Path, name: &str) -> String {
+    let dst = cache_dir().join(format!("failed-boot-{name}.console"));
+    match std::fs::create_dir_all(cache_dir()).and_then(|()| std::fs::copy(p, &dst)) {
+        Ok(_) => format!(" (whole console: {})", dst.display()),
+        Err(_) => String::new(),
+    }
+}
+
 fn tail(p: &Path, lines: usize) -> String {
     let s = std::fs::read_to_string(p).unwrap_or_default();
     let v: Vec<&str> = s
@@ -266,10 +286,11 @@ impl Cluster {
                 let (spec, t0) = &started[i];
                 if let Ok(Some(st)) = self.children[i].try_wait() {
                     return Err(VmError::Boot(format!(
-                        "VM {} did not boot: QEMU exited ({st}): {} | console: {}",
+                        "VM {} did not boot: QEMU exited ({st}): {} | console: {}{}",
                         spec.name,
                         tail(&spec.log(), 3),
-                        tail(&spec.console(), 3)
+                        panic_line(&spec.console()).unwrap_or_else(|| tail(&spec.console(), 3)),
+                        keep_console(&spec.console(), &spec.name)
                     )));
                 }
                 if std::fs::read_to_string(spec.console()).is_ok_and(|s| s.contains("vmfabric-guest: FAILED")) {
@@ -288,12 +309,14 @@ impl Cluster {
             if !pending.is_empty() {
                 if Instant::now() > deadline {
                     let names: Vec<String> = pending.iter().map(|&i| self.guests[i].name.clone()).collect();
+                    let c = started[pending[0]].0.console();
                     return Err(VmError::Boot(format!(
-                        "VM {} did not boot within {:?} ({}); console: {}",
+                        "VM {} did not boot within {:?} ({}); console: {}{}",
                         names.join(", "),
                         o.boot_timeout,
                         self.accel.name(),
-                        tail(&started[pending[0]].0.console(), 3)
+                        tail(&c, 3),
+                        keep_console(&c, &started[pending[0]].0.name)
                     )));
                 }
                 std::thread::sleep(Duration::from_millis(100));
