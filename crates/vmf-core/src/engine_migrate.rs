@@ -201,6 +201,12 @@ pub fn region_source(dir: &std::path::Path) -> std::result::Result<RegionSource,
 }
 
 struct NsGuard(Option<std::fs::File>);
+impl Drop for NsGuard {
+    // Any early return before the move completes leaves the rank in its old namespace.
+    fn drop(&mut self) {
+        self.restore();
+    }
+}
 impl NsGuard {
     fn restore(&mut self) {
         if let Some(f) = self.0.take() {
@@ -349,13 +355,9 @@ impl Engine {
             if let Some(tcp) = self.tcp.as_mut() {
                 let job = vmf_transport::shm::region::job_hash(&ctx.job);
                 if same_ns {
-                    // The doorbell's name is bound once per namespace: the new transport takes the
-                    // socket over (peers ring the same name whichever transport reads it).
+                    // The doorbell's name is bound once per namespace: the new transport takes the old
+                    // one's socket when it replaces it (below); until then the old one keeps it.
                     addr = Some(tcp.rebind(spec.ip).map_err(|e| mig_err(me, e))?);
-                    match self.shm.as_mut().and_then(|o| o.take_socket_doorbell()) {
-                        Some(s) => t.adopt_socket_doorbell(s, job),
-                        None => t.enable_socket_doorbell(job).map_err(|e| mig_err(me, e))?,
-                    }
                 } else {
                     t.enable_socket_doorbell(job).map_err(|e| mig_err(me, e))?;
                     addr = Some(tcp.rebind(spec.ip).map_err(|e| mig_err(me, e))?);
@@ -416,7 +418,15 @@ impl Engine {
         self.wait_until(Op::Progress, |e| {
             e.peers.iter().all(|p| p.pending.is_empty())
         })?;
-        let old = self.shm.replace(new_shm);
+        let mut old = self.shm.replace(new_shm);
+        if same_ns && self.tcp.is_some() {
+            let job = vmf_transport::shm::region::job_hash(&self.mig_ctx.as_ref().unwrap().job);
+            let new = self.shm.as_mut().unwrap();
+            match old.as_mut().and_then(|o| o.take_socket_doorbell()) {
+                Some(s) => new.adopt_socket_doorbell(s, job),
+                None => new.enable_socket_doorbell(job).map_err(|e| mig_err(me, e))?,
+            }
+        }
         // The old transport's doorbell socket closes with it: out of the TCP wait set (the next sleep
         // names the new one).
         if let Some(t) = self.tcp.as_mut() {

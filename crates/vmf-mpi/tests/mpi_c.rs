@@ -1593,6 +1593,15 @@ fn mpich_built_programs_run_across_qemu_guests() {
     for g in v["guests"].as_array().unwrap() {
         assert_eq!(g["agent"]["ivshmem"][0]["size"], 256 << 20, "{g}");
     }
+    // The agent runs nothing for a caller without the host's token (any host user reaches its port).
+    {
+        use std::io::{BufRead, Write};
+        let mut c = std::net::TcpStream::connect("10.79.0.10:7070").unwrap();
+        c.write_all(b"{\"cmd\":\"run\",\"ranks\":[{\"rank\":0,\"argv\":[\"true\"],\"env\":[],\"cwd\":\"/\"}]}\n").unwrap();
+        let mut l = String::new();
+        std::io::BufReader::new(c).read_line(&mut l).unwrap();
+        assert!(l.contains("no or wrong token"), "{l}");
+    }
     for p in ["p2p_basic", "coll_all", "rma"] {
         ok(vm(&["run", "-n", "4", "--ranks-per-vm", "2", &bin(p)], &[]), "PASS");
     }

@@ -56,6 +56,10 @@ pub fn ivshmem_devices_in(root: &Path) -> Vec<IvshmemDevice> {
             {
                 return None;
             }
+            // Just after a hot-plug the device's directory appears before its resource files.
+            if !d.join("resource2").exists() {
+                return None;
+            }
             let b = bars(&d);
             let size = b.get(2).map_or(0, |&(s, e)| if e > s { e - s + 1 } else { 0 });
             let doorbell = b.get(1).is_some_and(|&(s, e)| e > s);
@@ -87,6 +91,7 @@ mod tests {
         std::fs::write(d.join("vendor"), vendor).unwrap();
         std::fs::write(d.join("device"), device).unwrap();
         std::fs::write(d.join("resource"), resource).unwrap();
+        std::fs::write(d.join("resource2"), "").unwrap();
     }
 
     #[test]

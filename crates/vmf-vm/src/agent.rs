@@ -51,38 +51,56 @@ fn my_ip() -> Option<String> {
 /// time; per rank its answer. Ok only when every rank moved.
 fn move_ranks(host: usize) -> Result<Vec<(u32, String)>, String> {
     use std::io::Read as _;
-    let mut g = CTLS.lock().unwrap_or_else(|p| p.into_inner());
-    g.sort_by_key(|c| c.rank);
+    // Work on clones of the sockets: the table's lock is not held while ranks move (their exits and a
+    // new job's starts take it).
+    let mut snap: Vec<(u32, i32, std::os::unix::net::UnixStream, bool)> = {
+        let g = CTLS.lock().unwrap_or_else(|p| p.into_inner());
+        g.iter()
+            .filter_map(|c| Some((c.rank, c.pid, c.sock.try_clone().ok()?, c.ready)))
+            .collect()
+    };
+    snap.sort_by_key(|c| c.0);
+    let still = |pid: i32| CTLS.lock().unwrap_or_else(|p| p.into_inner()).iter().any(|c| c.pid == pid);
     let mut out = Vec::new();
     let mut bad = None;
-    for c in g.iter_mut() {
-        if !c.ready {
+    for (rank, pid, sock, ready) in snap.iter_mut() {
+        let (rank, pid) = (*rank, *pid);
+        if !*ready {
             // The rank writes `ready` once its SIGUSR2 handler is in place.
-            let _ = c.sock.set_read_timeout(Some(Duration::from_secs(30)));
+            let _ = sock.set_read_timeout(Some(Duration::from_secs(30)));
             let mut b = [0u8; 6];
-            c.ready = c.sock.read_exact(&mut b).is_ok() && &b == b"ready\n";
-            if !c.ready {
-                bad.get_or_insert(format!("rank {} has not initialised the fabric", c.rank));
+            *ready = sock.read_exact(&mut b).is_ok() && &b == b"ready\n";
+            if !*ready {
+                if still(pid) {
+                    bad.get_or_insert(format!("rank {rank} has not initialised the fabric"));
+                }
                 continue;
             }
+            if let Some(c) = CTLS.lock().unwrap_or_else(|p| p.into_inner()).iter_mut().find(|c| c.pid == pid) {
+                c.ready = true;
+            }
         }
-        if c.sock.write_all(format!("migrate {host}\n").as_bytes()).is_err() {
-            bad.get_or_insert(format!("rank {} does not answer", c.rank));
+        if !still(pid) {
+            continue; // it ended meanwhile (its pid may be reused: never signal it)
+        }
+        if sock.write_all(format!("migrate {host}\n").as_bytes()).is_err() {
+            bad.get_or_insert(format!("rank {rank} does not answer"));
             continue;
         }
-        // SAFETY: signalling a rank this agent started and has not reaped.
-        unsafe { libc::kill(c.pid, libc::SIGUSR2) };
-        let _ = c.sock.set_read_timeout(Some(Duration::from_secs(120)));
+        // SAFETY: signalling a rank this agent started and has not reaped (checked just above; the
+        // reaper removes a rank from the table before it reports its end).
+        unsafe { libc::kill(pid, libc::SIGUSR2) };
+        let _ = sock.set_read_timeout(Some(Duration::from_secs(120)));
         let mut line = Vec::new();
         let mut b = [0u8; 1];
-        while c.sock.read_exact(&mut b).is_ok() && b[0] != b'\n' {
+        while sock.read_exact(&mut b).is_ok() && b[0] != b'\n' {
             line.push(b[0]);
         }
         let reply = String::from_utf8_lossy(&line).trim().to_owned();
-        if !reply.starts_with("ok") {
-            bad.get_or_insert(format!("rank {}: {reply}", c.rank));
+        if !reply.starts_with("ok") && still(pid) {
+            bad.get_or_insert(format!("rank {rank}: {reply}"));
         }
-        out.push((c.rank, reply));
+        out.push((rank, reply));
     }
     match bad {
         Some(b) => Err(b),
@@ -92,6 +110,13 @@ fn move_ranks(host: usize) -> Result<Vec<(u32, String)>, String> {
 
 /// Run the agent (never returns on success when PID 1: the guest powers off).
 pub fn run(port: u16, name: &str) -> Result<(), VmError> {
+    // The host's state directory (where its token is), as the host named it on our command line.
+    if let Some(d) = std::fs::read_to_string("/proc/cmdline")
+        .ok()
+        .and_then(|c| c.split_whitespace().find_map(|w| w.strip_prefix("vmf_state=").map(str::to_owned)))
+    {
+        std::env::set_var("VMF_VM_DIR", d);
+    }
     let l = TcpListener::bind(("0.0.0.0", port))
         .map_err(|e| VmError::Setup(format!("the agent cannot listen on port {port} ({e})")))?;
     eprintln!("vmfabric-guest: {name}: agent listening on port {port}");
@@ -112,24 +137,41 @@ pub fn run(port: u16, name: &str) -> Result<(), VmError> {
 }
 
 /// Reap every child (and, as PID 1, every orphan); tell the job that started it.
+///
+/// A child whose `exec` fails is waited for by `Command::spawn` itself, which panics if someone else
+/// reaped it first. So the reaper only peeks (`waitid` with `WNOWAIT`), then takes the lock the spawner
+/// holds from fork until it has recorded the pid, and only then reaps: by that time a failed spawn has
+/// collected its child (the reap finds nothing) and a successful one has registered it.
 fn reaper(children: Reaped) {
     loop {
-        let mut st = 0;
-        // SAFETY: waitpid with a valid status pointer.
-        let pid = unsafe { libc::waitpid(-1, &mut st, 0) };
-        if pid <= 0 {
+        // SAFETY: a zeroed siginfo_t is a valid out-parameter for waitid.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: waitid with a valid siginfo pointer.
+        let rc = unsafe { libc::waitid(libc::P_ALL, 0, &mut info, libc::WEXITED | libc::WNOWAIT) };
+        if rc != 0 {
             std::thread::sleep(Duration::from_millis(20));
             continue;
         }
+        // SAFETY: waitid filled `info` for a child that changed state.
+        let pid = unsafe { info.si_pid() };
+        let map = children.lock().unwrap_or_else(|p| p.into_inner());
+        // Out of the control table before its pid can be reused.
+        CTLS.lock().unwrap_or_else(|p| p.into_inner()).retain(|c| c.pid != pid);
+        let mut st = 0;
+        // SAFETY: waitpid with a valid status pointer; WNOHANG: it may already be gone (a failed spawn).
+        if unsafe { libc::waitpid(pid, &mut st, libc::WNOHANG) } != pid {
+            continue;
+        }
+        // An exit status, or minus the signal that killed it.
         let code = if libc::WIFEXITED(st) {
             libc::WEXITSTATUS(st)
         } else if libc::WIFSIGNALED(st) {
-            128 + libc::WTERMSIG(st)
+            -libc::WTERMSIG(st)
         } else {
             continue;
         };
-        // The spawner holds this lock from fork until it has recorded the pid.
-        if let Some(tx) = children.lock().unwrap_or_else(|p| p.into_inner()).remove(&pid) {
+        let mut map = map;
+        if let Some(tx) = map.remove(&pid) {
             let _ = tx.send((pid, code));
         }
     }
@@ -148,6 +190,14 @@ fn serve(s: TcpStream, children: &Reaped, name: &str) -> Result<(), VmError> {
     let req: serde_json::Value = serde_json::from_str(line.trim())
         .map_err(|e| VmError::Protocol(format!("bad request {:?} ({e})", line.trim())))?;
     let mut w = s;
+    // The token of the host that booted us (read per request: `vm down` and `vm up` make a new one).
+    match crate::proto::token() {
+        Some(t) if req.get("token").and_then(|v| v.as_str()) == Some(t.as_str()) => {}
+        _ => {
+            let _ = reply(&mut w, serde_json::json!({"error": "no or wrong token"}));
+            return Err(VmError::Protocol("a request without the host's token was refused".into()));
+        }
+    }
     match req.get("cmd").and_then(|c| c.as_str()).unwrap_or("") {
         "info" => reply(&mut w, info(name)).map_err(io),
         "poweroff" => {
@@ -177,7 +227,9 @@ fn serve(s: TcpStream, children: &Reaped, name: &str) -> Result<(), VmError> {
                 .and_then(|v| v.as_array())
                 .and_then(|a| a.iter().map(RankSpec::from_json).collect::<Option<Vec<_>>>())
                 .ok_or_else(|| VmError::Protocol("run request without valid ranks".into()))?;
-            run_ranks(r, w, ranks, children)
+            // `vm rsh` commands are not ranks of a job that moves with the region.
+            let failover = req.get("failover").and_then(|v| v.as_bool()).unwrap_or(true);
+            run_ranks(r, w, ranks, children, failover)
         }
         c => reply(&mut w, serde_json::json!({"error": format!("unknown command {c:?}")})).map_err(io),
     }
@@ -283,6 +335,7 @@ fn run_ranks(
     w: TcpStream,
     ranks: Vec<RankSpec>,
     children: &Reaped,
+    failover: bool,
 ) -> Result<(), VmError> {
     // The host's root is mounted with 9p's loose cache (fast starts); a program rebuilt on the host
     // since this guest last read it would be seen half old, half new. Nothing of a job runs between
@@ -304,7 +357,7 @@ fn run_ranks(
         // A control socket and the hosts table, when this guest has an ivshmem region to leave.
         let mut ctl: Option<(std::os::unix::net::UnixStream, std::os::fd::OwnedFd)> = None;
         let mut extra: Vec<(String, String)> = Vec::new();
-        if let (false, Some(ip)) = (vmf_pal::pci::ivshmem_devices().is_empty(), my_ip()) {
+        if let (true, false, Some(ip)) = (failover, vmf_pal::pci::ivshmem_devices().is_empty(), my_ip()) {
             if let Ok((ours, theirs)) = std::os::unix::net::UnixStream::pair() {
                 let _ = std::fs::create_dir_all(LOCAL_DIR);
                 let fd: std::os::fd::OwnedFd = theirs.into();
@@ -429,5 +482,9 @@ fn run_ranks(
         left -= 1;
     }
     send(Frame::Done);
+    // No rank left in this guest: the region files ranks made in its own memory (failover) go too.
+    if CTLS.lock().unwrap_or_else(|p| p.into_inner()).is_empty() {
+        let _ = std::fs::remove_dir_all(LOCAL_DIR);
+    }
     Ok(())
 }

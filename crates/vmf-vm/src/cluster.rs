@@ -100,6 +100,27 @@ pub struct Cluster {
     torn_down: bool,
 }
 
+/// An exclusive lock for booting and tearing down guests (`/run/vmfabric-vm.lock`), held until dropped.
+fn global_lock() -> Result<std::fs::File, VmError> {
+    let p = Path::new("/run/vmfabric-vm.lock");
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(p)
+        .map_err(|e| VmError::Setup(format!("cannot open {} ({e})", p.display())))?;
+    // SAFETY: flock on a descriptor we own; released when the file is closed.
+    if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&f), libc::LOCK_EX) } != 0 {
+        return Err(VmError::Setup(format!("cannot lock {}", p.display())));
+    }
+    Ok(f)
+}
+
+/// True while the QEMU process `pid` runs (checked by its command line, not just the pid).
+pub fn qemu_alive(pid: i32) -> bool {
+    alive(pid)
+}
+
 fn alive(pid: i32) -> bool {
     pid > 0
         && std::fs::read(format!("/proc/{pid}/cmdline"))
@@ -114,7 +135,7 @@ pub fn request(ip: &str, req: &serde_json::Value, timeout: Duration) -> Result<s
     let io = |e: std::io::Error| VmError::Io(format!("the agent at {addr}: {e}"));
     let mut s = TcpStream::connect_timeout(&addr, timeout.min(Duration::from_secs(2))).map_err(io)?;
     s.set_read_timeout(Some(timeout)).map_err(io)?;
-    s.write_all(format!("{req}\n").as_bytes()).map_err(io)?;
+    s.write_all(format!("{}\n", proto::with_token(req)).as_bytes()).map_err(io)?;
     let mut l = String::new();
     BufReader::new(s).read_line(&mut l).map_err(io)?;
     serde_json::from_str(l.trim()).map_err(|e| VmError::Protocol(format!("agent answer {l:?} ({e})")))
@@ -175,14 +196,18 @@ impl Cluster {
             ));
         }
         let dir = state_dir();
-        match Self::attach() {
-            Ok(_) => {
+        // One boot or teardown at a time on this machine: the bridge, taps and ivshmem files have
+        // fixed names.
+        let _lock = global_lock()?;
+        match Self::load(&dir) {
+            Some(c) if c.guests.iter().any(|g| alive(g.pid)) => {
                 return Err(VmError::Setup(format!(
-                    "guests are already running (state in {}): `vmfabric vm ls` shows them, `vmfabric vm down` stops them",
-                    dir.display()
+                    "guests are already running (state in {}){}: `vmfabric vm ls` shows them, `vmfabric vm down` stops them",
+                    dir.display(),
+                    if c.persistent { "" } else { ", booted by another `vmfabric vm run`" }
                 )))
             }
-            Err(_) => Self::clean_leftovers(),
+            _ => Self::clean_leftovers_locked(),
         }
         let qemu = qemu::binary()?;
         let cache = cache_dir();
@@ -190,6 +215,23 @@ impl Cluster {
         let (accel, accel_why) = qemu::accel(&qemu, &img, &cache)?;
         std::fs::create_dir_all(&dir)
             .map_err(|e| VmError::Setup(format!("cannot create {} ({e})", dir.display())))?;
+        let mut t = [0u8; 16];
+        std::fs::File::open("/dev/urandom")
+            .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut t))
+            .map_err(|e| VmError::Setup(format!("no random numbers ({e})")))?;
+        let token: String = t.iter().map(|b| format!("{b:02x}")).collect();
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(proto::token_path())
+                .map_err(|e| VmError::Setup(format!("cannot write the guests' token ({e})")))?;
+            f.write_all(token.as_bytes())
+                .map_err(|e| VmError::Setup(format!("cannot write the guests' token ({e})")))?;
+        }
         let agent = std::env::current_exe()
             .map_err(|e| VmError::Setup(format!("cannot find the vmfabric executable ({e})")))?;
         let per = if o.vms_per_group == 0 { o.vms } else { o.vms_per_group };
@@ -208,7 +250,7 @@ impl Cluster {
         };
         let res = c.start(o, &qemu, &img, &agent, per);
         if let Err(e) = res {
-            c.teardown();
+            c.teardown_locked();
             return Err(e);
         }
         Ok(c)
@@ -392,17 +434,24 @@ impl Cluster {
                 g.name, g.pid
             )));
         }
-        let mut c = c;
-        // Another process owns them: never tear them down on drop.
-        c.persistent = true;
+        if !c.persistent {
+            return Err(VmError::Setup(
+                "the guests running were booted by another `vmfabric vm run` for its own job; wait for it (or `vmfabric vm down`)".into(),
+            ));
+        }
         Ok(c)
     }
 
     /// Remove what a crashed run left (QEMU processes recorded in the state file, taps, files).
     pub fn clean_leftovers() {
+        let _lock = global_lock();
+        Self::clean_leftovers_locked();
+    }
+
+    fn clean_leftovers_locked() {
         let dir = state_dir();
         if let Some(mut c) = Self::load(&dir) {
-            c.teardown();
+            c.teardown_locked();
         } else {
             net::down(net::MAX_VMS);
             let _ = std::fs::remove_dir_all(&dir);
@@ -505,6 +554,15 @@ impl Cluster {
 
     /// Power the guests off (QEMU killed if they do not within 3 s) and remove the network and files.
     pub fn teardown(&mut self) {
+        if self.torn_down {
+            return;
+        }
+        let _lock = global_lock();
+        self.teardown_locked();
+    }
+
+    /// [`Self::teardown`] by a caller that holds the global lock.
+    fn teardown_locked(&mut self) {
         if self.torn_down {
             return;
         }

@@ -77,11 +77,21 @@ impl Write for Replay {
     }
 }
 
+/// How a rank ended, from the agent's `Exit` code (an exit status, or minus the signal that killed it).
 fn describe(code: i32) -> String {
-    if code > 128 {
-        format!("was killed by signal {} ({})", code - 128, vmf_launch::signals::name(code - 128))
+    if code < 0 {
+        format!("was killed by signal {} ({})", -code, vmf_launch::signals::name(-code))
     } else {
         format!("exited with status {code}")
+    }
+}
+
+/// The status a command reports for that end (128 + signal, as shells do).
+fn status(code: i32) -> i32 {
+    if code < 0 {
+        128 - code
+    } else {
+        code
     }
 }
 
@@ -231,7 +241,7 @@ pub fn run(c: &Cluster, o: &JobOptions) -> Result<i32, VmError> {
                 RankSpec { rank: r as u32, argv: argv.clone(), env, cwd: cwd.clone() }.to_json()
             })
             .collect();
-        let req = serde_json::json!({"cmd": "run", "job": job, "ranks": ranks});
+        let req = crate::proto::with_token(&serde_json::json!({"cmd": "run", "job": job, "ranks": ranks}));
         let io = |e: std::io::Error| VmError::Io(format!("cannot reach the agent of {} ({e})", g.name));
         let mut s = TcpStream::connect((g.ip.as_str(), AGENT_PORT)).map_err(io)?;
         let _ = s.set_nodelay(true);
@@ -324,7 +334,15 @@ pub fn run(c: &Cluster, o: &JobOptions) -> Result<i32, VmError> {
         }
         let ev = match rx.recv_timeout(Duration::from_millis(50)) {
             Ok(e) => e,
-            Err(mpsc::RecvTimeoutError::Timeout) => continue,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                // A guest that went away (powered off, crashed) closes nothing: look at its QEMU.
+                match c.guests.iter().enumerate().find(|(vi, g)| {
+                    !done[*vi] && writers[*vi].is_some() && !crate::cluster::qemu_alive(g.pid)
+                }) {
+                    Some((vi, g)) => Ev::AgentGone(vi, format!("its QEMU (pid {}) is gone", g.pid)),
+                    None => continue,
+                }
+            }
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
         };
         match ev {
@@ -341,7 +359,7 @@ pub fn run(c: &Cluster, o: &JobOptions) -> Result<i32, VmError> {
                     print(r, 0, &[], &mut partial, true);
                     print(r, 1, &[], &mut partial, true);
                     if code != 0 {
-                        fail(&mut failure, code, format!("rank {r} (in VM {}) {}", c.guests[vi].name, describe(code)), &mut kill_at, &mut writers);
+                        fail(&mut failure, status(code), format!("rank {r} (in VM {}) {}", c.guests[vi].name, describe(code)), &mut kill_at, &mut writers);
                     }
                 }
                 Frame::SpawnFailed(r, m) if (r as usize) < o.np && !exited[r as usize] => {
@@ -373,10 +391,16 @@ pub fn run(c: &Cluster, o: &JobOptions) -> Result<i32, VmError> {
         }
     }
     kvs.shutdown("the job ended");
-    drop(writers);
-    // Every rank is gone: let the next job initialise the groups' regions afresh.
-    if let Err(e) = release_regions(c) {
-        eprintln!("vmfabric: warning: {e}");
+    // Our ranks are gone: close the agents' connections (they kill whatever is left), and when no other
+    // job shares the guests let the next job initialise the groups' regions afresh.
+    for w in writers.iter().flatten() {
+        let _ = w.shutdown(std::net::Shutdown::Both);
+    }
+    if alone {
+        std::thread::sleep(Duration::from_millis(100));
+        if let Err(e) = release_regions(c) {
+            eprintln!("vmfabric: warning: {e}");
+        }
     }
     drop(lock);
     if !o.quiet {
@@ -409,10 +433,13 @@ pub fn rsh(host: &str, command: &[String]) -> Result<i32, VmError> {
     let spec = RankSpec {
         rank: 0,
         argv: vec!["/bin/sh".into(), "-c".into(), command.join(" ")],
-        env: std::env::vars().collect(),
+        env: std::env::vars_os()
+            .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+            .filter(|(k, _)| !NOT_FORWARDED.contains(&k.as_str()) && k != "VMF_JOB_ID")
+            .collect(),
         cwd,
     };
-    let req = serde_json::json!({"cmd": "run", "job": "rsh", "ranks": [spec.to_json()]});
+    let req = crate::proto::with_token(&serde_json::json!({"cmd": "run", "job": "rsh", "failover": false, "ranks": [spec.to_json()]}));
     let io = |e: std::io::Error| VmError::Io(format!("vm rsh: the agent at {ip}:{AGENT_PORT} ({e})"));
     let mut s = TcpStream::connect((ip.as_str(), AGENT_PORT)).map_err(io)?;
     s.write_all(format!("{req}\n").as_bytes()).map_err(io)?;
@@ -427,7 +454,7 @@ pub fn rsh(host: &str, command: &[String]) -> Result<i32, VmError> {
             Some(Frame::Stderr(_, d)) => {
                 let _ = std::io::stderr().write_all(&d);
             }
-            Some(Frame::Exit(_, c)) => code = c,
+            Some(Frame::Exit(_, c)) => code = status(c),
             Some(Frame::SpawnFailed(_, m)) => {
                 eprintln!("vm rsh: {m}");
                 code = 127;
@@ -454,6 +481,8 @@ mod tests {
     #[test]
     fn signal_statuses_are_described() {
         assert_eq!(describe(3), "exited with status 3");
-        assert!(describe(137).contains("SIGKILL"));
+        assert!(describe(-9).contains("SIGKILL"));
+        assert_eq!(describe(200), "exited with status 200");
+        assert_eq!((status(-9), status(200)), (137, 200));
     }
 }

@@ -7,9 +7,40 @@
 //! frames (below) until every rank it started has exited, then a `Done` frame; meanwhile the host may send
 //! lines `kill <signal>` (to every rank of the job). A connection closed by the host kills the ranks.
 //!
+//! Every request carries the cluster's `token` ([`token`]); the agent answers a request without it with
+//! an error and nothing else.
+//!
 //! A frame is `kind: u8`, `rank: u32 LE`, `len: u32 LE`, then `len` bytes. Frames are validated: an
 //! unknown kind or a length over [`MAX_FRAME`] is a protocol error, never a large allocation.
 use std::io::{Read, Write};
+
+/// The token every request carries: 32 hex digits made by the host when it boots the guests, kept in
+/// `<state dir>/token` (mode 0600; the guests read it through their 9p view of the host, never from
+/// the kernel command line, which any host user can read). Without it anyone able to reach a guest's
+/// address could run commands as root in it.
+pub fn token_path() -> std::path::PathBuf {
+    crate::cluster::state_dir().join("token")
+}
+
+/// The token, read on the host or, inside a guest, through the host's files under `/run/host`.
+pub fn token() -> Option<String> {
+    let p = token_path();
+    let host = std::path::Path::new(crate::agent::HOST_RW).join(p.strip_prefix("/").unwrap_or(&p));
+    [p, host]
+        .iter()
+        .find_map(|f| std::fs::read_to_string(f).ok())
+        .map(|t| t.trim().to_owned())
+        .filter(|t| t.len() == 32)
+}
+
+/// `req` with the token added.
+pub fn with_token(req: &serde_json::Value) -> serde_json::Value {
+    let mut r = req.clone();
+    if let (Some(o), Some(t)) = (r.as_object_mut(), token()) {
+        o.insert("token".into(), serde_json::Value::String(t));
+    }
+    r
+}
 
 /// Largest frame payload.
 pub const MAX_FRAME: u32 = 1 << 20;

@@ -88,12 +88,13 @@ impl GuestSpec {
 pub fn command(qemu: &Path, img: &Image, accel: Accel, g: &GuestSpec) -> Command {
     let mut c = Command::new(qemu);
     let append = format!(
-        "console=ttyS0 quiet panic=-1 vmf_ip={}/{} vmf_port={} vmf_name={} vmf_agent={}",
+        "console=ttyS0 quiet panic=-1 vmf_ip={}/{} vmf_port={} vmf_name={} vmf_agent={} vmf_state={}",
         crate::net::guest_ip(g.index),
         crate::net::PREFIX,
         crate::proto::AGENT_PORT,
         g.name,
-        g.agent.display()
+        g.agent.display(),
+        g.dir.display()
     );
     c.args(["-name", &g.name, "-machine", "q35", "-nodefaults", "-no-user-config"])
         .args(["-display", "none", "-no-reboot"]);
