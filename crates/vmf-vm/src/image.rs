@@ -1,8 +1,9 @@
 //! The guest's boot image: Debian's kernel from /boot and an initramfs made here (a static busybox, the
 //! kernel modules the guest needs and an `/init` script). `/init` loads the modules, mounts the host's root
 //! read-only over 9p (so the guest runs the host's own vmfabric and MPI programs), a second, writable 9p
-//! view of the host under `/run/host` (from which the agent binds the job's working directory), sets up
-//! the network and hands over to `vmfabric vm agent` as PID 1.
+//! view of the host under `/run/host` (from which the agent binds the job's working directory; the
+//! host's /tmp is bound over the guest's, since builds and programs may live there), sets up the
+//! network and hands over to `vmfabric vm agent` as PID 1.
 //!
 //! The image is cached under the cache directory, keyed by the kernel release and a hash of what went in.
 use crate::VmError;
@@ -32,10 +33,11 @@ mount -t devtmpfs dev /newroot/dev || fail "no /dev"
 mkdir -p /newroot/dev/shm /newroot/dev/pts
 mount -t tmpfs -o mode=1777 shm /newroot/dev/shm
 mount -t devpts devpts /newroot/dev/pts
-mount -t tmpfs -o mode=1777 tmp /newroot/tmp || fail "no /tmp"
 mount -t tmpfs run /newroot/run || fail "no /run"
 mkdir -p /newroot/run/host
 mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 hostrw /newroot/run/host || fail "cannot mount the host's files read-write over 9p"
+# The host's /tmp, writable: programs, libraries and vmfabric itself may live there (a build in /tmp).
+mount -o bind /newroot/run/host/tmp /newroot/tmp || fail "cannot bind the host's /tmp"
 ip link set lo up
 ip addr add "$vmf_ip" dev eth0 || fail "no eth0 (virtio-net) for $vmf_ip"
 ip link set eth0 up
