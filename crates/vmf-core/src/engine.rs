@@ -968,20 +968,6 @@ impl Engine {
         self.pool_copies
     }
 
-    /// The error that ended this rank's part in the job, if one did.
-    pub fn fatal_error(&self) -> Option<Error> {
-        self.fatal.clone()
-    }
-
-    /// True when a peer's stream was found corrupt: the job cannot go on (that peer may wait for ever
-    /// for what this rank will never take), so leaving must not wait for the others either.
-    pub fn stream_corrupt(&self) -> bool {
-        matches!(
-            self.fatal,
-            Some(Error::Transport { source: vmf_transport::TransportError::Corrupt { .. }, .. })
-        )
-    }
-
     /// True if this rank may move between regions (started on emulated hosts).
     pub fn may_migrate(&self) -> bool {
         self.mig_ctx.is_some()

@@ -737,16 +737,7 @@ impl Fabric {
             return Ok(());
         }
         // Even after an error the rank leaves the job in an orderly way (PMI fence + finalize), so the
-        // launcher can tell a rank that reported an error from one that vanished; except after a corrupt
-        // stream, where the peer may wait for ever and never reach the fence: then leave at once (the
-        // launcher sees this rank end with its error and stops the job).
-        if self.eng.get().stream_corrupt() {
-            return Err(self.eng.get().fatal_error().unwrap_or(Error::Setup {
-                rank: self.rank,
-                op: Op::Finalize,
-                why: "a peer's stream was corrupt".into(),
-            }));
-        }
+        // launcher can tell a rank that reported an error from one that vanished.
         let flushed = self.eng.get().flush();
         let fin = |e: vmf_pmi::PmiError| Error::Setup {
             rank: self.rank,
