@@ -1557,6 +1557,18 @@ fn mpich_built_programs_run_across_qemu_guests() {
             .output()
             .unwrap()
     };
+    // A `vmfabric vm` command left running in the background, its output piped.
+    let vm_spawn = |args: &[&str]| {
+        Command::new(s.rel.join("vmfabric"))
+            .arg("vm")
+            .args(args)
+            .env("LD_LIBRARY_PATH", &s.libdir)
+            .current_dir(&work)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
     let show = |o: &Output| {
         format!(
             "status {}\n{}\n{}",
@@ -1620,14 +1632,7 @@ fn mpich_built_programs_run_across_qemu_guests() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("exited with status 3"), "{}", show(&o));
     assert!(String::from_utf8_lossy(&o.stderr).contains("(in VM vm"), "{}", show(&o));
     // A job while another holds the region: refused with a clear message; the holder is unharmed.
-    let mut holder = Command::new(s.rel.join("vmfabric"))
-        .args(["vm", "run", "-n", "2", "--quiet", &bin("hold"), "20"])
-        .env("LD_LIBRARY_PATH", &s.libdir)
-        .current_dir(&work)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut holder = vm_spawn(&["run", "-n", "2", "--quiet", &bin("hold"), "20"]);
     let mut hout = std::io::BufReader::new(holder.stdout.take().unwrap());
     let mut line = String::new();
     std::io::BufRead::read_line(&mut hout, &mut line).unwrap();
@@ -1642,16 +1647,7 @@ fn mpich_built_programs_run_across_qemu_guests() {
     // Failover: a guest's ivshmem device is unplugged under a sequence-checked stream (its ranks move
     // to TCP first) and plugged back (they return), in both guests; nothing lost, duplicated, reordered.
     let stop = work.join("stop");
-    let stream = Command::new(s.rel.join("vmfabric"))
-        .args(["vm", "run", "-n", "4", "--ranks-per-vm", "2", "--quiet", &bin("migstress")])
-        .arg(&stop)
-        .arg("200")
-        .env("LD_LIBRARY_PATH", &s.libdir)
-        .current_dir(&work)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let stream = vm_spawn(&["run", "-n", "4", "--ranks-per-vm", "2", "--quiet", &bin("migstress"), &stop.display().to_string(), "200"]);
     std::thread::sleep(std::time::Duration::from_secs(3));
     for g in ["vm0", "vm1", "vm0"] {
         let o = ok(vm(&["unplug", g], &[]), "ranks off the region");

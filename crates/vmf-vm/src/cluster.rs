@@ -118,10 +118,6 @@ fn global_lock() -> Result<std::fs::File, VmError> {
 
 /// True while the QEMU process `pid` runs (checked by its command line, not just the pid).
 pub fn qemu_alive(pid: i32) -> bool {
-    alive(pid)
-}
-
-fn alive(pid: i32) -> bool {
     pid > 0
         && std::fs::read(format!("/proc/{pid}/cmdline"))
             .is_ok_and(|c| String::from_utf8_lossy(&c).contains("qemu-system"))
@@ -200,7 +196,7 @@ impl Cluster {
         // fixed names.
         let _lock = global_lock()?;
         match Self::load(&dir) {
-            Some(c) if c.guests.iter().any(|g| alive(g.pid)) => {
+            Some(c) if c.guests.iter().any(|g| qemu_alive(g.pid)) => {
                 return Err(VmError::Setup(format!(
                     "guests are already running (state in {}){}: `vmfabric vm ls` shows them, `vmfabric vm down` stops them",
                     dir.display(),
@@ -428,7 +424,7 @@ impl Cluster {
         let dir = state_dir();
         let c = Self::load(&dir)
             .ok_or_else(|| VmError::Setup("no guests are up (vmfabric vm up starts them)".into()))?;
-        if let Some(g) = c.guests.iter().find(|g| !alive(g.pid)) {
+        if let Some(g) = c.guests.iter().find(|g| !qemu_alive(g.pid)) {
             return Err(VmError::Setup(format!(
                 "guest {} (QEMU pid {}) is no longer running; `vmfabric vm down` cleans up",
                 g.name, g.pid
@@ -575,7 +571,7 @@ impl Cluster {
             loop {
                 let gone = match self.children.get_mut(i) {
                     Some(c) => c.try_wait().map_or(true, |s| s.is_some()),
-                    None => !alive(g.pid),
+                    None => !qemu_alive(g.pid),
                 };
                 if gone {
                     break;
