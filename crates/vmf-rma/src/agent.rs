@@ -62,8 +62,23 @@ pub struct Creds {
     pub rank: u32,
 }
 
+/// A service other layers register with the agent ([`Agent::add_service`]): requests of kind
+/// [`Kind::Service`] naming it are handed to [`Service::call`] on the agent's thread (or the rank's thread
+/// serving inline), in arrival order per connection. The minitransactions' two-phase commit is one.
+///
+/// A call must not block: the agent serves every window and service of the process from one thread.
+pub trait Service: Send + Sync {
+    /// Serve operation `op` with `data`, arriving on connection `session` (an id unique within this
+    /// agent); append the answer's bytes to `out`. A status other than [`Status::Ok`] is answered with no
+    /// bytes (what `out` holds is then dropped).
+    fn call(&self, session: u64, op: u8, data: &[u8], out: &mut Vec<u8>) -> Status;
+    /// Connection `session` has closed (the origin left or died): forget what it held.
+    fn closed(&self, session: u64);
+}
+
 struct Shared {
     wins: Mutex<HashMap<u64, Target>>,
+    services: Mutex<HashMap<u64, Arc<dyn Service>>>,
     next: AtomicU64,
     stop: AtomicBool,
     served: AtomicU64,
@@ -121,6 +136,17 @@ pub fn engine_idle(at: IdleAt) {
     }
 }
 
+impl Shared {
+    /// Tell every service that connection `key` has gone.
+    fn session_closed(&self, key: u64) {
+        let svcs: Vec<Arc<dyn Service>> =
+            self.services.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
+        for s in svcs {
+            s.closed(key);
+        }
+    }
+}
+
 impl std::fmt::Debug for Agent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Agent({})", self.addr)
@@ -157,6 +183,7 @@ impl Agent {
         }
         let shared = Arc::new(Shared {
             wins: Mutex::new(HashMap::new()),
+            services: Mutex::new(HashMap::new()),
             next: AtomicU64::new(1),
             stop: AtomicBool::new(false),
             served: AtomicU64::new(0),
@@ -215,6 +242,16 @@ impl Agent {
             .remove(&id);
     }
 
+    /// Serve `svc` under id `id` (replacing a service of that id).
+    pub fn add_service(&self, id: u64, svc: Arc<dyn Service>) {
+        self.shared.services.lock().unwrap_or_else(|e| e.into_inner()).insert(id, svc);
+    }
+
+    /// Stop serving service `id`.
+    pub fn remove_service(&self, id: u64) {
+        self.shared.services.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+    }
+
     /// Requests served so far.
     pub fn served(&self) -> u64 {
         self.shared.served.load(Ordering::Relaxed)
@@ -250,6 +287,8 @@ enum HsState {
 
 struct Conn {
     s: TcpStream,
+    /// The connection's key (also the session id services see).
+    key: u64,
     state: HsState,
     started: Instant,
     inb: Vec<u8>,
@@ -384,6 +423,7 @@ impl Server {
                         key,
                         Conn {
                             s,
+                            key,
                             state: HsState::Hello,
                             started: Instant::now(),
                             inb: Vec::new(),
@@ -403,6 +443,8 @@ impl Server {
             epoll_ctl(self.epoll, libc::EPOLL_CTL_DEL, c.s.as_raw_fd(), 0, key);
             if !matches!(c.state, HsState::Open) {
                 self.sh.refused.fetch_add(1, Ordering::Relaxed);
+            } else {
+                self.sh.session_closed(key);
             }
         }
     }
@@ -460,6 +502,9 @@ impl Server {
             epoll_ctl(self.epoll, libc::EPOLL_CTL_DEL, c.s.as_raw_fd(), 0, key);
             if !open || !ok {
                 self.sh.refused.fetch_add(1, Ordering::Relaxed);
+            }
+            if open {
+                self.sh.session_closed(key);
             }
             return worked;
         }
@@ -533,7 +578,7 @@ impl Server {
                         .ok_or(())?;
                     let data = &avail[REQ_HDR + runs_len..total];
                     let flags = if inline { 0 } else { crate::wire::RESP_BY_AGENT_THREAD };
-                    execute(&self.sh, &h, &self.runs, data, &mut c.out, &mut self.tmp, flags)?;
+                    execute(&self.sh, c.key, &h, &self.runs, data, &mut c.out, &mut self.tmp, flags)?;
                     self.sh.served.fetch_add(1, Ordering::Relaxed);
                     *worked = true;
                     pos += total;
@@ -616,8 +661,10 @@ fn flush(c: &mut Conn) -> bool {
 
 /// Execute one request and append its response to `out`. `Err` for a request that is malformed in a way
 /// that makes the rest of the stream untrustworthy.
+#[allow(clippy::too_many_arguments)]
 fn execute(
     sh: &Shared,
+    session: u64,
     h: &ReqHeader,
     runs: &[Run],
     data: &[u8],
@@ -636,6 +683,25 @@ fn execute(
     };
     if kind == Kind::Flush {
         resp(out, Status::Ok, 0);
+        return Ok(());
+    }
+    if kind == Kind::Service {
+        if h.nruns != 0 || data.len() as u64 != h.data_len {
+            return Err(());
+        }
+        let svc = sh.services.lock().unwrap_or_else(|e| e.into_inner()).get(&h.win).cloned();
+        let Some(svc) = svc else {
+            resp(out, Status::NoWin, 0);
+            return Ok(());
+        };
+        tmp.clear();
+        let st = svc.call(session, h.op, data, tmp);
+        if st == Status::Ok {
+            resp(out, st, tmp.len() as u64);
+            out.extend_from_slice(tmp);
+        } else {
+            resp(out, st, 0);
+        }
         return Ok(());
     }
     let wins = sh.wins.lock().unwrap_or_else(|e| e.into_inner());
@@ -720,7 +786,7 @@ fn execute(
         }
         Kind::Lock => resp(out, t.try_lock(h.flags & FLAG_EXCL != 0), 0),
         Kind::Unlock => resp(out, t.unlock(h.flags & FLAG_EXCL != 0), 0),
-        Kind::Flush => unreachable!(),
+        Kind::Flush | Kind::Service => unreachable!(),
     }
     Ok(())
 }

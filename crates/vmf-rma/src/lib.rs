@@ -43,6 +43,7 @@ pub mod layout;
 pub mod ldouble;
 mod native;
 pub mod reduce;
+pub mod service;
 mod sock;
 pub mod window;
 pub mod wire;

@@ -32,6 +32,9 @@ pub enum Kind {
     Unlock = 7,
     /// Answered once every earlier request of the connection is done (remote completion).
     Flush = 8,
+    /// A request for a service registered with the agent ([`crate::agent::Service`]): `win` names the
+    /// service, `op` its operation, `data` its payload; no runs. The response carries what it answers.
+    Service = 9,
 }
 
 impl Kind {
@@ -46,6 +49,7 @@ impl Kind {
             6 => Kind::Lock,
             7 => Kind::Unlock,
             8 => Kind::Flush,
+            9 => Kind::Service,
             _ => return None,
         })
     }
