@@ -35,6 +35,7 @@ const PROGRAMS: &[&str] = &[
     "intercomm",
     "ulfm",
     "mtx",
+    "mtx_bank",
     "pcoll",
     "shm_pool",
     "mpi4_extras",
@@ -127,7 +128,7 @@ fn setup() -> &'static Setup {
                 let src = root.join(format!("mpi/tests/{p}.c"));
                 let mut c = Command::new(&cc);
                 c.arg("-O1").arg("-Werror=implicit-function-declaration");
-                let mtx = *p == "mtx";
+                let mtx = p.starts_with("mtx");
                 if mtx {
                     // As vmfabric/mtx.h says: -I$(vmfabric info --incdir) ... -L$(vmfabric info --libdir) -lvmfabric.
                     c.arg(format!("-I{}", rel.join("include").display()));
@@ -884,7 +885,20 @@ fn intercomm_create_merge_p2p_and_collectives_work() {
 fn mtx_c_api_minitransactions_and_barriers_work() {
     semantic("mtx");
     semantic_wide("mtx");
-    on_two_hosts(&setup().build.join("ours").join("mtx"), 3, &["remote"], "PASS mtx remote");
+    for kind in builds() {
+        on_two_hosts(&setup().build.join(kind).join("mtx"), 3, &["remote"], "PASS mtx remote");
+    }
+}
+
+/// The bank of issue 25: random transfers between accounts on every rank's memory node, audited while
+/// they run; on one host (atomics only) and with memory nodes on two emulated hosts (two-phase commits
+/// over TCP), built by us and by `mpicc.mpich`.
+#[test]
+fn mtx_bank_keeps_its_total_on_one_host_and_across_hosts() {
+    for kind in builds() {
+        run_ok("vmfabric", kind, "mtx_bank", 4);
+        on_two_hosts(&setup().build.join(kind).join("mtx_bank"), 4, &["200"], "PASS mtx_bank");
+    }
 }
 
 /// Issue 25's application: bench/c/particles.c (a FLUIDS-style particle simulation in shared memory with one

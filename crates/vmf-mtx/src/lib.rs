@@ -31,11 +31,13 @@
 //! commits wait for it to fall before taking any lock, so no commit starves forever.
 mod barrier;
 mod cond;
+pub mod dist;
 mod shared;
 mod store;
 
 pub use barrier::{Barrier, BarrierKind};
 pub use cond::{Cond, CondKind};
+pub use dist::{DistMtx, DistStore, GroupInfo, StoreService};
 pub use shared::{WaitKind, MAX_PARTICIPANTS};
 pub use store::{Mode, Mtx, Outcome, Store, StoreOptions, STARVE_AFTER};
 
@@ -64,6 +66,9 @@ pub enum Error {
     /// A minitransaction touches more stripes or writes more bytes than one commit can hold.
     #[error("the minitransaction is too large: {0}")]
     TooLarge(String),
+    /// A memory node on another host could not be reached, or its host answered wrongly.
+    #[error("a remote memory node failed: {0}")]
+    Remote(String),
 }
 
 /// Result type of this crate.

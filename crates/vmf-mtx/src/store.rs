@@ -53,6 +53,9 @@ const RECOVERING: u64 = 2;
 const IDLE: u64 = 0;
 const LOCKING: u64 = 1;
 const COMMITTING: u64 = 2;
+/// Locked, compared and logged, waiting for the coordinator's decision (a remote memory node's part of a
+/// two-phase commit). A recoverer treats it as LOCKING: the writes were not applied, none are.
+const PREPARED: u64 = 3;
 
 /// Test hook: a commit calls `_exit(9)` at this point (1: all locks taken; 2: log written and COMMITTING
 /// set, no write applied; 3: the first write applied). 0: never. For crash-safety tests only.
@@ -113,7 +116,7 @@ pub enum Outcome {
 
 /// A store attached by this process, holding one participant slot until dropped.
 pub struct Store {
-    seg: Segment,
+    seg: std::sync::Arc<Segment>,
     /// Start of the mapping (`seg` keeps it mapped) and its validated length: the hot paths address
     /// words and node bytes from here with their own bounds checks, no division.
     base: *mut u8,
@@ -253,7 +256,7 @@ impl Store {
         let lease_ns = r(H_LEASE_MS).clamp(1, 3_600_000) * 1_000_000;
         let base = seg.ptr(0, total).map_err(|e| Error::Corrupt(e.to_string()))?;
         let mut s = Store {
-            seg,
+            seg: std::sync::Arc::new(seg),
             base,
             total,
             node_span: round_up(node_bytes, 64),
@@ -268,6 +271,32 @@ impl Store {
             slots_off,
             data_off,
             kernel: vmf_pal::process::kernel_id(),
+            me: usize::MAX,
+        };
+        s.me = s.claim_slot()?;
+        Ok(s)
+    }
+
+    /// Another attachment to the same store (same mapping) holding a participant slot of its own: a
+    /// process that takes part in several commits at once (a memory node serving prepared transactions of
+    /// several coordinators) uses one per commit in flight, since locks are tagged by slot.
+    pub fn another(&self) -> Result<Store> {
+        let mut s = Store {
+            seg: self.seg.clone(),
+            base: self.base,
+            total: self.total,
+            node_span: self.node_span,
+            nodes: self.nodes,
+            node_bytes: self.node_bytes,
+            stripe_shift: self.stripe_shift,
+            stripes: self.stripes,
+            nslots: self.nslots,
+            lease_ns: self.lease_ns,
+            lease_tsc: AtomicU64::new(0),
+            locks_off: self.locks_off,
+            slots_off: self.slots_off,
+            data_off: self.data_off,
+            kernel: self.kernel,
             me: usize::MAX,
         };
         s.me = s.claim_slot()?;
@@ -688,6 +717,11 @@ pub struct Mtx {
     /// [`Store::identity`] of the store every item was checked against (zeros: none yet, or items of two
     /// stores): the lean commit path trusts the items' bounds only for that store.
     bound: (usize, usize, u64),
+    /// Locks held (the first `held` of `keys`) and whether this commit raised the turnstile: between
+    /// [`Mtx::prepare`] and [`Mtx::finish`].
+    held: usize,
+    raised: bool,
+    prepared: bool,
 }
 
 impl Mtx {
@@ -787,10 +821,103 @@ impl Mtx {
     /// compares, apply the writes through the slot's redo log, unlock.
     pub fn commit(&mut self, store: &Store, mode: Mode) -> Result<Outcome> {
         self.failed = None;
+        if self.prepared {
+            return Err(Error::InvalidArgument("the minitransaction is prepared: finish it first".into()));
+        }
         let sh = store.stripe_shift;
         if let Some(r) = self.commit_one_stripe(store, mode, sh) {
             return r;
         }
+        // A lone aligned write of at most 8 bytes is one atomic store: no log needed.
+        let single = match self.writes.as_slice() {
+            [w] => {
+                let n = w.len;
+                n.is_power_of_two() && n <= 8 && w.offset % n == 0
+            }
+            _ => false,
+        };
+        if let Some(o) = self.lock_all(store, mode, !single, false)? {
+            return Ok(o);
+        }
+        crash_point(1);
+        if let Some(o) = self.compare_or_release(store)? {
+            return Ok(o);
+        }
+        if single {
+            let w = &self.writes[0];
+            let p = store.data(w.node, w.offset as u64, w.len as u64)?;
+            // SAFETY: aligned to its power-of-two size (checked above), in bounds; one atomic store, so a
+            // crash leaves it written or not.
+            unsafe { atomic_store(p, self.bytes(w)) };
+        } else if !self.writes.is_empty() {
+            // The redo log, then COMMITTING, then the writes: a recoverer replays exactly these.
+            if let Err(e) = self.write_log(store) {
+                self.release(store);
+                return Err(e);
+            }
+            store.slot_word(store.me, S_PHASE).store(COMMITTING, Ordering::Release);
+            crash_point(2);
+            self.apply(store)?;
+        }
+        self.release(store);
+        Ok(Outcome::Committed)
+    }
+
+    /// The first phase of a two-phase commit, as a memory node runs it for a remote coordinator: lock the
+    /// stripes, fill the reads, check the compares and, if they hold, write the redo log and keep the
+    /// locks (`Ok(Committed)`: the vote yes); [`Mtx::finish`] then applies or drops the writes. A
+    /// compare that fails or (in `Try` mode) a held lock releases everything at once. `urgent` raises the
+    /// store's turnstile for this commit (a coordinator that has retried past [`STARVE_AFTER`]): local
+    /// commits then let it through first; it is lowered by `finish` or by the failure.
+    pub fn prepare(&mut self, store: &Store, mode: Mode, urgent: bool) -> Result<Outcome> {
+        self.failed = None;
+        if self.prepared {
+            return Err(Error::InvalidArgument("the minitransaction is already prepared".into()));
+        }
+        if let Some(o) = self.lock_all(store, mode, true, urgent)? {
+            return Ok(o);
+        }
+        if let Some(o) = self.compare_or_release(store)? {
+            return Ok(o);
+        }
+        if !self.writes.is_empty() {
+            if let Err(e) = self.write_log(store) {
+                self.release(store);
+                return Err(e);
+            }
+        }
+        store.slot_word(store.me, S_PHASE).store(PREPARED, Ordering::Release);
+        self.prepared = true;
+        Ok(Outcome::Committed)
+    }
+
+    /// Is this minitransaction prepared (between [`Mtx::prepare`] and [`Mtx::finish`])?
+    pub fn is_prepared(&self) -> bool {
+        self.prepared
+    }
+
+    /// The second phase: apply the logged writes (`commit`) or drop them, and release the locks.
+    pub fn finish(&mut self, store: &Store, commit: bool) -> Result<()> {
+        if !self.prepared {
+            return Err(Error::InvalidArgument("the minitransaction is not prepared".into()));
+        }
+        self.prepared = false;
+        if commit && !self.writes.is_empty() {
+            store.slot_word(store.me, S_PHASE).store(COMMITTING, Ordering::Release);
+            if let Err(e) = self.apply(store) {
+                self.release(store);
+                return Err(e);
+            }
+        }
+        self.release(store);
+        Ok(())
+    }
+
+    /// Take every lock the items need, in order (`Ok(None)`: all held, in `self.held`), after checking
+    /// sizes (`logged`: the writes go through the log, which must hold them). `Ok(Some(LockFailed))`:
+    /// nothing is held.
+    fn lock_all(&mut self, store: &Store, mode: Mode, logged: bool, urgent: bool) -> Result<Option<Outcome>> {
+        let sh = store.stripe_shift;
         // The stripes, sorted: one global order.
         self.keys.clear();
         for it in self.compares.iter().chain(&self.reads).chain(&self.writes) {
@@ -804,27 +931,27 @@ impl Mtx {
         if self.keys.len() > MAX_LOCKS {
             return Err(Error::TooLarge(format!("{} stripes (at most {MAX_LOCKS})", self.keys.len())));
         }
-        // A lone aligned write of at most 8 bytes is one atomic store: no log needed.
-        let single = match self.writes.as_slice() {
-            [w] => {
-                let n = w.len;
-                n.is_power_of_two() && n <= 8 && w.offset % n == 0
-            }
-            _ => false,
-        };
-        if !self.writes.is_empty() && !single && self.log_bytes() > LOG_BYTES {
+        if logged && !self.writes.is_empty() && self.log_bytes() > LOG_BYTES {
             return Err(Error::TooLarge(format!(
                 "{} bytes of writes and record headers (the log holds {LOG_BYTES})",
                 self.log_bytes()
             )));
         }
         let me = store.me;
-        if let Some(o) = store.enter_commit(mode)? {
-            return Ok(o);
+        let tag = me as u64 + 1;
+        let mut wait = Wait::default();
+        if urgent {
+            match store.hdr(H_URGENT).compare_exchange(0, tag, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => wait.raised = true,
+                Err(u) if u == tag => {}
+                Err(_) => return Ok(Some(Outcome::LockFailed)),
+            }
+            store.renew_lease();
+        } else if let Some(o) = store.enter_commit(mode)? {
+            return Ok(Some(o));
         }
         store.slot_word(me, S_PHASE).store(LOCKING, Ordering::Relaxed);
         let mut got = 0;
-        let mut wait = Wait::default();
         while got < self.keys.len() {
             let key = self.keys[got];
             // Intent first: a recoverer releases only words that hold our tag.
@@ -834,7 +961,7 @@ impl Mtx {
                 Ok(true) => got += 1,
                 Ok(false) => {
                     self.unlock(store, got, wait.raised);
-                    return Ok(Outcome::LockFailed);
+                    return Ok(Some(Outcome::LockFailed));
                 }
                 Err(e) => {
                     self.unlock(store, got, wait.raised);
@@ -842,55 +969,62 @@ impl Mtx {
                 }
             }
         }
-        let raised = wait.raised;
-        crash_point(1);
+        self.held = got;
+        self.raised = wait.raised;
+        Ok(None)
+    }
+
+    /// Under the locks: reads and compares; a failing compare (or an error) releases everything.
+    fn compare_or_release(&mut self, store: &Store) -> Result<Option<Outcome>> {
         match self.read_and_compare(store) {
-            Ok(None) => {}
+            Ok(None) => Ok(None),
             Ok(Some(i)) => {
-                self.unlock(store, got, raised);
-                return Ok(Outcome::CompareFailed(i));
+                self.release(store);
+                Ok(Some(Outcome::CompareFailed(i)))
             }
             Err(e) => {
-                self.unlock(store, got, raised);
-                return Err(e);
+                self.release(store);
+                Err(e)
             }
         }
-        if single {
-            let w = &self.writes[0];
-            let p = store.data(w.node, w.offset as u64, w.len as u64)?;
-            // SAFETY: aligned to its power-of-two size (checked above), in bounds; one atomic store, so a
-            // crash leaves it written or not.
-            unsafe { atomic_store(p, self.bytes(w)) };
-        } else if !self.writes.is_empty() {
-            // The redo log, then COMMITTING, then the writes: a recoverer replays exactly these.
-            let base = store.slots_off + me as u64 * SLOT_SIZE + S_LOG;
-            let log = store.seg.ptr(base, LOG_BYTES as u64).map_err(|e| Error::Corrupt(e.to_string()))?;
-            let mut p = 0usize;
-            for w in &self.writes {
-                let mut h = [0u8; 16];
-                h[..4].copy_from_slice(&(w.node as u32).to_le_bytes());
-                h[4..8].copy_from_slice(&(w.len as u32).to_le_bytes());
-                h[8..].copy_from_slice(&(w.offset as u64).to_le_bytes());
-                // SAFETY: log_bytes() <= LOG_BYTES (checked above), so every record fits.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(h.as_ptr(), log.add(p), 16);
-                    std::ptr::copy_nonoverlapping(self.arena.as_ptr().add(w.at), log.add(p + 16), w.len);
-                }
-                p = round_up((p + 16 + w.len) as u64, 8) as usize;
+    }
+
+    /// Write the redo log of the write items into this process's slot (sizes checked by `lock_all`).
+    fn write_log(&self, store: &Store) -> Result<()> {
+        let base = store.slots_off + store.me as u64 * SLOT_SIZE + S_LOG;
+        let log = store.seg.ptr(base, LOG_BYTES as u64).map_err(|e| Error::Corrupt(e.to_string()))?;
+        let mut p = 0usize;
+        for w in &self.writes {
+            let mut h = [0u8; 16];
+            h[..4].copy_from_slice(&(w.node as u32).to_le_bytes());
+            h[4..8].copy_from_slice(&(w.len as u32).to_le_bytes());
+            h[8..].copy_from_slice(&(w.offset as u64).to_le_bytes());
+            // SAFETY: log_bytes() <= LOG_BYTES (checked by lock_all), so every record fits.
+            unsafe {
+                std::ptr::copy_nonoverlapping(h.as_ptr(), log.add(p), 16);
+                std::ptr::copy_nonoverlapping(self.arena.as_ptr().add(w.at), log.add(p + 16), w.len);
             }
-            store.slot_word(me, S_LOGLEN).store(p as u64, Ordering::Release);
-            store.slot_word(me, S_PHASE).store(COMMITTING, Ordering::Release);
-            crash_point(2);
-            for w in &self.writes {
-                let d = store.data(w.node, w.offset as u64, w.len as u64)?;
-                // SAFETY: checked; locked by us.
-                unsafe { std::ptr::copy_nonoverlapping(self.arena.as_ptr().add(w.at), d, w.len) };
-                crash_point(3);
-            }
-            std::sync::atomic::fence(Ordering::Release);
+            p = round_up((p + 16 + w.len) as u64, 8) as usize;
         }
-        self.unlock(store, got, raised);
-        Ok(Outcome::Committed)
+        store.slot_word(store.me, S_LOGLEN).store(p as u64, Ordering::Release);
+        Ok(())
+    }
+
+    /// Apply the write items (under the locks, after COMMITTING).
+    fn apply(&self, store: &Store) -> Result<()> {
+        for w in &self.writes {
+            let d = store.data(w.node, w.offset as u64, w.len as u64)?;
+            // SAFETY: checked; locked by us.
+            unsafe { std::ptr::copy_nonoverlapping(self.arena.as_ptr().add(w.at), d, w.len) };
+            crash_point(3);
+        }
+        std::sync::atomic::fence(Ordering::Release);
+        Ok(())
+    }
+
+    /// Release what `lock_all` took.
+    fn release(&self, store: &Store) {
+        self.unlock(store, self.held, self.raised);
     }
 
     /// The fast path: every item in one stripe and at most one write that is a single atomic store. The

@@ -4,9 +4,10 @@
 //! `vmf_store_create(comm, bytes, &store)` makes one store whose memory node `r` belongs to rank `r` of
 //! `comm`: rank 0 creates the file in the region directory, every rank attaches, and rank 0 unlinks it once
 //! all have (the mapping lives on; a job that dies leaves no file). `vmf_store_open(path, &store)` attaches
-//! to a persistent store made by `vmfabric mtx create`. Memory nodes reached over TCP (ranks of `comm` on
-//! other hosts) need the two-phase commit, not built yet: `vmf_store_create` then fails with
-//! `VMF_ERR_REMOTE`.
+//! to a persistent store made by `vmfabric mtx create`. When ranks of `comm` are on several hosts, each
+//! host's ranks share a store holding their nodes (made the same way by the host's lowest rank, which
+//! also serves it to the other hosts through its one-sided agent), and commits that touch other hosts'
+//! nodes run the two-phase commit of `vmf_mtx::dist`.
 //!
 //! `vmf_barrier_create(comm, kind, &b)`: a shared barrier file when every rank of `comm` shares this
 //! host's memory; otherwise the barrier is an `MPI_Barrier` on a duplicate of `comm` (over the
@@ -22,10 +23,12 @@ use std::ffi::{c_char, c_int, c_void, CString};
 use std::path::PathBuf;
 use std::sync::Mutex;
 use vmf_core::Route;
-use vmf_mtx::{Barrier, Cond, Mode, Mtx, Outcome, Store, WaitKind};
+use vmf_mtx::{Barrier, Cond, DistMtx, DistStore, GroupInfo, Mode, Mtx, Outcome, Store, StoreService, WaitKind};
 
 /// MPI_INT (MPICH's handle).
 const MPI_INT: MPI_Datatype = 0x4c00_0405;
+/// MPI_BYTE (MPICH's handle).
+const MPI_BYTE: MPI_Datatype = 0x4c00_010d;
 
 pub const VMF_MTX_COMMITTED: c_int = 0;
 pub const VMF_MTX_COMPARE_FAILED: c_int = 1;
@@ -60,7 +63,7 @@ fn describe(code: c_int) -> &'static str {
         VMF_ERR_IO => "the store or barrier file could not be created or opened",
         VMF_ERR_NOSLOT => "no free participant slot in the store",
         VMF_ERR_TOOLARGE => "the minitransaction is too large",
-        VMF_ERR_REMOTE => "memory nodes on other hosts are not supported yet (two-phase commit over TCP)",
+        VMF_ERR_REMOTE => "a memory node on another host failed, or the object needs every rank on one host",
         VMF_ERR_MPI => "an MPI call failed",
         VMF_ERR_PEER => "a barrier or condition-variable participant (or the mutex holder) died",
         _ => "unknown vmfabric code",
@@ -86,6 +89,7 @@ fn from_mtx(e: vmf_mtx::Error) -> c_int {
         E::Corrupt(_) => VMF_ERR_CORRUPT,
         E::NoSlot(_) => VMF_ERR_NOSLOT,
         E::TooLarge(_) => VMF_ERR_TOOLARGE,
+        E::Remote(_) => VMF_ERR_REMOTE,
     };
     fail(code, e.to_string())
 }
@@ -93,13 +97,114 @@ fn from_mtx(e: vmf_mtx::Error) -> c_int {
 // ---------------------------------------------------------------- handles
 
 pub struct StoreH {
-    store: Store,
+    store: AnyStore,
     /// Ranks of the communicator (none for a store opened by path): collective free.
     comm: Option<MPI_Comm>,
+    /// The id of the service this rank registered with its agent (the home of its host's store).
+    service: Option<u64>,
 }
+
+/// A store on one host, or spread over hosts.
+pub enum AnyStore {
+    Local(Store),
+    Dist(DistStore),
+}
+
+/// A minitransaction of either kind of store.
+pub enum AnyTx {
+    Local(Mtx),
+    Dist(DistMtx),
+}
+
+fn mixed<T>() -> vmf_mtx::Result<T> {
+    Err(vmf_mtx::Error::InvalidArgument("a minitransaction used with another store".into()))
+}
+
+impl AnyStore {
+    fn nodes(&self) -> usize {
+        match self {
+            AnyStore::Local(s) => s.nodes(),
+            AnyStore::Dist(s) => s.nodes(),
+        }
+    }
+    fn node_bytes(&self) -> usize {
+        match self {
+            AnyStore::Local(s) => s.node_bytes(),
+            AnyStore::Dist(s) => s.node_bytes(),
+        }
+    }
+    fn begin(&self) -> AnyTx {
+        match self {
+            AnyStore::Local(s) => AnyTx::Local(s.begin()),
+            AnyStore::Dist(s) => AnyTx::Dist(s.begin()),
+        }
+    }
+}
+
+impl AnyTx {
+    fn compare(&mut self, s: &AnyStore, node: usize, off: usize, d: &[u8]) -> vmf_mtx::Result<()> {
+        match (self, s) {
+            (AnyTx::Local(t), AnyStore::Local(s)) => t.compare(s, node, off, d),
+            (AnyTx::Dist(t), AnyStore::Dist(s)) => t.compare(s, node, off, d),
+            _ => mixed(),
+        }
+    }
+    fn read(&mut self, s: &AnyStore, node: usize, off: usize, len: usize) -> vmf_mtx::Result<usize> {
+        match (self, s) {
+            (AnyTx::Local(t), AnyStore::Local(s)) => t.read(s, node, off, len),
+            (AnyTx::Dist(t), AnyStore::Dist(s)) => t.read(s, node, off, len),
+            _ => mixed(),
+        }
+    }
+    fn write(&mut self, s: &AnyStore, node: usize, off: usize, d: &[u8]) -> vmf_mtx::Result<()> {
+        match (self, s) {
+            (AnyTx::Local(t), AnyStore::Local(s)) => t.write(s, node, off, d),
+            (AnyTx::Dist(t), AnyStore::Dist(s)) => t.write(s, node, off, d),
+            _ => mixed(),
+        }
+    }
+    fn set_compare(&mut self, i: usize, d: &[u8]) -> vmf_mtx::Result<()> {
+        match self {
+            AnyTx::Local(t) => t.set_compare(i, d),
+            AnyTx::Dist(t) => t.set_compare(i, d),
+        }
+    }
+    fn set_write(&mut self, i: usize, d: &[u8]) -> vmf_mtx::Result<()> {
+        match self {
+            AnyTx::Local(t) => t.set_write(i, d),
+            AnyTx::Dist(t) => t.set_write(i, d),
+        }
+    }
+    fn commit(&mut self, s: &AnyStore, mode: Mode) -> vmf_mtx::Result<Outcome> {
+        match (self, s) {
+            (AnyTx::Local(t), AnyStore::Local(s)) => t.commit(s, mode),
+            (AnyTx::Dist(t), AnyStore::Dist(s)) => t.commit(s, mode),
+            _ => mixed(),
+        }
+    }
+    fn read_result(&self, i: usize) -> Option<&[u8]> {
+        match self {
+            AnyTx::Local(t) => t.read_result(i),
+            AnyTx::Dist(t) => t.read_result(i),
+        }
+    }
+    fn failed_item(&self) -> Option<usize> {
+        match self {
+            AnyTx::Local(t) => t.failed_item(),
+            AnyTx::Dist(t) => t.failed_item(),
+        }
+    }
+    fn reset(&mut self) {
+        match self {
+            AnyTx::Local(t) => t.reset(),
+            AnyTx::Dist(t) => t.reset(),
+        }
+    }
+}
+
 pub struct TxH {
     store: *mut StoreH,
-    tx: Mtx,
+    tx: AnyTx,
     /// Read items' destinations, filled at commit.
     outs: Vec<(usize, *mut c_void)>,
 }
@@ -177,6 +282,11 @@ fn co_resident(m: &[usize]) -> Result<bool, c_int> {
 
 /// Rank 0 makes a fresh name in `dir`; every rank learns it (collective). Returns the path.
 fn shared_name(comm: MPI_Comm, me: usize, dir: &std::path::Path, what: &str) -> Result<PathBuf, c_int> {
+    shared_name_id(comm, me, dir, what).map(|(p, _)| p)
+}
+
+/// [`shared_name`], and a 64-bit id drawn with it (the same at every rank).
+fn shared_name_id(comm: MPI_Comm, me: usize, dir: &std::path::Path, what: &str) -> Result<(PathBuf, u64), c_int> {
     let mut id = [0i32; 4];
     if me == 0 {
         let mut b = [0u8; 16];
@@ -191,7 +301,8 @@ fn shared_name(comm: MPI_Comm, me: usize, dir: &std::path::Path, what: &str) -> 
         return Err(fail(VMF_ERR_MPI, format!("MPI_Bcast of the {what} name failed ({rc})")));
     }
     let hex: String = id.iter().map(|v| format!("{:08x}", *v as u32)).collect();
-    Ok(dir.join(format!("vmf-{what}-{hex}")))
+    let num = (id[0] as u32 as u64) << 32 | id[1] as u32 as u64;
+    Ok((dir.join(format!("vmf-{what}-{hex}")), num))
 }
 
 /// MPI_Allreduce(MIN) of `ok`: did every rank succeed? (collective)
@@ -224,13 +335,16 @@ pub unsafe extern "C" fn vmf_store_create(comm: MPI_Comm, bytes: usize, store: *
     if bytes == 0 {
         return fail(VMF_ERR_ARG, "a store of 0 bytes per node");
     }
-    if !tri!(co_resident(&m)) {
-        // Collective agreement first, so every rank fails alike.
-        let _ = all_ok(comm, false);
-        return fail(VMF_ERR_REMOTE, format!("ranks of the communicator are on other hosts; {}", describe(VMF_ERR_REMOTE)));
-    }
-    if !tri!(all_ok(comm, true)) {
-        return fail(VMF_ERR_REMOTE, describe(VMF_ERR_REMOTE));
+    if !tri!(all_ok(comm, tri!(co_resident(&m)))) {
+        return match create_dist(comm, &m, me, &dir, bytes) {
+            Ok(h) => {
+                let h = Box::into_raw(Box::new(h));
+                register(K_STORE, h as usize);
+                *store = h;
+                VMF_MTX_COMMITTED
+            }
+            Err(c) => c,
+        };
     }
     let path = tri!(shared_name(comm, me, &dir, "mtx"));
     let opts = vmf_mtx::StoreOptions { slots: m.len().max(1) * 2 + 8, ..Default::default() };
@@ -253,7 +367,7 @@ pub unsafe extern "C" fn vmf_store_create(comm: MPI_Comm, bytes: usize, store: *
     }
     match (attached, everyone) {
         (Ok(s), Ok(true)) => {
-            let h = Box::into_raw(Box::new(StoreH { store: s, comm: Some(comm) }));
+            let h = Box::into_raw(Box::new(StoreH { store: AnyStore::Local(s), comm: Some(comm), service: None }));
             register(K_STORE, h as usize);
             *store = h;
             VMF_MTX_COMMITTED
@@ -261,6 +375,138 @@ pub unsafe extern "C" fn vmf_store_create(comm: MPI_Comm, bytes: usize, store: *
         (Err(e), _) => from_mtx(e),
         (Ok(_), Ok(false)) => fail(VMF_ERR_IO, "another rank could not attach to the store"),
         (Ok(_), Err(c)) => c,
+    }
+}
+
+/// Bytes of an agent address in the exchange: IPv6 (IPv4 mapped) and port.
+const ADDR_WIRE: usize = 18;
+
+/// `vmf_store_create` over ranks on several hosts (collective): each host's ranks share a store of their
+/// own nodes, made by the host's lowest rank (its *home*), which serves it to the other hosts through
+/// its one-sided agent; every rank learns every home's agent address.
+unsafe fn create_dist(comm: MPI_Comm, m: &[usize], me: usize, dir: &std::path::Path, bytes: usize) -> Result<StoreH, c_int> {
+    let (near, tcp, agent_spin, client_spin) = {
+        let _mt = crate::mt::enter();
+        let st = state().map_err(|e| fail(VMF_ERR_MPI, e.msg))?;
+        let e = st.fab.engine();
+        let near: Vec<bool> = m.iter().map(|&w| matches!(e.route(w), Route::Shm | Route::SelfLoop)).collect();
+        let ctx = vmf_rma::RmaCtx::from_engine(&e);
+        (near, ctx.tcp, ctx.agent_spin, ctx.client_spin)
+    };
+    // A host group is named by its lowest member; every rank learns every member's group.
+    let key = near.iter().position(|&x| x).unwrap_or(me) as c_int;
+    let mut keys = vec![0 as c_int; m.len()];
+    // SAFETY: one int out, m.len() ints in.
+    let rc = crate::coll::PMPI_Allgather(&key as *const c_int as *const c_void, 1, MPI_INT, keys.as_mut_ptr() as *mut c_void, 1, MPI_INT, comm);
+    if rc != MPI_SUCCESS {
+        return Err(fail(VMF_ERR_MPI, format!("MPI_Allgather of the host groups failed ({rc})")));
+    }
+    let mut heads: Vec<c_int> = keys.clone();
+    heads.sort_unstable();
+    heads.dedup();
+    let node_group: Vec<usize> = keys.iter().map(|k| heads.binary_search(k).unwrap()).collect();
+    let mine = node_group[me];
+    let home = key as usize == me;
+    let gsize = node_group.iter().filter(|&&g| g == mine).count();
+    let (base, id) = shared_name_id(comm, me, dir, "mtx")?;
+    let path = PathBuf::from(format!("{}-g{key}", base.display()));
+    // Each home makes its host's store: its own ranks' nodes, and slots for the transactions other
+    // hosts' ranks prepare there.
+    let opts = vmf_mtx::StoreOptions { slots: gsize * 2 + m.len() * 2 + 8, ..Default::default() };
+    let made = if home { Store::create(&path, gsize, bytes, &opts).map(Some) } else { Ok(None) };
+    if !all_ok(comm, made.is_ok())? {
+        return Err(match made {
+            Err(e) => from_mtx(e),
+            Ok(_) => fail(VMF_ERR_IO, "a host's lowest rank could not create its store"),
+        });
+    }
+    let attached = match made {
+        Ok(Some(s)) => Ok(s),
+        _ => Store::open(&path),
+    };
+    let everyone = all_ok(comm, attached.is_ok());
+    if home {
+        let _ = std::fs::remove_file(&path);
+    }
+    let local = match (attached, everyone?) {
+        (Ok(s), true) => s,
+        (Err(e), _) => return Err(from_mtx(e)),
+        (Ok(_), false) => return Err(fail(VMF_ERR_IO, "another rank could not attach to its host's store")),
+    };
+    // The agents: every rank may coordinate, homes serve.
+    let started = match tcp {
+        Some((ip, creds)) => vmf_rma::agent::Agent::get_or_start(ip, creds, agent_spin)
+            .map_err(|e| format!("unable to start the one-sided agent: {e}"))
+            .and_then(|a| {
+                if home {
+                    let svc = StoreService::new(local.another().map_err(|e| e.to_string())?, m.len() * 2 + 4);
+                    a.add_service(id, std::sync::Arc::new(svc));
+                }
+                Ok((a.addr(), creds))
+            }),
+        None => Err("this rank has no TCP transport (VMF_TCP=0?) to reach the other hosts".into()),
+    };
+    let mut mine_wire = [0u8; ADDR_WIRE];
+    if let Ok((addr, _)) = &started {
+        let ip = match addr.ip() {
+            std::net::IpAddr::V4(v) => v.to_ipv6_mapped(),
+            std::net::IpAddr::V6(v) => v,
+        };
+        mine_wire[..16].copy_from_slice(&ip.octets());
+        mine_wire[16..].copy_from_slice(&addr.port().to_le_bytes());
+    }
+    let all_started = all_ok(comm, started.is_ok())?;
+    let undo = |a: &Result<_, String>| {
+        if home && a.is_ok() {
+            if let Some(ag) = vmf_rma::agent::Agent::running() {
+                ag.remove_service(id);
+            }
+        }
+    };
+    if !all_started {
+        undo(&started);
+        return Err(match started {
+            Err(e) => fail(VMF_ERR_REMOTE, e),
+            Ok(_) => fail(VMF_ERR_REMOTE, "another rank could not start its one-sided agent"),
+        });
+    }
+    let mut wires = vec![0u8; ADDR_WIRE * m.len()];
+    let rc = crate::coll::PMPI_Allgather(mine_wire.as_ptr() as *const c_void, ADDR_WIRE as c_int, MPI_BYTE, wires.as_mut_ptr() as *mut c_void, ADDR_WIRE as c_int, MPI_BYTE, comm);
+    if rc != MPI_SUCCESS {
+        undo(&started);
+        return Err(fail(VMF_ERR_MPI, format!("MPI_Allgather of the agents' addresses failed ({rc})")));
+    }
+    let groups: Vec<GroupInfo> = heads
+        .iter()
+        .enumerate()
+        .map(|(g, &h)| {
+            let w = &wires[h as usize * ADDR_WIRE..(h as usize + 1) * ADDR_WIRE];
+            let ip = std::net::Ipv6Addr::from(<[u8; 16]>::try_from(&w[..16]).unwrap());
+            let ip = ip.to_ipv4_mapped().map_or(std::net::IpAddr::V6(ip), std::net::IpAddr::V4);
+            let port = u16::from_le_bytes([w[16], w[17]]);
+            GroupInfo { home: m[h as usize] as u32, addr: (g != mine).then_some(std::net::SocketAddr::new(ip, port)), service: id }
+        })
+        .collect();
+    let (_, creds) = started.as_ref().map_err(|e| fail(VMF_ERR_REMOTE, e.clone()))?;
+    let dist = DistStore::new(Some(local), &node_group, bytes, mine, groups, *creds, client_spin);
+    {
+        // While this rank waits in the library, its own thread serves its agent's requests.
+        let _mt = crate::mt::enter();
+        if let Ok(st) = state() {
+            vmf_rma::agent::Agent::hook_into(&mut st.fab.engine());
+        }
+    }
+    let ok = all_ok(comm, dist.is_ok())?;
+    match (dist, ok) {
+        (Ok(d), true) => Ok(StoreH { store: AnyStore::Dist(d), comm: Some(comm), service: home.then_some(id) }),
+        (Err(e), _) => {
+            undo(&started);
+            Err(from_mtx(e))
+        }
+        (Ok(_), false) => {
+            undo(&started);
+            Err(fail(VMF_ERR_REMOTE, "another rank could not set up the store"))
+        }
     }
 }
 
@@ -277,7 +523,7 @@ pub unsafe extern "C" fn vmf_store_open(path: *const c_char, store: *mut *mut St
     let p = std::ffi::CStr::from_ptr(path).to_string_lossy().into_owned();
     match Store::open(std::path::Path::new(&p)) {
         Ok(s) => {
-            let h = Box::into_raw(Box::new(StoreH { store: s, comm: None }));
+            let h = Box::into_raw(Box::new(StoreH { store: AnyStore::Local(s), comm: None, service: None }));
             register(K_STORE, h as usize);
             *store = h;
             0
@@ -318,6 +564,11 @@ pub unsafe extern "C" fn vmf_store_free(store: *mut *mut StoreH) -> c_int {
         let rc = crate::coll::PMPI_Barrier(c);
         if rc != MPI_SUCCESS {
             return fail(VMF_ERR_MPI, format!("MPI_Barrier in vmf_store_free failed ({rc})"));
+        }
+    }
+    if let Some(id) = s.service {
+        if let Some(a) = vmf_rma::agent::Agent::running() {
+            a.remove_service(id);
         }
     }
     unregister(K_STORE, h as usize);
