@@ -581,11 +581,19 @@ impl DistMtx {
 
     /// Commit all-or-nothing over every host (see the module documentation).
     pub fn commit(&mut self, st: &DistStore, mode: Mode) -> Result<Outcome> {
+        self.commit_on(st, None, mode)
+    }
+
+    /// [`DistMtx::commit`] with this host's part committed through `local` (another attachment of the
+    /// store's local part, [`Store::another`]: a thread of its own committing at the same time as others
+    /// of this process needs a participant slot of its own).
+    pub fn commit_on(&mut self, st: &DistStore, local: Option<&Store>, mode: Mode) -> Result<Outcome> {
+        let ls = local.or(st.local.as_ref());
         let t0 = Instant::now();
         let mut backoff_ns: u64 = 1_000;
         let mut urgent = false;
         loop {
-            let o = self.attempt(st, mode, urgent)?;
+            let o = self.attempt(st, ls, mode, urgent)?;
             if o != Outcome::LockFailed || mode == Mode::Try {
                 return Ok(o);
             }
@@ -609,12 +617,12 @@ impl DistMtx {
         }
     }
 
-    fn attempt(&mut self, st: &DistStore, mode: Mode, urgent: bool) -> Result<Outcome> {
+    fn attempt(&mut self, st: &DistStore, ls: Option<&Store>, mode: Mode, urgent: bool) -> Result<Outcome> {
         self.failed = None;
         let remote: Vec<usize> = (0..self.remote.len()).filter(|&g| self.remote[g].count > 0).collect();
         let has_local = self.has_local();
         if remote.is_empty() {
-            let ls = st.local.as_ref().ok_or_else(|| Error::InvalidArgument("an empty minitransaction".into()))?;
+            let ls = ls.ok_or_else(|| Error::InvalidArgument("an empty minitransaction".into()))?;
             if !has_local {
                 return Ok(Outcome::Committed);
             }
@@ -627,7 +635,7 @@ impl DistMtx {
         let mut local_prepared = false;
         let mut first_failed: Option<usize> = None;
         if has_local {
-            let ls = st.local.as_ref().unwrap();
+            let ls = ls.unwrap();
             match self.local.prepare(ls, mode, urgent)? {
                 Outcome::Committed => local_prepared = true,
                 Outcome::LockFailed => return Ok(Outcome::LockFailed),
@@ -719,7 +727,7 @@ impl DistMtx {
         }
         // The decision: the local part first (the commit point), then the participants.
         if local_prepared {
-            self.local.finish(st.local.as_ref().unwrap(), decided)?;
+            self.local.finish(ls.unwrap(), decided)?;
         }
         let txb = txid.to_le_bytes();
         for (k, &g) in remote.iter().enumerate() {

@@ -102,6 +102,48 @@ pub struct StoreH {
     comm: Option<MPI_Comm>,
     /// The id of the service this rank registered with its agent (the home of its host's store).
     service: Option<u64>,
+    /// The thread that made or opened the store: it commits through the store's own participant slot;
+    /// other threads through attachments of their own ([`thread_attachment`]).
+    owner: std::thread::ThreadId,
+}
+
+/// Attachments of this host's store for threads other than a store's owner, by (store handle, thread): a
+/// participant slot tags its locks, so two threads committing at once through one slot would take each
+/// other's locks for their own.
+type Attachments = std::collections::HashMap<(usize, std::thread::ThreadId), Box<Store>>;
+static EXTRA: Mutex<Option<Attachments>> = Mutex::new(None);
+
+/// The calling thread's attachment of store `h`'s local part (`None`: the owner's slot serves, or the
+/// store holds no local part).
+fn thread_attachment(h: &StoreH) -> vmf_mtx::Result<Option<*const Store>> {
+    let me = std::thread::current().id();
+    if me == h.owner {
+        return Ok(None);
+    }
+    let base = match &h.store {
+        AnyStore::Local(s) => s,
+        AnyStore::Dist(d) => match d.local() {
+            Some(s) => s,
+            None => return Ok(None),
+        },
+    };
+    let mut g = EXTRA.lock().unwrap_or_else(|e| e.into_inner());
+    let m = g.get_or_insert_with(Default::default);
+    let key = (h as *const StoreH as usize, me);
+    if let Some(s) = m.get(&key) {
+        return Ok(Some(&**s as *const Store));
+    }
+    let s = Box::new(base.another()?);
+    let p = &*s as *const Store;
+    m.insert(key, s);
+    Ok(Some(p))
+}
+
+/// Forget every thread's attachment of store `h` (it is being freed).
+fn drop_attachments(h: usize) {
+    if let Some(m) = EXTRA.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+        m.retain(|k, _| k.0 != h);
+    }
 }
 
 /// A store on one host, or spread over hosts.
@@ -175,10 +217,10 @@ impl AnyTx {
             AnyTx::Dist(t) => t.set_write(i, d),
         }
     }
-    fn commit(&mut self, s: &AnyStore, mode: Mode) -> vmf_mtx::Result<Outcome> {
+    fn commit(&mut self, s: &AnyStore, local: Option<&Store>, mode: Mode) -> vmf_mtx::Result<Outcome> {
         match (self, s) {
-            (AnyTx::Local(t), AnyStore::Local(s)) => t.commit(s, mode),
-            (AnyTx::Dist(t), AnyStore::Dist(s)) => t.commit(s, mode),
+            (AnyTx::Local(t), AnyStore::Local(s)) => t.commit(local.unwrap_or(s), mode),
+            (AnyTx::Dist(t), AnyStore::Dist(s)) => t.commit_on(s, local, mode),
             _ => mixed(),
         }
     }
@@ -367,7 +409,7 @@ pub unsafe extern "C" fn vmf_store_create(comm: MPI_Comm, bytes: usize, store: *
     }
     match (attached, everyone) {
         (Ok(s), Ok(true)) => {
-            let h = Box::into_raw(Box::new(StoreH { store: AnyStore::Local(s), comm: Some(comm), service: None }));
+            let h = Box::into_raw(Box::new(StoreH { store: AnyStore::Local(s), comm: Some(comm), service: None, owner: std::thread::current().id() }));
             register(K_STORE, h as usize);
             *store = h;
             VMF_MTX_COMMITTED
@@ -498,7 +540,7 @@ unsafe fn create_dist(comm: MPI_Comm, m: &[usize], me: usize, dir: &std::path::P
     }
     let ok = all_ok(comm, dist.is_ok())?;
     match (dist, ok) {
-        (Ok(d), true) => Ok(StoreH { store: AnyStore::Dist(d), comm: Some(comm), service: home.then_some(id) }),
+        (Ok(d), true) => Ok(StoreH { store: AnyStore::Dist(d), comm: Some(comm), service: home.then_some(id), owner: std::thread::current().id() }),
         (Err(e), _) => {
             undo(&started);
             Err(from_mtx(e))
@@ -523,7 +565,7 @@ pub unsafe extern "C" fn vmf_store_open(path: *const c_char, store: *mut *mut St
     let p = std::ffi::CStr::from_ptr(path).to_string_lossy().into_owned();
     match Store::open(std::path::Path::new(&p)) {
         Ok(s) => {
-            let h = Box::into_raw(Box::new(StoreH { store: AnyStore::Local(s), comm: None, service: None }));
+            let h = Box::into_raw(Box::new(StoreH { store: AnyStore::Local(s), comm: None, service: None, owner: std::thread::current().id() }));
             register(K_STORE, h as usize);
             *store = h;
             0
@@ -572,6 +614,7 @@ pub unsafe extern "C" fn vmf_store_free(store: *mut *mut StoreH) -> c_int {
         }
     }
     unregister(K_STORE, h as usize);
+    drop_attachments(h as usize);
     drop(Box::from_raw(h));
     *store = std::ptr::null_mut();
     0
@@ -679,7 +722,13 @@ pub unsafe extern "C" fn vmf_mtx_commit(tx: *mut TxH, flags: c_int) -> c_int {
         VMF_MTX_BLOCKING => Mode::Blocking,
         _ => return fail(VMF_ERR_ARG, format!("flags {flags} (VMF_MTX_TRY or VMF_MTX_BLOCKING)")),
     };
-    let r = t.tx.commit(&(*t.store).store, mode);
+    let sh = &*t.store;
+    let local = match thread_attachment(sh) {
+        // SAFETY: the attachment lives in EXTRA until the store is freed (collective: not during a commit).
+        Ok(p) => p.map(|p| &*p),
+        Err(e) => return from_mtx(e),
+    };
+    let r = t.tx.commit(&sh.store, local, mode);
     let copy_out = |t: &TxH| {
         for &(i, out) in &t.outs {
             let d = t.tx.read_result(i).unwrap();
