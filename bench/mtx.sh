@@ -4,7 +4,8 @@
 # bench barrier`), beside MPI RMA doing the same update and MPI_Barrier on MPICH and Open MPI
 # (bench/c/mpi_mtx.c), in the same run; and the particle application (bench/c/particles.c) at 1/2/4/8 ranks.
 # Writes $BENCH_RESULTS_DIR/mtx.json and barrier.json in the formats `vmfabric bench mtx|barrier --json`
-# write, with every implementation's rows, and particles.json.
+# write, with every implementation's rows, particles.json, and mtx_remote.json (remote minitransaction
+# latency on 2 emulated hosts, bench/c/mtx_remote.c).
 #
 # Called by bench/run.sh (BENCH_MTX=0 skips it), or alone after a release build: bash bench/mtx.sh
 # (BENCH_MTX_ROUNDS=R runs of vmfabric's own benchmarks per rank count, the median kept; default 3).
@@ -66,9 +67,34 @@ if command -v mpicc.mpich >/dev/null && mpicc.mpich -O2 -I"$VINC" -o "$BUILD/par
             || echo "bench/mtx.sh: Open MPI particles at $n ranks failed" >&2; }
     done
 fi
+# Remote minitransactions: 2 emulated hosts, one rank and one memory node each; 1-item transactions on
+# the other host's node and a 2-host transaction, beside the transport's 8-byte round trip (the issue's
+# goal: at most 2 round trips). BENCH_MTX_ROUNDS runs, the median per operation kept.
+if command -v mpicc.mpich >/dev/null && mpicc.mpich -O2 -I"$VINC" -o "$BUILD/mtx_remote" bench/c/mtx_remote.c -L"$VLIB" -lvmfabric; then
+    for r in $(seq 1 "${BENCH_MTX_ROUNDS:-3}"); do
+        timeout 300 env LD_LIBRARY_PATH="$VLIB" "$VMF" run --quiet --hosts 2 -n 2 "$BUILD/mtx_remote" 3000 \
+            >"$TMP/remote.r$r.jsonl" || echo "bench/mtx.sh: remote minitransactions (round $r) failed" >&2
+    done
+fi
 "$PY" - "$TMP" "$OUT" <<'PYEOF'
 import glob, json, os, sys
 tmp, out = sys.argv[1], sys.argv[2]
+ops = {}
+for f in sorted(glob.glob(os.path.join(tmp, "remote.r*.jsonl"))):
+    for l in open(f):
+        if l.strip().startswith("{"):
+            x = json.loads(l)
+            ops.setdefault(x["op"], []).append(x)
+if ops:
+    rows = []
+    for op, xs in ops.items():
+        xs.sort(key=lambda x: x["median_us"])
+        m = dict(xs[len(xs) // 2])
+        m["rounds_us"] = [x["median_us"] for x in xs]
+        m["rounds_rtts"] = [x["rtts"] for x in xs]
+        rows.append(m)
+    json.dump({"benchmark": "mtx-remote", "hosts": 2, "ranks": 2, "results": rows}, open(os.path.join(out, "mtx_remote.json"), "w"), indent=1)
+    print(f"bench/mtx.sh: {len(rows)} remote minitransaction results in {out}/mtx_remote.json")
 for bench, vmf, mpi in (("mtx", "vmf-mtx-*.json", "*-mtx-*.jsonl"), ("barrier", "vmf-bar-*.json", "*-bar-*.jsonl")):
     rows, groups = [], {}
     for f in sorted(glob.glob(os.path.join(tmp, vmf))):

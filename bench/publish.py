@@ -125,6 +125,24 @@ if mt or ba:
         if len(sums) != 1:
             rows.append("\n**Checksums differ between runs: %s**" % ", ".join(sorted(sums)))
         rows.append("")
+    rm = read("mtx_remote.json")
+    if rm:
+        r = _json.loads(rm)["results"]
+        desc = {"tcp-rtt": "8-byte MPI ping-pong round trip (TCP between the hosts)",
+                "write-1": "1 item: write 8 bytes on the other host's node (one message)",
+                "read-1": "1 item: read 8 bytes there",
+                "cas-1": "compare + write of one word there",
+                "two-hosts": "a write on each host's node (two-phase commit)"}
+        rows += ["Remote minitransactions (`bench/c/mtx_remote.c`, `vmfabric run --hosts 2 -n 2`, one memory node per "
+                 "host; medians of rounds, µs; goal: a 1-item remote minitransaction within 2 round trips):\n",
+                 "| operation | median µs | p99 µs | round trips | rounds (median µs) |", "|---|---:|---:|---:|---|"]
+        for x in r:
+            rows.append("| %s | %.1f | %.1f | %.2f | %s |" % (desc.get(x["op"], x["op"]), x["median_us"], x["p99_us"], x["rtts"],
+                        ", ".join("%.1f" % v for v in x.get("rounds_us", []))))
+        one = [x["rtts"] for x in r if x["op"] in ("write-1", "read-1", "cas-1")]
+        if one:
+            rows.append("\n- %s  1-item remote minitransaction within 2 round trips (worst %.2f)" % ("PASS" if max(one) <= 2 else "MISS", max(one)))
+        rows.append("")
     parts.append("\n".join(rows) + "\n")
 
 
