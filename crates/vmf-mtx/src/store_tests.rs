@@ -324,3 +324,34 @@ fn prepared_transactions_take_new_values_and_check_lengths_works() {
     std::fs::remove_file(&p).unwrap();
     std::fs::remove_file(&p2).unwrap();
 }
+
+#[test]
+fn leases_are_kept_only_once_a_second_kernel_attaches() {
+    use std::time::Duration;
+    let p = tmp("kernels");
+    let a = Store::create(&p, 1, 4096, &StoreOptions { lease: Duration::from_millis(200), ..Default::default() }).unwrap();
+    let b = Store::open(&p).unwrap();
+    assert!(!a.multi_kernel() && !b.multi_kernel(), "one kernel: no leases");
+    let lease = |s: &Store, slot: usize| s.slot_word(slot, S_LEASE).load(Ordering::Relaxed);
+    let before = lease(&a, a.slot());
+    std::thread::sleep(Duration::from_millis(120));
+    let mut t = a.begin();
+    t.write(&a, 0, 0, &1u64.to_le_bytes()).unwrap();
+    assert_eq!(t.commit(&a, Mode::Try).unwrap(), Outcome::Committed);
+    assert_eq!(lease(&a, a.slot()), before, "a commit in a one-kernel store reads no clock");
+    // A participant of another kernel (a VM's process) attaches: leases are in force from now on, and a
+    // participant that had not renewed its own gets a full lease from then.
+    let vm = Store::open_in(&p, a.kernel ^ 0x5a5a).unwrap();
+    assert!(a.multi_kernel() && vm.multi_kernel());
+    assert!(vm.alive(a.slot()), "the local participant is judged by the time leases came into force");
+    let mut t = a.begin();
+    t.write(&a, 0, 8, &2u64.to_le_bytes()).unwrap();
+    assert_eq!(t.commit(&a, Mode::Blocking).unwrap(), Outcome::Committed);
+    assert!(lease(&a, a.slot()) > before, "commits now renew the lease");
+    // The VM's participant stops renewing: once its lease is over, the local ones presume it dead.
+    assert!(a.alive(vm.slot()));
+    std::thread::sleep(Duration::from_millis(260));
+    assert!(!a.alive(vm.slot()), "a foreign participant whose lease ran out is presumed dead");
+    drop(b);
+    let _ = std::fs::remove_file(&p);
+}

@@ -44,7 +44,7 @@ typedef struct vmf_cond *vmf_cond_t;
 #define VMF_ERR_IO (-4)       /* a store or barrier file could not be created or opened */
 #define VMF_ERR_NOSLOT (-5)   /* no free participant slot in the store */
 #define VMF_ERR_TOOLARGE (-6) /* too many stripes or write bytes in one minitransaction */
-#define VMF_ERR_REMOTE (-7)   /* memory nodes on other hosts (not supported yet) */
+#define VMF_ERR_REMOTE (-7)   /* a memory node on another host failed; or a condition variable over hosts */
 #define VMF_ERR_MPI (-8)      /* an MPI call inside failed */
 #define VMF_ERR_PEER (-9)     /* a barrier or condition-variable participant (or the mutex holder) died */
 
