@@ -90,9 +90,14 @@ impl SharedFile {
 
     /// Open the file at `path` as participant `index`; `what` names the object in errors.
     pub fn open(path: &Path, index: usize, part: u64, magic: u64, what: &str) -> Result<SharedFile> {
+        SharedFile::open_with(path, index, |_| part, magic, what)
+    }
+
+    /// [`SharedFile::open`] where the participant table's offset depends on the participant count.
+    pub fn open_with(path: &Path, index: usize, part_of: impl Fn(usize) -> u64, magic: u64, what: &str) -> Result<SharedFile> {
         let io = |why: String| Error::Io { path: path.display().to_string(), why };
         let seg = Segment::open_existing(path).map_err(|e| io(e.to_string()))?;
-        if seg.len() < part {
+        if seg.len() < 16 {
             return Err(Error::Corrupt(format!("{what} file too small")));
         }
         let t0 = Instant::now();
@@ -104,6 +109,7 @@ impl SharedFile {
             return Err(Error::Corrupt(format!("{} is not a vmfabric {what}", path.display())));
         }
         let n = seg.at::<AtomicU64>(N_AT).unwrap().load(Ordering::Relaxed);
+        let part = if n == 0 || n > MAX_PARTICIPANTS as u64 { 0 } else { part_of(n as usize) };
         if n == 0 || n > MAX_PARTICIPANTS as u64 || seg.len() < file_size(part, n as usize) {
             return Err(Error::Corrupt(format!("{what} of {n} participants in {} bytes", seg.len())));
         }
@@ -242,6 +248,30 @@ impl SharedFile {
                 std::thread::sleep(BOUNDED_SLEEP);
             }
             if last_check.elapsed() >= LIVENESS_EVERY {
+                check()?;
+                last_check = Instant::now();
+            }
+        }
+    }
+
+    /// Spin until the word at `word` satisfies `reached` (yielding now and then after about 100 us, as
+    /// [`WaitKind::Spin`] does); `check` at every liveness interval.
+    pub fn wait_until(&self, word: u64, reached: impl Fn(u32) -> bool, mut check: impl FnMut() -> Result<()>) -> Result<()> {
+        let w = self.u32at(word);
+        let mut i = 0u32;
+        let mut last_check = Instant::now();
+        loop {
+            if reached(w.load(Ordering::Acquire)) {
+                return Ok(());
+            }
+            i = i.wrapping_add(1);
+            if i > 1 << 15 && i % 256 == 0 {
+                vmf_pal::yield_now();
+            } else if i > 64 {
+                // The first looks load back to back: a pause costs ~40 ns here, as much as the wait.
+                vmf_pal::cpu_relax();
+            }
+            if i % 65536 == 0 && last_check.elapsed() > LIVENESS_EVERY {
                 check()?;
                 last_check = Instant::now();
             }
