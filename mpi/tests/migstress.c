@@ -2,6 +2,9 @@
  *   - a ring MPI_Sendrecv whose size cycles through 8 B .. 300 KB (eager and rendezvous),
  *   - an MPI_Alltoall with a payload per ordered pair,
  *   - an MPI_Allreduce and an MPI_Bcast (rotating root) whose results depend on the iteration,
+ *   - one-sided operations inside one passive-target epoch (MPI_Win_lock_all for the whole run, on an
+ *     MPI_Win_allocate window): a put to the next rank, flushed and read back with a get, a fetch-and-add on
+ *     a counter at rank 0, and the put from the previous rank checked after a barrier,
  * and every received element is checked against what its sender must have sent in that iteration, so a
  * lost, duplicated, reordered or corrupt message is caught where it happens.
  *
@@ -40,6 +43,15 @@ int main(int argc, char **argv) {
     long *as = malloc(a2a_max * n * sizeof(long)), *ar = malloc(a2a_max * n * sizeof(long));
     long bc[1000], red[16], sum[16];
     int next = (r + 1) % n, prev = (r + n - 1) % n;
+    /* Window: two slots per rank (by iteration parity: a rank one iteration ahead writes the other one),
+     * then the counter (at rank 0). */
+    long *wb;
+    MPI_Win win;
+    MPI_Win_allocate((MPI_Aint)(2 * n + 1) * sizeof(long), sizeof(long), MPI_INFO_NULL, MPI_COMM_WORLD, &wb, &win);
+    for (int i = 0; i < 2 * n + 1; i++) wb[i] = -1;
+    wb[2 * n] = 0;
+    MPI_Barrier(MPI_COMM_WORLD);
+    MPI_Win_lock_all(0, win);
     double t0 = MPI_Wtime();
     long it = 0;
     for (;; it++) {
@@ -75,6 +87,20 @@ int main(int argc, char **argv) {
         MPI_Bcast(bc, 1000, MPI_LONG, root, MPI_COMM_WORLD);
         for (int i = 0; i < 1000; i++)
             if (bc[i] != val(root, 0, it, i)) fail(r, "bcast", it, i, bc[i], val(root, 0, it, i));
+        /* One-sided, inside the epoch. */
+        long pv = val(r, next, it, 0), back = 0, one = 1, old = 0;
+        int slot = (int)(it % 2) * n;
+        MPI_Put(&pv, 1, MPI_LONG, next, slot + r, 1, MPI_LONG, win);
+        MPI_Win_flush(next, win);
+        MPI_Get(&back, 1, MPI_LONG, next, slot + r, 1, MPI_LONG, win);
+        MPI_Win_flush(next, win);
+        if (back != pv) fail(r, "rma get after put", it, slot + r, back, pv);
+        MPI_Fetch_and_op(&one, &old, MPI_LONG, 0, 2 * n, MPI_SUM, win);
+        MPI_Win_flush(0, win);
+        if (old < it || old >= (long)n * (it + 1)) fail(r, "rma fetch-and-add", it, 2 * n, old, it);
+        MPI_Barrier(MPI_COMM_WORLD);
+        MPI_Win_sync(win);
+        if (wb[slot + prev] != val(prev, r, it, 0)) fail(r, "rma put from prev", it, slot + prev, wb[slot + prev], val(prev, r, it, 0));
         /* Stop? */
         if (it % 16 == 15) {
             int done = 0;
@@ -92,6 +118,10 @@ int main(int argc, char **argv) {
             if (done) break;
         }
     }
+    MPI_Win_unlock_all(win);
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (r == 0 && wb[2 * n] != (long)n * (it + 1)) fail(r, "rma counter", it, 2 * n, wb[2 * n], (long)n * (it + 1));
+    MPI_Win_free(&win);
     MPI_Barrier(MPI_COMM_WORLD);
     if (r == 0) printf("migstress PASS: %ld iterations\n", it + 1);
     free(sb);
