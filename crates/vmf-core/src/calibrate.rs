@@ -34,6 +34,22 @@ pub enum Strategy {
     Read,
     /// Sender-side single copy (`process_vm_writev`).
     Write,
+    /// Both at once: the receiver reads the first half while the sender writes the second (two cores
+    /// copy; [`split_point`]).
+    Split,
+}
+
+/// Where a split copy of `want` bytes divides: the receiver reads `[0, h)`, the sender writes `[h, want)`.
+/// Both sides compute it from the length the CTS carries. Page-aligned (from 32 KiB) so neither half
+/// shares a page.
+pub fn split_point(want: usize) -> usize {
+    // The receiver starts first (the sender waits for the CTS): it takes 4 KiB more than half.
+    let h = want / 2 + 4096;
+    if want >= 32 << 10 {
+        h & !4095
+    } else {
+        want / 2
+    }
 }
 
 impl Strategy {
@@ -43,6 +59,7 @@ impl Strategy {
             Strategy::Pipelined => "pipelined",
             Strategy::Read => "read",
             Strategy::Write => "write",
+            Strategy::Split => "split",
         }
     }
     fn parse(s: &str) -> Option<Strategy> {
@@ -50,6 +67,7 @@ impl Strategy {
             "pipelined" => Strategy::Pipelined,
             "read" => Strategy::Read,
             "write" => Strategy::Write,
+            "split" => Strategy::Split,
             _ => return None,
         })
     }
@@ -384,6 +402,7 @@ pub fn measure(cfg: &Config) -> Result<Calibration, String> {
         if cma {
             plan.push((s, Method::Single(Strategy::Read)));
             plan.push((s, Method::Single(Strategy::Write)));
+            plan.push((s, Method::Single(Strategy::Split)));
         }
     }
     let times = run_pair(cfg, &plan)?;

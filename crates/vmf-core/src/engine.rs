@@ -148,6 +148,8 @@ struct Req {
     phase: Phase,
     status: Status,
     error: Option<Error>,
+    /// A send whose RTS asked for a split copy ([`crate::calibrate::Strategy::Split`]).
+    split: bool,
 }
 
 impl Req {
@@ -164,6 +166,7 @@ impl Req {
             phase: Phase::Queued,
             status: Status::default(),
             error: None,
+            split: false,
         }
     }
 }
@@ -994,6 +997,7 @@ impl Engine {
         r.state = State::Active;
         r.error = None;
         r.status = Status::default();
+        r.split = false;
         ReqId { idx, gen: r.gen }
     }
 
@@ -1486,9 +1490,14 @@ impl Engine {
                 addr: buf as u64,
                 pid,
                 pool,
-                write: (strategy == crate::calibrate::Strategy::Write) as u64,
+                write: match strategy {
+                    crate::calibrate::Strategy::Write => 1,
+                    crate::calibrate::Strategy::Split => 2,
+                    _ => 0,
+                },
             };
             self.reqs[id.idx as usize].phase = Phase::AwaitAck;
+            self.reqs[id.idx as usize].split = strategy == crate::calibrate::Strategy::Split;
             self.send_packet(dest, hdr, info.as_bytes(), std::ptr::null(), 0, None)
                 .map(|_| ())
         };
@@ -1655,6 +1664,10 @@ impl Engine {
         // FIN flagged FLAG_WRITTEN once the data is here, or with DATA chunks if the kernel refuses the copy.
         let cma = self.cma_with(src);
         let written = info.pid != 0 && cma && want > 0 && info.write == 1;
+        let split = info.pid != 0 && cma && want > 0 && info.write == 2;
+        if split {
+            return self.split_recv(id, src, want, buf, &info);
+        }
         if info.pid != 0 && cma && want > 0 && !written {
             // SAFETY: buf has cap >= want bytes (irecv contract).
             let dst = unsafe { std::slice::from_raw_parts_mut(buf, want) };
@@ -1707,6 +1720,61 @@ impl Engine {
             self.complete(id);
             self.count_recvd(0);
         }
+        Ok(())
+    }
+
+    /// The receiver's side of a split copy: name our buffer in the CTS (the sender then writes the second
+    /// half and says so with a FIN flagged [`FLAG_WRITTEN`], which completes the receive), read the first
+    /// half meanwhile, and tell the sender with a FIN that its buffer is free.
+    fn split_recv(&mut self, id: ReqId, src: usize, want: usize, buf: *mut u8, info: &RtsInfo) -> Result<()> {
+        let h = crate::calibrate::split_point(want);
+        self.reqs[id.idx as usize].phase = Phase::Receiving { peer: src, want, got: 0 };
+        let cts = CtsInfo {
+            sreq: info.sreq,
+            rreq: id.wire(),
+            want: want as u64,
+            addr: buf as u64,
+            pid: std::process::id() as u64,
+        };
+        self.send_ctl(src, Kind::Cts, cts.as_bytes())?;
+        // SAFETY: buf has cap >= want >= h bytes (irecv contract).
+        let dst = unsafe { std::slice::from_raw_parts_mut(buf, h) };
+        if let Err(e) = vmf_pal::cma::read_from(info.pid as i32, info.addr, dst) {
+            // The sender is writing the other half already: no way back to another protocol.
+            let err = Error::Transport {
+                rank: self.me,
+                peer: src,
+                op: Op::Recv,
+                source: TransportError::Corrupt {
+                    peer: src,
+                    what: format!("single-copy read of {h} bytes at {:#x} (first half of a split copy) failed: {e}", info.addr),
+                },
+            };
+            self.fail(id, err.clone());
+            return Err(err);
+        }
+        self.send_ctl(src, Kind::Fin, FinInfo { sreq: info.sreq }.as_bytes())
+    }
+
+    /// The sender's side of a split copy: write the second half of send `id` into the receiver's buffer
+    /// named by `c` and say so; the send completes when the receiver's FIN says it has read the first.
+    fn split_send(&mut self, peer: usize, id: ReqId, c: &CtsInfo) -> Result<()> {
+        let buf = self.reqs[id.idx as usize].buf;
+        let want = c.want as usize;
+        let h = crate::calibrate::split_point(want);
+        // SAFETY: want <= the send's length (checked by the caller); valid until completion.
+        let data = unsafe { slice(buf.add(h), want - h) };
+        if let Err(e) = vmf_pal::cma::write_to(c.pid as i32, c.addr + h as u64, data) {
+            return Err(self.corrupt(
+                peer,
+                format!("single-copy write of {} bytes to {:#x} (second half of a split copy) failed: {e}", want - h, c.addr + h as u64),
+            ));
+        }
+        let hdr = PktHeader {
+            flags: FLAG_WRITTEN,
+            ..PktHeader::new(Kind::Fin, self.me as u32, 0, 0, 0, 0)
+        };
+        self.send_packet(peer, hdr, FinInfo { sreq: c.rreq }.as_bytes(), std::ptr::null(), 0, None)?;
         Ok(())
     }
 
@@ -1888,6 +1956,9 @@ impl Engine {
                 }
                 if c.want == 0 {
                     self.complete(id);
+                } else if c.pid != 0 && self.reqs[id.idx as usize].split {
+                    // Split copy: our half now; the receiver's FIN (its half read) completes the send.
+                    self.split_send(peer, id, &c)?;
                 } else if c.pid != 0 && self.cma_with(peer) && self.write_to_receiver(peer, id, &c)? {
                     // Written by a single copy; the receiver has been told.
                 } else {
@@ -2919,6 +2990,13 @@ mod tests {
             steps: vec![(65_537, Strategy::Read), (1_000_001, Strategy::Write)],
         };
         roundtrip_sizes_with(&[], "mixed", Some(mixed));
+        // Split copies (the receiver reads the first half, the sender writes the second) at every size.
+        let split = LargePath {
+            eager_limit: 1024,
+            chunk: 16 << 10,
+            steps: vec![(0, Strategy::Split)],
+        };
+        roundtrip_sizes_with(&[], "split", Some(split));
     }
 
     #[test]
