@@ -76,7 +76,7 @@ for r in $(seq 1 "$ROUNDS"); do
 done
 echo "vm bench: $CYCLES unplug/plug cycles under migstress"
 rm -f stop
-"$VMF" vm run -n 4 --ranks-per-vm 2 --quiet "$TMP/migstress" "$TMP/stop" 900 > migstress.out 2>&1 &
+"$VMF" vm run -n 4 --ranks-per-vm 2 --quiet "$TMP/migstress" "$TMP/stop" 900 no-rma > migstress.out 2>&1 &
 MS=$!
 sleep 3
 : > cycles.txt

@@ -1661,7 +1661,7 @@ fn mpich_built_programs_run_across_qemu_guests() {
     // Failover: a guest's ivshmem device is unplugged under a sequence-checked stream (its ranks move
     // to TCP first) and plugged back (they return), in both guests; nothing lost, duplicated, reordered.
     let stop = work.join("stop");
-    let stream = vm_spawn(&["run", "-n", "4", "--ranks-per-vm", "2", "--quiet", &bin("migstress"), &stop.display().to_string(), "200"]);
+    let stream = vm_spawn(&["run", "-n", "4", "--ranks-per-vm", "2", "--quiet", &bin("migstress"), &stop.display().to_string(), "200", "no-rma"]);
     std::thread::sleep(std::time::Duration::from_secs(3));
     for g in ["vm0", "vm1", "vm0"] {
         let o = ok(vm(&["unplug", g], &[]), "ranks off the region");
