@@ -47,7 +47,11 @@ if command -v mpicc.openmpi >/dev/null && command -v mpirun.openmpi >/dev/null \
 #!/bin/sh
 unset PMI_PORT PMI_ID PMI_RANK PMI_SIZE PMI_JOBID
 export LD_LIBRARY_PATH=
+# The guests see the host's /tmp over 9p, where Open MPI cannot make its session FIFOs and PMIx segments:
+# its session directory goes to the guests' own tmpfs.
+export TMPDIR=/dev/shm
 exec mpirun.openmpi --allow-run-as-root --host 10.79.0.10,10.79.0.11 -np 2 \
+  --mca orte_tmpdir_base /dev/shm \
   --mca plm_rsh_agent "vmfabric vm rsh" --mca pml ob1 --mca btl tcp,self \
   --mca btl_tcp_if_include eth0 --mca oob_tcp_if_include eth0 "$@"
 SHEOF
