@@ -40,7 +40,8 @@ SPECIAL = {"MPI_Init", "MPI_Init_thread", "MPI_Buffer_detach", "MPI_Pcontrol", "
            "MPI_Comm_set_attr", "MPI_Attr_get", "MPI_Attr_put", "MPI_Type_get_attr", "MPI_Type_set_attr",
            "MPI_Win_get_attr", "MPI_Win_set_attr", "MPI_Info_create_env",
            "MPI_Comm_create_keyval", "MPI_Type_create_keyval", "MPI_Win_create_keyval", "MPI_Keyval_create",
-           "MPI_Grequest_start", "MPI_Info_get_string", "MPI_Comm_spawn", "MPI_Comm_spawn_multiple"}
+           "MPI_Grequest_start", "MPI_Info_get_string", "MPI_Comm_spawn", "MPI_Comm_spawn_multiple",
+           "MPI_Register_datarep"}
 # Deprecated MPI-1 functions whose Fortran form has INTEGER where C has MPI_Aint: not bound (removed in MPI-3).
 SKIP_NAMES = {"MPI_Type_hvector": "Fortran INTEGER stride vs C MPI_Aint (removed in MPI-3)",
               "MPI_Type_hindexed": "Fortran INTEGER displacements vs C MPI_Aint (removed in MPI-3)",
@@ -324,6 +325,23 @@ void {p}mpi_grequest_start_(vmf_f_greq_query *query, vmf_f_greq_free *freef, vmf
     if (*ierr != MPI_SUCCESS) free(g);
 }}
 """,
+    # Data representations with Fortran conversion callbacks: the C library calls trampolines with a heap
+    # record as extra_state; they call the Fortran procedures (every argument by reference, EXTRA_STATE an
+    # INTEGER(KIND=MPI_ADDRESS_KIND) in the record). MPI_CONVERSION_FN_NULL from Fortran means none (NULL).
+    "MPI_Register_datarep": """
+void {p}mpi_register_datarep_(char *datarep, vmf_f_conv_fn *rd, vmf_f_conv_fn *wr, vmf_f_extent_fn *ext,
+                             MPI_Aint *extra, MPI_Fint *ierr, size_t datarep_len)
+{{
+    char *name = vmf_str_in(datarep, datarep_len, 1);
+    struct vmf_drep *d = malloc(sizeof *d);
+    if (!name || !d) {{ free(name); free(d); *ierr = MPI_ERR_NO_MEM; return; }}
+    d->rd = rd; d->wr = wr; d->ext = ext; d->extra = *extra;
+    *ierr = {P}MPI_Register_datarep(name, vmf_conv_null(rd) ? NULL : vmf_drep_read,
+                                    vmf_conv_null(wr) ? NULL : vmf_drep_write, vmf_drep_extent, d);
+    free(name);
+    if (*ierr != MPI_SUCCESS) free(d);
+}}
+""",
     # Attributes: Fortran values are INTEGER(KIND=MPI_ADDRESS_KIND) stored as the C attribute pointer value;
     # predefined keyvals (Fortran value = C value + 1) point to the value in C and are dereferenced here.
     "MPI_Comm_get_attr": """
@@ -540,6 +558,50 @@ VMF_DUP(mpi_comm_dup_fn, MPI_Aint) VMF_DUP(mpi_type_dup_fn, MPI_Aint) VMF_DUP(mp
 VMF_DUP(mpi_dup_fn, MPI_Fint)
 VMF_NULL_DELETE(mpi_comm_null_delete_fn) VMF_NULL_DELETE(mpi_type_null_delete_fn)
 VMF_NULL_DELETE(mpi_win_null_delete_fn) VMF_NULL_DELETE(mpi_null_delete_fn)
+
+/* Data representations registered from Fortran (MPI_REGISTER_DATAREP): conversion callbacks take USERBUF,
+ * DATATYPE, COUNT, FILEBUF, POSITION (INTEGER(KIND=MPI_OFFSET_KIND)), EXTRA_STATE (ADDRESS_KIND), IERROR;
+ * the extent callback DATATYPE, EXTENT (ADDRESS_KIND), EXTRA_STATE, IERROR. All by reference. */
+typedef void (vmf_f_conv_fn)(void *, MPI_Fint *, MPI_Fint *, void *, MPI_Offset *, MPI_Aint *, MPI_Fint *);
+typedef void (vmf_f_extent_fn)(MPI_Fint *, MPI_Aint *, MPI_Aint *, MPI_Fint *);
+struct vmf_drep { vmf_f_conv_fn *rd, *wr; vmf_f_extent_fn *ext; MPI_Aint extra; };
+static int vmf_drep_conv(vmf_f_conv_fn *f, void *u, MPI_Datatype t, int count, void *fb, MPI_Offset pos, struct vmf_drep *d)
+{
+    MPI_Fint ft = (MPI_Fint)t, fc = count, ierr = MPI_SUCCESS;
+    MPI_Offset p = pos;
+    f(u, &ft, &fc, fb, &p, &d->extra, &ierr);
+    return ierr;
+}
+static __attribute__((unused)) int vmf_drep_read(void *u, MPI_Datatype t, int count, void *fb, MPI_Offset pos, void *extra)
+{
+    struct vmf_drep *d = extra;
+    return vmf_drep_conv(d->rd, u, t, count, fb, pos, d);
+}
+static __attribute__((unused)) int vmf_drep_write(void *u, MPI_Datatype t, int count, void *fb, MPI_Offset pos, void *extra)
+{
+    struct vmf_drep *d = extra;
+    return vmf_drep_conv(d->wr, u, t, count, fb, pos, d);
+}
+static __attribute__((unused)) int vmf_drep_extent(MPI_Datatype t, MPI_Aint *ext, void *extra)
+{
+    struct vmf_drep *d = extra;
+    MPI_Fint ft = (MPI_Fint)t, ierr = MPI_SUCCESS;
+    d->ext(&ft, ext, &d->extra, &ierr);
+    return ierr;
+}
+/* MPI_CONVERSION_FN_NULL (EXTERNAL in mpif.h): passed to MPI_REGISTER_DATAREP it means no conversion; called,
+ * it does nothing. Every spelling (upper, lower, one or two underscores, PMPI) is this one procedure. */
+void mpi_conversion_fn_null_(void *u, MPI_Fint *t, MPI_Fint *c, void *fb, MPI_Offset *p, MPI_Aint *ex, MPI_Fint *ierr)
+{ (void)u; (void)t; (void)c; (void)fb; (void)p; (void)ex; *ierr = MPI_SUCCESS; }
+extern __typeof(mpi_conversion_fn_null_) mpi_conversion_fn_null __attribute__((alias("mpi_conversion_fn_null_")));
+extern __typeof(mpi_conversion_fn_null_) mpi_conversion_fn_null__ __attribute__((alias("mpi_conversion_fn_null_")));
+#undef MPI_CONVERSION_FN_NULL
+extern __typeof(mpi_conversion_fn_null_) MPI_CONVERSION_FN_NULL __attribute__((alias("mpi_conversion_fn_null_")));
+extern __typeof(mpi_conversion_fn_null_) pmpi_conversion_fn_null_ __attribute__((alias("mpi_conversion_fn_null_")));
+extern __typeof(mpi_conversion_fn_null_) pmpi_conversion_fn_null __attribute__((alias("mpi_conversion_fn_null_")));
+extern __typeof(mpi_conversion_fn_null_) pmpi_conversion_fn_null__ __attribute__((alias("mpi_conversion_fn_null_")));
+extern __typeof(mpi_conversion_fn_null_) PMPI_CONVERSION_FN_NULL __attribute__((alias("mpi_conversion_fn_null_")));
+static __attribute__((unused)) int vmf_conv_null(vmf_f_conv_fn *f) { return f == NULL || f == mpi_conversion_fn_null_; }
 
 /* MPI_SIZEOF: the specific procedures of MPICH's module mpi_sizeofs (programs compiled against MPICH's mpi.mod
  * call these symbols; our mpi.mod declares the same module procedures, so its callers land here too). */
@@ -784,6 +846,7 @@ def gen_mpif(header_text):
         "       EXTERNAL MPI_WIN_NULL_COPY_FN",
         "       EXTERNAL MPI_TYPE_DUP_FN, MPI_TYPE_NULL_DELETE_FN",
         "       EXTERNAL MPI_TYPE_NULL_COPY_FN",
+        "       EXTERNAL MPI_CONVERSION_FN_NULL",
         "       EXTERNAL MPI_WTIME, MPI_WTICK",
         "       EXTERNAL PMPI_WTIME, PMPI_WTICK",
         "       DOUBLE PRECISION MPI_WTIME, MPI_WTICK",

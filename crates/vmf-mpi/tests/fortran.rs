@@ -27,6 +27,7 @@ const PROGRAMS: &[(&str, &str)] = &[
     ("f90_userop", "f90_userop.f90"),
     ("f90_dtype", "f90_dtype.f90"),
     ("f90_attr_topo", "f90_attr_topo.f90"),
+    ("f90_datarep", "f90_datarep.f90"),
 ];
 const MPICH_INC: &str = "/usr/include/x86_64-linux-gnu/mpich";
 const MPICH_FORT: &str = "/usr/lib/x86_64-linux-gnu/libmpichfort.so.12";
@@ -265,6 +266,13 @@ fn f90_communicators_split_dup_and_all_to_all() {
 #[test]
 fn f90_user_defined_reduction_operator_in_fortran() {
     semantic("f90_userop", &[1, 2, 3], &[]);
+}
+
+/// MPI_REGISTER_DATAREP from Fortran: conversion and extent subroutines called by reference, a view in the
+/// new representation, MPI_CONVERSION_FN_NULL, a duplicate name refused.
+#[test]
+fn f90_data_representation_registered_in_fortran() {
+    semantic("f90_datarep", &[1, 2, 3], &[]);
 }
 
 #[test]
