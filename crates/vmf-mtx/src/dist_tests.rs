@@ -70,18 +70,17 @@ impl World {
         DistStore::new(Some(local), &self.node_group, NODE, 0, self.groups.clone(), creds(), Duration::from_micros(50)).unwrap()
     }
 
-    /// The 8-byte word at global `node`, `off`, read directly from its store once no transaction is in
-    /// doubt there (a COMMIT is not waited for by the coordinator: the participant applies it soon after).
+    /// The 8-byte word at global `node`, `off`, read from its store by a minitransaction of its own: a
+    /// coordinator does not wait for its COMMIT messages, so a participant may still hold the items' locks
+    /// (and apply the writes) when the commit has returned; a locked read waits for that, a plain load
+    /// would not.
     fn word(&self, node: usize, off: usize) -> u64 {
-        let t0 = Instant::now();
-        while self.services.iter().any(|s| s.in_doubt() != 0) {
-            assert!(t0.elapsed() < Duration::from_secs(5), "a transaction stayed in doubt");
-            std::thread::yield_now();
-        }
         let (g, i) = (node % 3, node / 3);
-        let mut b = [0u8; 8];
-        self.stores[g].peek(i, off, &mut b).unwrap();
-        u64::from_le_bytes(b)
+        let s = &self.stores[g];
+        let mut t = s.begin();
+        let r = t.read(s, i, off, 8).unwrap();
+        assert_eq!(t.commit(s, Mode::Blocking).unwrap(), Outcome::Committed);
+        u64::from_le_bytes(t.read_result(r).unwrap().try_into().unwrap())
     }
 }
 
@@ -118,9 +117,11 @@ fn one_phase_and_two_phase_commits_apply_all_or_nothing_across_hosts() {
     assert_eq!(t.commit(&d, Mode::Blocking).unwrap(), Outcome::Committed);
     assert_eq!(t.read_result(r).unwrap(), &12u64.to_le_bytes());
     assert_eq!((w.word(0, 0), w.word(2, 16)), (21, 22));
-    let mut b = [0u8; 6];
-    w.stores[2].peek(1, 100, &mut b).unwrap();
-    assert_eq!(&b, b"across");
+    let s2 = &w.stores[2];
+    let mut rd = s2.begin();
+    let ri = rd.read(s2, 1, 100, 6).unwrap();
+    assert_eq!(rd.commit(s2, Mode::Blocking).unwrap(), Outcome::Committed);
+    assert_eq!(rd.read_result(ri).unwrap(), b"across");
     // A remote compare fails: nothing written anywhere, the global index named, reads filled.
     t.reset();
     t.compare(&d, 0, 0, &21u64.to_le_bytes()).unwrap();

@@ -226,6 +226,11 @@ impl Conn {
         self.statuses.remove(i).map(|(_, st)| st)
     }
 
+    /// The socket's descriptor.
+    pub(crate) fn fd(&self) -> std::os::fd::RawFd {
+        self.s.as_raw_fd()
+    }
+
     /// Everything queued has been written to the socket (the origin's buffers are free again).
     pub(crate) fn written(&self) -> bool {
         self.out_pos >= self.out.len()

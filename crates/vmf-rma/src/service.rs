@@ -76,7 +76,8 @@ impl ServiceClient {
     }
 
     /// Send a request whose answer carries no bytes and that nobody waits for (its answer is read and
-    /// dropped as later waits go by; a failure it reports is kept for [`ServiceClient::error`]).
+    /// dropped as later waits go by; a failure it reports is kept for [`ServiceClient::error`]). Returns
+    /// once the request is written to the socket.
     pub fn post_nowait(&mut self, id: u64, op: u8, parts: &[&[u8]]) {
         let len: usize = parts.iter().map(|p| p.len()).sum();
         let h = ReqHeader {
@@ -88,7 +89,16 @@ impl ServiceClient {
         };
         // SAFETY: no answer bytes are accepted (cap 0), so the null destination is never written.
         unsafe { self.c.send(&h, &[], parts, std::ptr::null_mut(), 0, false) };
-        self.c.pump();
+        // Written out now, not at the next use of the connection (which may never come): the request
+        // often releases something at the other end.
+        while !self.c.written() && self.c.broken.is_none() {
+            self.c.pump();
+            if !self.c.written() {
+                let mut pfd = libc::pollfd { fd: self.c.fd(), events: libc::POLLOUT, revents: 0 };
+                // SAFETY: one pollfd.
+                unsafe { libc::poll(&mut pfd, 1, 100) };
+            }
+        }
     }
 
     /// Write what is queued and read answers that have arrived, without waiting. False once the
