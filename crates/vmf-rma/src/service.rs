@@ -41,14 +41,7 @@ impl ServiceClient {
     /// Send operation `op` of service `id` with the payload `parts` (concatenated), whose answer holds at
     /// most `cap` bytes. Returns the request's sequence number for [`ServiceClient::wait`]; does not wait.
     pub fn post(&mut self, id: u64, op: u8, parts: &[&[u8]], cap: usize) -> u64 {
-        let len: usize = parts.iter().map(|p| p.len()).sum();
-        let h = ReqHeader {
-            kind: Kind::Service as u8,
-            op,
-            win: id,
-            data_len: len as u64,
-            ..Default::default()
-        };
+        let h = header(id, op, parts);
         let mut buf = vec![0u8; cap];
         // SAFETY: `buf`'s heap block (cap bytes) is kept in `replies` until the answer is in.
         let seq = unsafe { self.c.send(&h, &[], parts, buf.as_mut_ptr(), cap, true) };
@@ -79,14 +72,7 @@ impl ServiceClient {
     /// dropped as later waits go by; a failure it reports is kept for [`ServiceClient::error`]). Returns
     /// once the request is written to the socket.
     pub fn post_nowait(&mut self, id: u64, op: u8, parts: &[&[u8]]) {
-        let len: usize = parts.iter().map(|p| p.len()).sum();
-        let h = ReqHeader {
-            kind: Kind::Service as u8,
-            op,
-            win: id,
-            data_len: len as u64,
-            ..Default::default()
-        };
+        let h = header(id, op, parts);
         // SAFETY: no answer bytes are accepted (cap 0), so the null destination is never written.
         unsafe { self.c.send(&h, &[], parts, std::ptr::null_mut(), 0, false) };
         // Written out now, not at the next use of the connection (which may never come): the request
@@ -116,5 +102,16 @@ impl ServiceClient {
     /// Why the connection is unusable, if it is.
     pub fn broken(&self) -> Option<&str> {
         self.c.broken.as_deref()
+    }
+}
+
+/// The header of a request for operation `op` of service `id` carrying `parts`.
+fn header(id: u64, op: u8, parts: &[&[u8]]) -> ReqHeader {
+    ReqHeader {
+        kind: Kind::Service as u8,
+        op,
+        win: id,
+        data_len: parts.iter().map(|p| p.len() as u64).sum(),
+        ..Default::default()
     }
 }
