@@ -390,34 +390,19 @@ pub unsafe extern "C" fn vmf_store_create(comm: MPI_Comm, bytes: usize, store: *
     }
     let path = tri!(shared_name(comm, me, &dir, "mtx"));
     let opts = vmf_mtx::StoreOptions { slots: m.len().max(1) * 2 + 8, ..Default::default() };
-    let made = if me == 0 { Store::create(&path, m.len(), bytes, &opts).map(Some) } else { Ok(None) };
-    let made_ok = made.is_ok();
-    if !tri!(all_ok(comm, made_ok)) {
-        return match made {
-            Err(e) => from_mtx(e),
-            Ok(_) => fail(VMF_ERR_IO, "rank 0 could not create the store"),
-        };
-    }
-    let attached = match made {
-        Ok(Some(s)) => Ok(s),
-        _ => Store::open(&path),
-    };
-    let ok = attached.is_ok();
-    let everyone = all_ok(comm, ok);
-    if me == 0 {
-        let _ = std::fs::remove_file(&path);
-    }
-    match (attached, everyone) {
-        (Ok(s), Ok(true)) => {
-            let h = Box::into_raw(Box::new(StoreH { store: AnyStore::Local(s), comm: Some(comm), service: None, owner: std::thread::current().id() }));
-            register(K_STORE, h as usize);
-            *store = h;
-            VMF_MTX_COMMITTED
-        }
-        (Err(e), _) => from_mtx(e),
-        (Ok(_), Ok(false)) => fail(VMF_ERR_IO, "another rank could not attach to the store"),
-        (Ok(_), Err(c)) => c,
-    }
+    let s = tri!(create_and_attach(
+        comm,
+        me == 0,
+        &path,
+        "rank 0 could not create the store",
+        "another rank could not attach to the store",
+        |p| Store::create(p, m.len(), bytes, &opts).map(Some),
+        Store::open,
+    ));
+    let h = Box::into_raw(Box::new(StoreH { store: AnyStore::Local(s), comm: Some(comm), service: None, owner: std::thread::current().id() }));
+    register(K_STORE, h as usize);
+    *store = h;
+    VMF_MTX_COMMITTED
 }
 
 /// Bytes of an agent address in the exchange: IPv6 (IPv4 mapped) and port.
@@ -455,26 +440,15 @@ unsafe fn create_dist(comm: MPI_Comm, m: &[usize], me: usize, dir: &std::path::P
     // Each home makes its host's store: its own ranks' nodes, and slots for the transactions other
     // hosts' ranks prepare there.
     let opts = vmf_mtx::StoreOptions { slots: gsize * 2 + m.len() * 2 + 8, ..Default::default() };
-    let made = if home { Store::create(&path, gsize, bytes, &opts).map(Some) } else { Ok(None) };
-    if !all_ok(comm, made.is_ok())? {
-        return Err(match made {
-            Err(e) => from_mtx(e),
-            Ok(_) => fail(VMF_ERR_IO, "a host's lowest rank could not create its store"),
-        });
-    }
-    let attached = match made {
-        Ok(Some(s)) => Ok(s),
-        _ => Store::open(&path),
-    };
-    let everyone = all_ok(comm, attached.is_ok());
-    if home {
-        let _ = std::fs::remove_file(&path);
-    }
-    let local = match (attached, everyone?) {
-        (Ok(s), true) => s,
-        (Err(e), _) => return Err(from_mtx(e)),
-        (Ok(_), false) => return Err(fail(VMF_ERR_IO, "another rank could not attach to its host's store")),
-    };
+    let local = create_and_attach(
+        comm,
+        home,
+        &path,
+        "a host's lowest rank could not create its store",
+        "another rank could not attach to its host's store",
+        |p| Store::create(p, gsize, bytes, &opts).map(Some),
+        Store::open,
+    )?;
     // The agents: every rank may coordinate, homes serve.
     let started = match tcp {
         Some((ip, creds)) => vmf_rma::agent::Agent::get_or_start(ip, creds, agent_spin)
@@ -851,22 +825,49 @@ unsafe fn shared_object<T>(
     open: impl FnOnce(&std::path::Path) -> vmf_mtx::Result<T>,
 ) -> Result<T, c_int> {
     let path = shared_name(comm, me, dir, what)?;
-    let made = if me == 0 { create(&path) } else { Ok(()) };
+    create_and_attach(
+        comm,
+        me == 0,
+        &path,
+        &format!("rank 0 could not create the {what} file"),
+        &format!("another rank could not open the {what} file"),
+        |p| create(p).map(|()| None),
+        open,
+    )
+}
+
+/// Collective: the `creator` makes the object at `path` (`create` may hand back its own attachment),
+/// every other rank attaches with `open`, and the creator unlinks the name once every rank has it. Every
+/// rank learns whether all succeeded; `no_create` / `no_open` are the messages of the ranks whose own
+/// step succeeded when another's failed.
+unsafe fn create_and_attach<T>(
+    comm: MPI_Comm,
+    creator: bool,
+    path: &std::path::Path,
+    no_create: &str,
+    no_open: &str,
+    create: impl FnOnce(&std::path::Path) -> vmf_mtx::Result<Option<T>>,
+    open: impl FnOnce(&std::path::Path) -> vmf_mtx::Result<T>,
+) -> Result<T, c_int> {
+    let made = if creator { create(path) } else { Ok(None) };
     if !all_ok(comm, made.is_ok())? {
         return Err(match made {
             Err(e) => from_mtx(e),
-            Ok(()) => fail(VMF_ERR_IO, format!("rank 0 could not create the {what} file")),
+            Ok(_) => fail(VMF_ERR_IO, no_create),
         });
     }
-    let opened = open(&path);
-    let everyone = all_ok(comm, opened.is_ok());
-    if me == 0 {
-        let _ = std::fs::remove_file(&path);
+    let attached = match made {
+        Ok(Some(x)) => Ok(x),
+        _ => open(path),
+    };
+    let everyone = all_ok(comm, attached.is_ok());
+    if creator {
+        let _ = std::fs::remove_file(path);
     }
-    match (opened, everyone) {
+    match (attached, everyone) {
         (Ok(x), Ok(true)) => Ok(x),
         (Err(e), _) => Err(from_mtx(e)),
-        (Ok(_), Ok(false)) => Err(fail(VMF_ERR_IO, format!("another rank could not open the {what} file"))),
+        (Ok(_), Ok(false)) => Err(fail(VMF_ERR_IO, no_open)),
         (Ok(_), Err(c)) => Err(c),
     }
 }
