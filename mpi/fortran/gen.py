@@ -31,7 +31,7 @@ HANDLES = {"MPI_Comm", "MPI_Datatype", "MPI_Group", "MPI_Op", "MPI_Info", "MPI_E
            "MPI_Message", "MPI_Win", "MPI_Session", "MPIX_Grequest_class"}
 WIDE = {"MPI_Aint", "MPI_Count", "MPI_Offset"}
 # Callback types whose C call convention (all arguments by pointer) is what a Fortran procedure expects.
-FNPTR_OK = {"MPI_User_function", "MPI_Comm_errhandler_function", "MPI_Win_errhandler_function",
+FNPTR_OK = {"MPI_User_function", "MPI_User_function_c", "MPI_Comm_errhandler_function", "MPI_Win_errhandler_function",
             "MPI_Session_errhandler_function", "MPI_Handler_function", "MPI_Comm_errhandler_fn",
             "MPI_File_errhandler_function", "MPI_File_errhandler_fn",
             "MPI_Win_errhandler_fn", "MPI_Session_errhandler_fn"}
@@ -89,13 +89,24 @@ def fname(cname):
     return cname.lower()
 
 
-def binding(cname, ret, params, pmpi_exists):
-    """Returns C source defining mpi_x_ and pmpi_x_ (and aliases) for one function, or raises Skip."""
+def shim_names(cname, large):
+    """C function names of the mpif.h-convention shims of cname: exported mpi_x_/pmpi_x_, or, for a
+    large-count C function (which mpif.h does not bind; only mpi_f08's _large procedures use them), static."""
+    lname = fname(cname)
+    if large:
+        return f"vmf_l_{lname}_", f"vmf_l_p{lname}_"
+    return f"{lname}_", f"p{lname}_"
+
+
+def binding(cname, ret, params, pmpi_exists, large=False):
+    """Returns C source defining mpi_x_ and pmpi_x_ (and aliases) for one function, or raises Skip.
+    With large, cname is a large-count function (MPI_X_c) and the shims are static, without aliases."""
     if cname in SKIP_NAMES:
         raise Skip(SKIP_NAMES[cname])
     if cname == cname.upper() or re.search(r"_(fn|FN)$", cname):
         raise Skip("predefined callback, not a Fortran binding")
-    if re.search(r"_(c|c2f|f2c|f082c|c2f08|f2f08|f082f|x_c)$", cname) or cname.startswith("MPI_T_"):
+    if large != bool(re.search(r"_c$", cname)) or re.search(r"_(c2f|f2c|f082c|c2f08|f2f08|f082f|x_c)$", cname) \
+            or cname.startswith("MPI_T_"):
         raise Skip("C-only (large-count, handle conversion or tool interface)")
     fargs, cargs, pre, post, lens = [], [], [], [], []
     for p in params:
@@ -162,23 +173,35 @@ def binding(cname, ret, params, pmpi_exists):
         post.insert(0, POST[cname])
     lname = fname(cname)
     out = []
-    for prefix, target in (("", cname), ("p", "P" + cname if pmpi_exists else cname)):
-        f = prefix + lname + "_"
+    for (prefix, target), f in zip((("", cname), ("p", "P" + cname if pmpi_exists else cname)),
+                                   shim_names(cname, large)):
         call = f"{target}({', '.join(cargs)})"
+        storage = "static __attribute__((unused)) " if large else ""
         if ret == "int":
             sig = ", ".join(fargs + ["MPI_Fint *ierr"] + lens)
-            body = "".join(f"    {x}\n" for x in pre)
+            # IERROR is OPTIONAL in mpi_f08, whose procedures without choice buffers are these shims.
+            body = "    MPI_Fint vmf_e;\n    if (!ierr) ierr = &vmf_e;\n"
+            body += "".join(f"    {x}\n" for x in pre)
             body += f"    int vmf_rc = {call};\n"
             body += "".join(f"    {x}\n" for x in post)
             body += "    *ierr = vmf_rc;\n"
-            out.append(f"void {f}({sig})\n{{\n{body}}}\n")
+            out.append(f"{storage}void {f}({sig})\n{{\n{body}}}\n")
         else:
             if pre or post:
                 raise Skip("function with string arguments")
             sig = ", ".join(fargs + lens) or "void"
-            out.append(f"{ret} {f}({sig})\n{{\n    return {call};\n}}\n")
-        out.append(aliases(prefix + lname))
+            out.append(f"{storage}{ret} {f}({sig})\n{{\n    return {call};\n}}\n")
+        if not large:
+            out.append(aliases(prefix + lname))
     return "".join(out)
+
+
+def special_source(name, P, fn, lead=1, p=""):
+    """The hand-written shim `name` of SPECIAL_SRC, calling {P}MPI_..., defined as function fn (spawn's only:
+    the others are named by the {p} prefix); lead: whether spawn arguments lose leading blanks."""
+    # IERROR is OPTIONAL in mpi_f08 (these shims serve it too): an absent one is NULL.
+    body = re.sub(r"\)\s*\{\{", ")\n{{ MPI_Fint vmf_e; if (!ierr) ierr = &vmf_e;", SPECIAL_SRC[name], count=1)
+    return body.format(p=p, P=P, fn=fn, lead=lead)
 
 
 def aliases(lname):
@@ -237,13 +260,13 @@ void {p}mpi_info_get_string_(MPI_Fint *info, char *key, MPI_Fint *buflen, char *
 """,
     # COMMAND and ARGV are CHARACTER*(*); ARGV ends with a blank entry, MPI_ARGV_NULL is /MPIPRIVC/'s.
     "MPI_Comm_spawn": """
-void {p}mpi_comm_spawn_(char *command, char *argv, MPI_Fint *maxprocs, MPI_Fint *info, MPI_Fint *root,
+void {fn}(char *command, char *argv, MPI_Fint *maxprocs, MPI_Fint *info, MPI_Fint *root,
                        MPI_Fint *comm, MPI_Fint *intercomm, MPI_Fint *errcodes, MPI_Fint *ierr,
                        size_t command_len, size_t argv_len)
 {{
     char *cmd = vmf_str_in(command, command_len, 1);
     int bad = 0;
-    char **av = vmf_argv_in(argv, 1, argv_len, 0, &bad);
+    char **av = vmf_argv_in(argv, 1, argv_len, 0, {lead}, &bad);
     if (!cmd || bad) {{ *ierr = MPI_ERR_NO_MEM; free(cmd); vmf_argv_free(av); return; }}
     *ierr = {P}MPI_Comm_spawn(cmd, av, *maxprocs, *info, *root, *comm, intercomm, vmf_errcodes(errcodes));
     free(cmd);
@@ -253,18 +276,19 @@ void {p}mpi_comm_spawn_(char *command, char *argv, MPI_Fint *maxprocs, MPI_Fint 
     # ARRAY_OF_COMMANDS(COUNT) and ARRAY_OF_ARGV(COUNT, *) (column-major: argument j of command i at
     # i + j * COUNT), each command's arguments ending with a blank entry; MPI_ARGVS_NULL is /MPIPRIVC/'s.
     "MPI_Comm_spawn_multiple": """
-void {p}mpi_comm_spawn_multiple_(MPI_Fint *count, char *commands, char *argvs, MPI_Fint *maxprocs,
+void {fn}(MPI_Fint *count, char *commands, char *argvs, MPI_Fint *maxprocs,
                                 MPI_Fint *infos, MPI_Fint *root, MPI_Fint *comm, MPI_Fint *intercomm,
                                 MPI_Fint *errcodes, MPI_Fint *ierr, size_t commands_len, size_t argvs_len)
 {{
     int n = *count > 0 ? *count : 0, bad = 0;
     char **cmds = calloc((size_t)n + 1, sizeof *cmds);
-    char ***avs = argvs == &mpiprivc_[0] ? NULL : calloc((size_t)n + 1, sizeof *avs);
-    if (!cmds || (argvs != &mpiprivc_[0] && !avs)) bad = 1;
+    int none = argvs == &mpiprivc_[0] || VMF_F08_IS(argvs, __mpi_f08_link_constants_MOD_mpi_argvs_null);
+    char ***avs = none ? NULL : calloc((size_t)n + 1, sizeof *avs);
+    if (!cmds || (!none && !avs)) bad = 1;
     for (int i = 0; !bad && i < n; i++) {{
         cmds[i] = vmf_str_in(commands + (size_t)i * commands_len, commands_len, 1);
         if (!cmds[i]) bad = 1;
-        if (avs) avs[i] = vmf_argv_in(argvs + (size_t)i * argvs_len, (size_t)n, argvs_len, 1, &bad);
+        if (avs) avs[i] = vmf_argv_in(argvs + (size_t)i * argvs_len, (size_t)n, argvs_len, 1, {lead}, &bad);
     }}
     if (bad) *ierr = MPI_ERR_NO_MEM;
     else *ierr = {P}MPI_Comm_spawn_multiple(*count, cmds, avs, maxprocs, infos, *root, *comm, intercomm,
@@ -349,7 +373,7 @@ void {p}mpi_comm_get_attr_(MPI_Fint *comm, MPI_Fint *keyval, MPI_Aint *val, MPI_
 {{
     void *v = NULL; int f = 0, k = *keyval, pre = vmf_comm_keyval_predef(k);
     *ierr = {P}MPI_Comm_get_attr(*comm, pre ? k - 1 : k, &v, &f);
-    if (*ierr == MPI_SUCCESS && f) *val = pre ? (MPI_Aint)*(int *)v : (MPI_Aint)v;
+    if (*ierr == MPI_SUCCESS && f) *val = pre ? (MPI_Aint)*(int *)v : vmf_cell_value(v);
     *flag = f;
 }}
 """,
@@ -358,13 +382,18 @@ void {p}mpi_attr_get_(MPI_Fint *comm, MPI_Fint *keyval, MPI_Fint *val, MPI_Fint 
 {{
     void *v = NULL; int f = 0, k = *keyval, pre = vmf_comm_keyval_predef(k);
     *ierr = {P}MPI_Attr_get(*comm, pre ? k - 1 : k, &v, &f);
-    if (*ierr == MPI_SUCCESS && f) *val = pre ? *(int *)v : (MPI_Fint)(MPI_Aint)v;
+    if (*ierr == MPI_SUCCESS && f) *val = pre ? *(int *)v : (MPI_Fint)vmf_cell_value(v);
     *flag = f;
 }}
 """,
     "MPI_Comm_set_attr": """
 void {p}mpi_comm_set_attr_(MPI_Fint *comm, MPI_Fint *keyval, MPI_Aint *val, MPI_Fint *ierr)
-{{ *ierr = {P}MPI_Comm_set_attr(*comm, *keyval, (void *)*val); }}
+{{
+    MPI_Aint *cell = vmf_cell_new(*val);
+    if (!cell) {{ *ierr = MPI_ERR_NO_MEM; return; }}
+    *ierr = {P}MPI_Comm_set_attr(*comm, *keyval, cell);
+    if (*ierr != MPI_SUCCESS) vmf_cell_free(cell);
+}}
 """,
     "MPI_Attr_put": """
 void {p}mpi_attr_put_(MPI_Fint *comm, MPI_Fint *keyval, MPI_Fint *val, MPI_Fint *ierr)
@@ -375,13 +404,18 @@ void {p}mpi_type_get_attr_(MPI_Fint *type, MPI_Fint *keyval, MPI_Aint *val, MPI_
 {{
     void *v = NULL; int f = 0;
     *ierr = {P}MPI_Type_get_attr(*type, *keyval, &v, &f);
-    if (*ierr == MPI_SUCCESS && f) *val = (MPI_Aint)v;
+    if (*ierr == MPI_SUCCESS && f) *val = vmf_cell_value(v);
     *flag = f;
 }}
 """,
     "MPI_Type_set_attr": """
 void {p}mpi_type_set_attr_(MPI_Fint *type, MPI_Fint *keyval, MPI_Aint *val, MPI_Fint *ierr)
-{{ *ierr = {P}MPI_Type_set_attr(*type, *keyval, (void *)*val); }}
+{{
+    MPI_Aint *cell = vmf_cell_new(*val);
+    if (!cell) {{ *ierr = MPI_ERR_NO_MEM; return; }}
+    *ierr = {P}MPI_Type_set_attr(*type, *keyval, cell);
+    if (*ierr != MPI_SUCCESS) vmf_cell_free(cell);
+}}
 """,
     "MPI_Win_get_attr": """
 void {p}mpi_win_get_attr_(MPI_Fint *win, MPI_Fint *keyval, MPI_Aint *val, MPI_Fint *flag, MPI_Fint *ierr)
@@ -389,7 +423,8 @@ void {p}mpi_win_get_attr_(MPI_Fint *win, MPI_Fint *keyval, MPI_Aint *val, MPI_Fi
     void *v = NULL; int f = 0, k = *keyval, pre = vmf_win_keyval_predef(k);
     *ierr = {P}MPI_Win_get_attr(*win, pre ? k - 1 : k, &v, &f);
     if (*ierr == MPI_SUCCESS && f) {{
-        if (!pre || k - 1 == MPI_WIN_BASE) *val = (MPI_Aint)v;
+        if (!pre) *val = vmf_cell_value(v);
+        else if (k - 1 == MPI_WIN_BASE) *val = (MPI_Aint)v;
         else if (k - 1 == MPI_WIN_SIZE) *val = *(MPI_Aint *)v;
         else *val = *(int *)v;
     }}
@@ -398,12 +433,18 @@ void {p}mpi_win_get_attr_(MPI_Fint *win, MPI_Fint *keyval, MPI_Aint *val, MPI_Fi
 """,
     "MPI_Win_set_attr": """
 void {p}mpi_win_set_attr_(MPI_Fint *win, MPI_Fint *keyval, MPI_Aint *val, MPI_Fint *ierr)
-{{ *ierr = {P}MPI_Win_set_attr(*win, *keyval, (void *)*val); }}
+{{
+    MPI_Aint *cell = vmf_cell_new(*val);
+    if (!cell) {{ *ierr = MPI_ERR_NO_MEM; return; }}
+    *ierr = {P}MPI_Win_set_attr(*win, *keyval, cell);
+    if (*ierr != MPI_SUCCESS) vmf_cell_free(cell);
+}}
 """,
 }
 
 PROLOGUE = r"""/* fbind.c -- vmfabric's Fortran binding (libmpichfort.so.12). Generated by mpi/fortran/gen.py from mpi.h at
  * build time; do not edit. Calls the C library (libmpich.so.12) through its public API only. */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include "mpi.h"
@@ -419,6 +460,18 @@ char mpiprivc_[2] __attribute__((aligned(32)));
 MPI_Fint mpifcmb5_ __attribute__((aligned(16)));
 MPI_Fint mpifcmb9_ __attribute__((aligned(16)));
 
+/* mpi_f08's sentinels (module mpi_f08_link_constants and mpi_f08_callbacks, linked into this library when
+ * gfortran built them): the same shims serve both bindings. */
+#ifdef VMF_F08
+extern MPI_Fint MPIR_F08_MPI_STATUS_IGNORE_OBJ[5], MPIR_F08_MPI_STATUSES_IGNORE_OBJ[5];
+extern char __mpi_f08_link_constants_MOD_mpi_argv_null[1], __mpi_f08_link_constants_MOD_mpi_argvs_null[1];
+extern MPI_Fint __mpi_f08_link_constants_MOD_mpi_errcodes_ignore[1];
+extern MPI_Fint __mpi_f08_link_constants_MOD_mpi_unweighted[1], __mpi_f08_link_constants_MOD_mpi_weights_empty[1];
+extern void __mpi_f08_callbacks_MOD_mpi_conversion_fn_null(void);
+#define VMF_F08_IS(p, sym) ((const void *)(p) == (const void *)(sym))
+#else
+#define VMF_F08_IS(p, sym) 0
+#endif
 static inline void *vmf_buf(void *p)
 {
     if (p == (void *)&mpipriv1_.bottom) return MPI_BOTTOM;
@@ -427,20 +480,23 @@ static inline void *vmf_buf(void *p)
 }
 static inline MPI_Status *vmf_status(MPI_Fint *p)
 {
-    return p == mpipriv1_.status_ignore ? MPI_STATUS_IGNORE : (MPI_Status *)(void *)p;
+    return p == mpipriv1_.status_ignore || VMF_F08_IS(p, MPIR_F08_MPI_STATUS_IGNORE_OBJ) ? MPI_STATUS_IGNORE
+                                                                                     : (MPI_Status *)(void *)p;
 }
 static inline MPI_Status *vmf_statuses(MPI_Fint *p)
 {
-    return p == mpipriv2_.statuses_ignore ? MPI_STATUSES_IGNORE : (MPI_Status *)(void *)p;
+    return p == mpipriv2_.statuses_ignore || VMF_F08_IS(p, MPIR_F08_MPI_STATUSES_IGNORE_OBJ)
+        ? MPI_STATUSES_IGNORE : (MPI_Status *)(void *)p;
 }
 static inline int *vmf_errcodes(MPI_Fint *p)
 {
-    return p == mpipriv2_.errcodes_ignore ? MPI_ERRCODES_IGNORE : p;
+    return p == mpipriv2_.errcodes_ignore || VMF_F08_IS(p, __mpi_f08_link_constants_MOD_mpi_errcodes_ignore)
+        ? MPI_ERRCODES_IGNORE : p;
 }
 static inline int *vmf_weights(MPI_Fint *p)
 {
-    if (p == &mpifcmb5_) return MPI_UNWEIGHTED;
-    if (p == &mpifcmb9_) return MPI_WEIGHTS_EMPTY;
+    if (p == &mpifcmb5_ || VMF_F08_IS(p, __mpi_f08_link_constants_MOD_mpi_unweighted)) return MPI_UNWEIGHTED;
+    if (p == &mpifcmb9_ || VMF_F08_IS(p, __mpi_f08_link_constants_MOD_mpi_weights_empty)) return MPI_WEIGHTS_EMPTY;
     return p;
 }
 /* Input strings: Fortran blank-padded, no NUL. Trailing blanks are dropped (leading ones too for info keys). */
@@ -453,12 +509,16 @@ static char *vmf_str_in(const char *s, size_t len, int trim_leading)
     if (c) { memcpy(c, s + b, e - b); c[e - b] = 0; }
     return c;
 }
-/* A Fortran argument list for MPI_Comm_spawn: entries of `len` characters `stride` entries apart (leading and
- * trailing blanks dropped, as MPICH does), ended by a
- * blank entry; MPI_ARGV_NULL (the second byte of /MPIPRIVC/) is NULL. Sets *bad when out of memory. */
-static char **vmf_argv_in(const char *a, size_t stride, size_t len, int multiple, int *bad)
+/* A Fortran argument list for MPI_Comm_spawn: entries of `len` characters `stride` entries apart (trailing
+ * blanks dropped, and with `lead` leading ones too: MPICH's mpif.h binding drops them, its mpi_f08 binding
+ * keeps them), ended by a blank entry; MPI_ARGV_NULL (the second byte of /MPIPRIVC/) is NULL. Sets *bad when
+ * out of memory. */
+static char **vmf_argv_in(const char *a, size_t stride, size_t len, int multiple, int lead, int *bad)
 {
-    if (len == 0 || a == &mpiprivc_[1] || (multiple && a == &mpiprivc_[0])) return NULL;
+    if (len == 0 || a == &mpiprivc_[1] || (multiple && a == &mpiprivc_[0]) ||
+        VMF_F08_IS(a, __mpi_f08_link_constants_MOD_mpi_argv_null) ||
+        (multiple && VMF_F08_IS(a, __mpi_f08_link_constants_MOD_mpi_argvs_null)))
+        return NULL;
     size_t n = 0;
     for (;;) {
         const char *e = a + n * stride * len;
@@ -470,7 +530,7 @@ static char **vmf_argv_in(const char *a, size_t stride, size_t len, int multiple
     char **v = calloc(n + 1, sizeof *v);
     if (!v) { *bad = 1; return NULL; }
     for (size_t i = 0; i < n; i++)
-        if (!(v[i] = vmf_str_in(a + i * stride * len, len, 1))) *bad = 1;
+        if (!(v[i] = vmf_str_in(a + i * stride * len, len, lead))) *bad = 1;
     return v;
 }
 static void vmf_argv_free(char **v)
@@ -499,6 +559,53 @@ static void vmf_str_out_copy(char *f, size_t len, char *c, int rc)
     }
     free(c);
 }
+/* Attribute values set from Fortran (MPI-2 style: INTEGER(KIND=MPI_ADDRESS_KIND)) live in cells, and C
+ * is given the cell's address: as the standard says (and MPICH does), C's MPI_Comm_get_attr then returns a
+ * pointer to the stored integer, while Fortran's returns the integer. The cells are registered, so a value
+ * set from C (any pointer) is told apart and passed to Fortran as its address. Cells of keyvals created
+ * from Fortran are freed when the attribute is deleted; those of C keyvals live as long as the process (their
+ * C callbacks may have copied the pointer). */
+static pthread_mutex_t vmf_cells_mu = PTHREAD_MUTEX_INITIALIZER;
+static MPI_Aint **vmf_cells;
+static size_t vmf_ncells, vmf_capcells;
+static MPI_Aint *vmf_cell_new(MPI_Aint v)
+{
+    MPI_Aint *c = malloc(sizeof *c);
+    if (!c) return NULL;
+    *c = v;
+    pthread_mutex_lock(&vmf_cells_mu);
+    if (vmf_ncells == vmf_capcells) {
+        size_t cap = vmf_capcells ? 2 * vmf_capcells : 64;
+        MPI_Aint **n = realloc(vmf_cells, cap * sizeof *n);
+        if (!n) { pthread_mutex_unlock(&vmf_cells_mu); free(c); return NULL; }
+        vmf_cells = n;
+        vmf_capcells = cap;
+    }
+    vmf_cells[vmf_ncells++] = c;
+    pthread_mutex_unlock(&vmf_cells_mu);
+    return c;
+}
+/* The integer a Fortran caller sees for attribute value p: the cell's content, or the pointer itself. */
+static MPI_Aint vmf_cell_value(void *p)
+{
+    MPI_Aint v = (MPI_Aint)p;
+    pthread_mutex_lock(&vmf_cells_mu);
+    for (size_t i = vmf_ncells; i-- > 0;)
+        if (vmf_cells[i] == p) { v = *vmf_cells[i]; break; }
+    pthread_mutex_unlock(&vmf_cells_mu);
+    return v;
+}
+static void vmf_cell_free(void *p)
+{
+    pthread_mutex_lock(&vmf_cells_mu);
+    for (size_t i = vmf_ncells; i-- > 0;)
+        if (vmf_cells[i] == p) {
+            vmf_cells[i] = vmf_cells[--vmf_ncells];
+            free(p);
+            break;
+        }
+    pthread_mutex_unlock(&vmf_cells_mu);
+}
 /* Attribute keyvals created from Fortran. The Fortran callbacks take every argument by reference and
  * return ierror; MPI-2 style (Comm/Type/Win_create_keyval) values are INTEGER(KIND=MPI_ADDRESS_KIND), MPI-1
  * style (Keyval_create) values INTEGER. Attribute values live in C as the pointer value. */
@@ -520,9 +627,13 @@ static __attribute__((unused)) int vmf_kv_copy(int old, int keyval, void *extra,
         k->copy(&h, &kv, &k->extra32, &vin, &vout, &fl, &ierr);
         if (fl) *(void **)out = (void *)(MPI_Aint)vout;
     } else {
-        MPI_Aint vin = (MPI_Aint)in, vout = 0;
+        MPI_Aint vin = vmf_cell_value(in), vout = 0;
         k->copy(&h, &kv, &k->extra, &vin, &vout, &fl, &ierr);
-        if (fl) *(void **)out = (void *)vout;
+        if (fl && ierr == MPI_SUCCESS) {
+            MPI_Aint *cell = vmf_cell_new(vout);
+            if (!cell) return MPI_ERR_NO_MEM;
+            *(void **)out = cell;
+        }
     }
     *flag = fl != 0;
     return ierr;
@@ -535,8 +646,9 @@ static __attribute__((unused)) int vmf_kv_delete(int h0, int keyval, void *val, 
         MPI_Fint v = (MPI_Fint)(MPI_Aint)val;
         k->del(&h, &kv, &v, &k->extra32, &ierr);
     } else {
-        MPI_Aint v = (MPI_Aint)val;
+        MPI_Aint v = vmf_cell_value(val);
         k->del(&h, &kv, &v, &k->extra, &ierr);
+        if (ierr == MPI_SUCCESS) vmf_cell_free(val);
     }
     return ierr;
 }
@@ -545,7 +657,14 @@ static __attribute__((unused)) int vmf_kv_delete(int h0, int keyval, void *val, 
 #define VMF_F_CB(name, body, ...) \
     void name##_(__VA_ARGS__) { body } \
     extern __typeof(name##_) name __attribute__((alias(#name "_"))); \
-    extern __typeof(name##_) name##__ __attribute__((alias(#name "_")));
+    extern __typeof(name##_) name##__ __attribute__((alias(#name "_"))); \
+    extern __typeof(name##_) p##name __attribute__((alias(#name "_"))); \
+    extern __typeof(name##_) p##name##_ __attribute__((alias(#name "_"))); \
+    extern __typeof(name##_) p##name##__ __attribute__((alias(#name "_")));
+/* The upper-case spellings (MPI_COMM_DUP_FN ... are also C macros of mpi.h). */
+#define VMF_F_CB_UPPER(lower, UPPER) \
+    extern __typeof(lower##_) UPPER __attribute__((alias(#lower "_"))); \
+    extern __typeof(lower##_) P##UPPER __attribute__((alias(#lower "_")));
 #define VMF_NULL_COPY(name) VMF_F_CB(name, *flag = 0; *ierr = MPI_SUCCESS; (void)h; (void)kv; (void)ex; (void)in; (void)out;, \
     MPI_Fint *h, MPI_Fint *kv, void *ex, void *in, void *out, MPI_Fint *flag, MPI_Fint *ierr)
 #define VMF_DUP(name, T) VMF_F_CB(name, *(T *)out = *(T *)in; *flag = 1; *ierr = MPI_SUCCESS; (void)h; (void)kv; (void)ex;, \
@@ -558,6 +677,25 @@ VMF_DUP(mpi_comm_dup_fn, MPI_Aint) VMF_DUP(mpi_type_dup_fn, MPI_Aint) VMF_DUP(mp
 VMF_DUP(mpi_dup_fn, MPI_Fint)
 VMF_NULL_DELETE(mpi_comm_null_delete_fn) VMF_NULL_DELETE(mpi_type_null_delete_fn)
 VMF_NULL_DELETE(mpi_win_null_delete_fn) VMF_NULL_DELETE(mpi_null_delete_fn)
+#undef MPI_COMM_NULL_COPY_FN
+#undef MPI_TYPE_NULL_COPY_FN
+#undef MPI_WIN_NULL_COPY_FN
+#undef MPI_NULL_COPY_FN
+#undef MPI_COMM_DUP_FN
+#undef MPI_TYPE_DUP_FN
+#undef MPI_WIN_DUP_FN
+#undef MPI_DUP_FN
+#undef MPI_COMM_NULL_DELETE_FN
+#undef MPI_TYPE_NULL_DELETE_FN
+#undef MPI_WIN_NULL_DELETE_FN
+#undef MPI_NULL_DELETE_FN
+VMF_F_CB_UPPER(mpi_comm_null_copy_fn, MPI_COMM_NULL_COPY_FN) VMF_F_CB_UPPER(mpi_type_null_copy_fn, MPI_TYPE_NULL_COPY_FN)
+VMF_F_CB_UPPER(mpi_win_null_copy_fn, MPI_WIN_NULL_COPY_FN) VMF_F_CB_UPPER(mpi_null_copy_fn, MPI_NULL_COPY_FN)
+VMF_F_CB_UPPER(mpi_comm_dup_fn, MPI_COMM_DUP_FN) VMF_F_CB_UPPER(mpi_type_dup_fn, MPI_TYPE_DUP_FN)
+VMF_F_CB_UPPER(mpi_win_dup_fn, MPI_WIN_DUP_FN) VMF_F_CB_UPPER(mpi_dup_fn, MPI_DUP_FN)
+VMF_F_CB_UPPER(mpi_comm_null_delete_fn, MPI_COMM_NULL_DELETE_FN)
+VMF_F_CB_UPPER(mpi_type_null_delete_fn, MPI_TYPE_NULL_DELETE_FN)
+VMF_F_CB_UPPER(mpi_win_null_delete_fn, MPI_WIN_NULL_DELETE_FN) VMF_F_CB_UPPER(mpi_null_delete_fn, MPI_NULL_DELETE_FN)
 
 /* Data representations registered from Fortran (MPI_REGISTER_DATAREP): conversion callbacks take USERBUF,
  * DATATYPE, COUNT, FILEBUF, POSITION (INTEGER(KIND=MPI_OFFSET_KIND)), EXTRA_STATE (ADDRESS_KIND), IERROR;
@@ -601,7 +739,10 @@ extern __typeof(mpi_conversion_fn_null_) pmpi_conversion_fn_null_ __attribute__(
 extern __typeof(mpi_conversion_fn_null_) pmpi_conversion_fn_null __attribute__((alias("mpi_conversion_fn_null_")));
 extern __typeof(mpi_conversion_fn_null_) pmpi_conversion_fn_null__ __attribute__((alias("mpi_conversion_fn_null_")));
 extern __typeof(mpi_conversion_fn_null_) PMPI_CONVERSION_FN_NULL __attribute__((alias("mpi_conversion_fn_null_")));
-static __attribute__((unused)) int vmf_conv_null(vmf_f_conv_fn *f) { return f == NULL || f == mpi_conversion_fn_null_; }
+static __attribute__((unused)) int vmf_conv_null(vmf_f_conv_fn *f) {
+    return f == NULL || f == mpi_conversion_fn_null_ ||
+           VMF_F08_IS(f, __mpi_f08_callbacks_MOD_mpi_conversion_fn_null);
+}
 
 /* MPI_SIZEOF: the specific procedures of MPICH's module mpi_sizeofs (programs compiled against MPICH's mpi.mod
  * call these symbols; our mpi.mod declares the same module procedures, so its callers land here too). */
@@ -617,6 +758,9 @@ extern __typeof(mpi_f_sync_reg_) MPI_F_SYNC_REG __attribute__((alias("mpi_f_sync
 extern __typeof(mpi_f_sync_reg_) mpi_f_sync_reg __attribute__((alias("mpi_f_sync_reg_")));
 extern __typeof(mpi_f_sync_reg_) mpi_f_sync_reg__ __attribute__((alias("mpi_f_sync_reg_")));
 extern __typeof(mpi_f_sync_reg_) pmpi_f_sync_reg_ __attribute__((alias("mpi_f_sync_reg_")));
+extern __typeof(mpi_f_sync_reg_) pmpi_f_sync_reg __attribute__((alias("mpi_f_sync_reg_")));
+extern __typeof(mpi_f_sync_reg_) pmpi_f_sync_reg__ __attribute__((alias("mpi_f_sync_reg_")));
+extern __typeof(mpi_f_sync_reg_) PMPI_F_SYNC_REG __attribute__((alias("mpi_f_sync_reg_")));
 
 static inline int vmf_comm_keyval_predef(int k)
 {
@@ -654,8 +798,9 @@ static int vmf_greq_cancel(void *p, int complete)
     return ierr;
 }
 
-/* MPI-1 functions removed in MPI-3 whose Fortran form takes INTEGER where C takes MPI_Aint: MPICH's Fortran
- * library still has them (old programs call them), so they are here, on their MPI-2 replacements. */
+/* MPI-1 functions removed in MPI-3 (the address ones take INTEGER where C takes MPI_Aint; MPI_ERRHANDLER_*
+ * were renamed): MPICH's Fortran library still has them (old programs call them), so they are here, on their
+ * MPI-2 replacements. */
 /* INTEGER displacements widened to MPI_Aint (malloc'd; NULL when out of memory). */
 static MPI_Aint *vmf_aints(const MPI_Fint *disps, MPI_Fint count)
 {
@@ -677,6 +822,12 @@ void p##mpi_type_ub_(MPI_Fint *type, MPI_Fint *ubout, MPI_Fint *ierr) \
 void p##mpi_type_hvector_(MPI_Fint *count, MPI_Fint *bl, MPI_Fint *stride, MPI_Fint *old, MPI_Fint *newt, \
                           MPI_Fint *ierr) \
 { *ierr = P##MPI_Type_create_hvector(*count, *bl, (MPI_Aint)*stride, *old, newt); } \
+void p##mpi_errhandler_create_(MPI_Comm_errhandler_function *fn, MPI_Fint *errhandler, MPI_Fint *ierr) \
+{ *ierr = P##MPI_Comm_create_errhandler(fn, errhandler); } \
+void p##mpi_errhandler_get_(MPI_Fint *comm, MPI_Fint *errhandler, MPI_Fint *ierr) \
+{ *ierr = P##MPI_Comm_get_errhandler(*comm, errhandler); } \
+void p##mpi_errhandler_set_(MPI_Fint *comm, MPI_Fint *errhandler, MPI_Fint *ierr) \
+{ *ierr = P##MPI_Comm_set_errhandler(*comm, *errhandler); } \
 void p##mpi_type_hindexed_(MPI_Fint *count, MPI_Fint *bls, MPI_Fint *disps, MPI_Fint *old, MPI_Fint *newt, \
                            MPI_Fint *ierr) \
 { \
@@ -694,7 +845,7 @@ void p##mpi_type_struct_(MPI_Fint *count, MPI_Fint *bls, MPI_Fint *disps, MPI_Fi
 VMF_REMOVED(, )
 VMF_REMOVED(P, p)
 """
-REMOVED_NAMES = ["mpi_address", "mpi_type_extent", "mpi_type_lb", "mpi_type_ub", "mpi_type_hvector",
+REMOVED_NAMES = ["mpi_errhandler_create", "mpi_errhandler_get", "mpi_errhandler_set", "mpi_address", "mpi_type_extent", "mpi_type_lb", "mpi_type_ub", "mpi_type_hvector",
                  "mpi_type_hindexed", "mpi_type_struct"]
 
 
@@ -706,6 +857,7 @@ def gen_bindings(header_text):
     src = [PROLOGUE] + [aliases(p + n) for n in REMOVED_NAMES for p in ("", "p")]
     report = []
     nbound = 0
+    old = {}
     for name in sorted(cfuncs):
         if name.startswith("PMPI"):
             continue
@@ -716,20 +868,24 @@ def gen_bindings(header_text):
                 report.append(f"skipped {name}: not bound")
                 continue
             for p, P in (("", ""), ("p", "P" if pmpi else "")):
-                src.append(SPECIAL_SRC[name].format(p=p, P=P))
+                src.append(special_source(name, P, f"{p}{fname(name)}_", p=p))
                 src.append(aliases(p + fname(name)))
             report.append(f"bound {name} (special)")
+            old[name] = shim_names(name, False)
             nbound += 1
             continue
+        large = name.endswith("_c")
         try:
-            s = binding(name, ret, parse_params(params), pmpi)
+            s = binding(name, ret, parse_params(params), pmpi, large)
         except Skip as e:
             report.append(f"skipped {name}: {e}")
             continue
         src.append(s)
-        report.append(f"bound {name}")
-        nbound += 1
-    return "".join(src), report, nbound
+        old[name] = shim_names(name, large)
+        if not large:
+            report.append(f"bound {name}")
+            nbound += 1
+    return "".join(src), report, nbound, cfuncs, old
 
 
 # ---------------------------------------------------------------- mpif.h
@@ -870,12 +1026,21 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--header", required=True)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--f08", action="store_true", help="also generate the mpi_f08 binding (needs gfortran)")
     a = ap.parse_args()
     text = open(a.header).read()
     os.makedirs(a.out, exist_ok=True)
-    src, report, n = gen_bindings(text)
+    src, report, n, cfuncs, old = gen_bindings(text)
     mpif, params = gen_mpif(text)
-    for fn, content in (("fbind.c", src), ("mpif.h", mpif), ("bindings.txt", "\n".join(report) + "\n")):
+    files = [("mpif.h", mpif)]
+    if a.f08:
+        import gen_f08  # imports this module's helpers
+        c08, wrappers, specs, rep08 = gen_f08.generate(text, cfuncs, old)
+        src = src + gen_f08.C_PROLOGUE + c08
+        report += rep08
+        files += [("f08_wrappers.f90", wrappers), ("mpi_f08.f90", gen_f08.gen_modules(text, specs, params))]
+    files += [("fbind.c", src), ("bindings.txt", "\n".join(report) + "\n")]
+    for fn, content in files:
         tmp = os.path.join(a.out, fn + ".tmp")
         with open(tmp, "w") as f:
             f.write(content)
