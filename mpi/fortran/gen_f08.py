@@ -154,7 +154,11 @@ def gen_ts(cname, params, target, ptarget, mname, pname, target_ierror=True):
     """C shim, and Fortran wrappers (MPI and PMPI), of one function with choice buffers. Without
     target_ierror (MPI_F_sync_reg) the mpif.h shim has no IERROR: the f08 one is set to MPI_SUCCESS."""
     asc = assoc(cname, params)
-    layout_ok = not any("count" in p["name"] for p in params)  # no counts: base address whatever the shape
+    base_ok = not any("count" in p["name"] for p in params)  # no counts: base address whatever the shape
+    # where an unresolvable buffer's error is raised
+    names = [p["name"] for p in params]
+    owner = next(((k, n) for k, n in (("c", "comm"), ("w", "win"), ("f", "fh")) if n in names), None)
+    raise_ = f"vmf_ch_raise('{owner[0]}', {owner[1]}, *ierr); " if owner else ""
     cparams, lens, pre, post, call = [], [], [], [], []
     for p in params:
         n, b = p["name"], p["base"]
@@ -164,10 +168,10 @@ def gen_ts(cname, params, target, ptarget, mname, pname, target_ierror=True):
             if a:
                 cnt, wide, dt = a
                 pre.append(f"struct vmf_ch c_{n};")
-                pre.append(f"if (vmf_choice(&c_{n}, {n}, {cnt}, {int(wide)}, {dt}, 1, ierr)) goto out;")
+                pre.append(f"if (vmf_choice(&c_{n}, {n}, {cnt}, {int(wide)}, {dt}, 0, ierr)) {{ {raise_}goto out; }}")
             else:
                 pre.append(f"struct vmf_ch c_{n};")
-                pre.append(f"if (vmf_choice(&c_{n}, {n}, NULL, 0, NULL, {int(layout_ok)}, ierr)) goto out;")
+                pre.append(f"if (vmf_choice(&c_{n}, {n}, NULL, 0, NULL, {int(base_ok)}, ierr)) {{ {raise_}goto out; }}")
             post.append(f"vmf_choice_end(&c_{n});")
             call.append(f"c_{n}.addr")
             continue
@@ -753,10 +757,10 @@ static int vmf_ch_fail(MPI_Fint *ierr, int code, const char *why)
     return 1;
 }
 /* Resolves one choice buffer. countp/typep point to the program's count and datatype when they describe this
- * buffer alone (wide: countp is INTEGER(KIND=MPI_COUNT_KIND)); layout says a non-contiguous section may be
- * passed by its base address (buffers without a count, e.g. MPI_Get_address). Returns nonzero with *ierr set
- * when the section cannot be described. */
-static int vmf_choice(struct vmf_ch *c, CFI_cdesc_t *d, void *countp, int wide, MPI_Fint *typep, int layout,
+ * buffer alone (wide: countp is INTEGER(KIND=MPI_COUNT_KIND)); base_ok says a non-contiguous section is
+ * passed by its first element (buffers of functions without a count, e.g. MPI_Get_address). Returns nonzero
+ * with *ierr set when the section cannot be described. */
+static int vmf_choice(struct vmf_ch *c, CFI_cdesc_t *d, void *countp, int wide, MPI_Fint *typep, int base_ok,
                       MPI_Fint *ierr)
 {
     c->made = 0;
@@ -773,7 +777,7 @@ static int vmf_choice(struct vmf_ch *c, CFI_cdesc_t *d, void *countp, int wide, 
     if (c->addr == (void *)&MPIR_F08_MPI_IN_PLACE) { c->addr = MPI_IN_PLACE; return 0; }
     if (d->rank == 0 || vmf_cdesc_contiguous(d)) return 0;
     if (!countp || !typep) {
-        if (!layout) return 0;
+        if (base_ok) return 0;
         return vmf_ch_fail(ierr, MPI_ERR_BUFFER, "a non-contiguous array section is accepted only where the "
                                                  "buffer has its own count and datatype (docs/mpi.md, mpi_f08)");
     }
@@ -810,6 +814,14 @@ static int vmf_choice(struct vmf_ch *c, CFI_cdesc_t *d, void *countp, int wide, 
     c->made = 1;
     if (wide) c->count64 = 1; else c->count32 = 1;
     return 0;
+}
+/* A buffer that could not be resolved is an error of the call: raised on its communicator, window or file
+ * (kind 'c', 'w', 'f'; 0: none), as the C function would raise its own errors. */
+static void vmf_ch_raise(int kind, MPI_Fint *h, MPI_Fint code)
+{
+    if (kind == 'c') PMPI_Comm_call_errhandler(*h, code);
+    else if (kind == 'w') PMPI_Win_call_errhandler(*h, code);
+    else if (kind == 'f') PMPI_File_call_errhandler(PMPI_File_f2c(*h), code);
 }
 static void vmf_choice_end(struct vmf_ch *c)
 {

@@ -139,12 +139,22 @@ program f08_p2p
     call MPI_Get_address(a(11), addr2)
     call check(MPI_Aint_diff(addr2, addr1) == 40, 'get_address / aint_diff')
 
+    ! A section passed where a count-less buffer is expected is taken at its first element.
+    call MPI_Get_address(a(11:40:3), addr2)
+    call check(MPI_Aint_diff(addr2, addr1) == 40, 'get_address of a section')
+
     ! Errors come back through IERROR with MPI_ERRORS_RETURN.
     call MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN)
     call MPI_Send(a, 1, MPI_INTEGER, size + 5, 0, dup, ierr)
     call check(ierr /= MPI_SUCCESS, 'invalid rank reported')
     call MPI_Error_class(ierr, flag_int)
     call check(flag_int == MPI_ERR_RANK, 'error class MPI_ERR_RANK')
+    ! A non-contiguous section where counts are per rank or shared (a reduction) cannot be described: the
+    ! call fails through the communicator's handler, and the data are left alone.
+    b = 7
+    call MPI_Allreduce(a(1:40:2), b(1:40:2), 20, MPI_INTEGER, MPI_SUM, dup, ierr)
+    call check(ierr /= MPI_SUCCESS, 'reduction of a section refused')
+    call check(all(b == 7), 'refused reduction left the buffer alone')
     call MPI_Comm_free(dup)
 
     call MPI_Sizeof(x(1), n)
