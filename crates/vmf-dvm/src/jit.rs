@@ -181,7 +181,7 @@ fn registers(p: &Program, ok: &[bool]) -> (BTreeSet<u32>, BTreeSet<u32>) {
 /// instead of moving each register's variable.
 const BULK: i64 = 4;
 /// Above this many words a copy calls memcpy instead of inline loads and stores.
-const INLINE_COPY: i64 = 128;
+const INLINE_COPY: i64 = 64;
 
 fn bulk(i: &Insn) -> bool {
     matches!(
