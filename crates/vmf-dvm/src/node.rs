@@ -10,7 +10,7 @@
 use crate::app::{App, Role};
 use crate::backend::{Backend, Direct, Remote};
 use crate::sync::SyncTable;
-use crate::vm::{JobConsole, Node, NodeReport, Trap, VmOptions};
+use crate::vm::{Input, JobConsole, Node, NodeReport, Trap, VmOptions};
 use std::time::Duration;
 use vmf_core::Fabric;
 
@@ -43,7 +43,7 @@ impl std::fmt::Display for NodeError {
 const UNMAPPED: usize = 24;
 
 /// Run this rank's node of `app`; `input` are the lines `in` instructions read.
-pub fn run_node(fab: &Fabric, app: &App, input: Vec<String>) -> Result<NodeEnd, NodeError> {
+pub fn run_node(fab: &Fabric, app: &App, input: Input) -> Result<NodeEnd, NodeError> {
     let setup = |m: String| NodeError::Setup(m);
     let rank = fab.rank();
     if fab.size() != app.nodes.len() {
@@ -119,11 +119,11 @@ fn run_compute(
     b: &dyn Backend,
     layout: &crate::space::Layout,
     opts: VmOptions,
-    input: Vec<String>,
+    input: Input,
 ) -> Result<NodeReport, Trap> {
     let (t, off) = layout.sync_home();
     let console = JobConsole {
-        lines: input,
+        input,
         sync: SyncTable::new(b, t, off),
     };
     let mut n = Node::new(id, index, prog, b, layout, opts, &console);

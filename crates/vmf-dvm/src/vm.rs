@@ -68,10 +68,91 @@ pub trait Console: Send + Sync {
     fn input(&self) -> Option<String>;
 }
 
+/// The lines `in` instructions read.
+pub enum Input {
+    /// All of them, known at the start (`--input FILE`).
+    Lines(Vec<String>),
+    /// A file that `vmfabric dvm run` appends to as its standard input (a terminal or a pipe) delivers
+    /// lines, and marks finished by creating `FILE.end`: an `in` waits for its line to arrive, so a
+    /// program can answer each line before the next is typed.
+    Stream(StreamInput),
+}
+
+impl Input {
+    /// Line `i` (0-based), or None when the input ended before it.
+    pub fn line(&self, i: usize) -> Option<String> {
+        match self {
+            Input::Lines(l) => l.get(i).cloned(),
+            Input::Stream(s) => s.line(i),
+        }
+    }
+}
+
+/// See [`Input::Stream`].
+pub struct StreamInput {
+    path: std::path::PathBuf,
+    /// Complete lines read so far, the bytes of an unfinished one, and the file offset read up to.
+    seen: Mutex<(Vec<String>, Vec<u8>, u64)>,
+}
+
+impl StreamInput {
+    pub fn new(path: std::path::PathBuf) -> Self {
+        StreamInput { path, seen: Mutex::new((Vec::new(), Vec::new(), 0)) }
+    }
+
+    /// The marker `vmfabric dvm run` creates once it has written the last line.
+    pub fn end_marker(path: &std::path::Path) -> std::path::PathBuf {
+        let mut p = path.as_os_str().to_owned();
+        p.push(".end");
+        p.into()
+    }
+
+    /// Read what the file gained since the last look into `seen`; with `last`, an unfinished final
+    /// line counts as a line (the input ended without a newline).
+    fn refill(&self, seen: &mut (Vec<String>, Vec<u8>, u64), last: bool) {
+        use std::io::{Read, Seek, SeekFrom};
+        if let Ok(mut f) = std::fs::File::open(&self.path) {
+            let mut buf = Vec::new();
+            if f.seek(SeekFrom::Start(seen.2)).is_ok() && f.read_to_end(&mut buf).is_ok() {
+                seen.2 += buf.len() as u64;
+                seen.1.extend_from_slice(&buf);
+            }
+        }
+        while let Some(nl) = seen.1.iter().position(|&c| c == b'\n') {
+            let rest = seen.1.split_off(nl + 1);
+            let line = std::mem::replace(&mut seen.1, rest);
+            seen.0.push(String::from_utf8_lossy(&line[..nl]).into_owned());
+        }
+        if last && !seen.1.is_empty() {
+            let line = std::mem::take(&mut seen.1);
+            seen.0.push(String::from_utf8_lossy(&line).into_owned());
+        }
+    }
+
+    fn line(&self, i: usize) -> Option<String> {
+        let end = Self::end_marker(&self.path);
+        loop {
+            {
+                let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+                self.refill(&mut seen, false);
+                if let Some(l) = seen.0.get(i) {
+                    return Some(l.clone());
+                }
+                // The marker is made after the last write: once it is there, one more read sees all.
+                if end.exists() {
+                    self.refill(&mut seen, true);
+                    return seen.0.get(i).cloned();
+                }
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+}
+
 /// A job's console: `out` lines on standard output; `in` takes the next line of the application's
-/// input (`vmfabric dvm run --input FILE`, or what was piped to it), in the order the nodes ask.
+/// input (`vmfabric dvm run --input FILE`, or what is piped or typed to it), in the order the nodes ask.
 pub struct JobConsole<'a> {
-    pub lines: Vec<String>,
+    pub input: Input,
     pub sync: SyncTable<'a>,
 }
 
@@ -83,7 +164,7 @@ impl Console for JobConsole<'_> {
     }
     fn input(&self) -> Option<String> {
         let i = self.sync.next_input().ok()?;
-        self.lines.get(i as usize).cloned()
+        self.input.line(i as usize)
     }
 }
 

@@ -3,6 +3,7 @@ use clap::{Args, Subcommand};
 use std::path::{Path, PathBuf};
 use vmf_dvm::app::{App, Options};
 use vmf_dvm::node::{run_node, NodeEnd};
+use vmf_dvm::vm::{Input, StreamInput};
 
 #[derive(Args)]
 pub struct DvmArgs {
@@ -40,10 +41,13 @@ struct AppOpts {
     /// Print each compute node's instruction and page counters on stderr at the end.
     #[arg(long)]
     stats: bool,
-    /// Lines `in` instructions read, in the order the nodes ask (default: what is piped to `dvm run`;
-    /// nothing when standard input is a terminal).
+    /// Lines `in` instructions read, in the order the nodes ask (default: what is typed or piped to
+    /// `dvm run`, line by line as it arrives; nothing when it runs in the background of a terminal).
     #[arg(long)]
     input: Option<PathBuf>,
+    /// (between `dvm run` and its nodes) --input is a file that grows until FILE.end exists.
+    #[arg(long, hide = true, requires = "input")]
+    input_stream: bool,
 }
 
 #[derive(Subcommand)]
@@ -105,43 +109,65 @@ fn load(dir: &Path, o: &AppOpts) -> Result<App, i32> {
     })
 }
 
-fn node_args(o: &AppOpts, input: Option<&Path>) -> Vec<String> {
+fn node_args(o: &AppOpts, input: Option<&Path>, stream: bool) -> Vec<String> {
     let mut a = options(o).to_args();
     if o.stats {
         a.push("--stats".into());
     }
     if let Some(i) = input {
         a.push(format!("--input={}", i.display()));
+        if stream {
+            a.push("--input-stream".into());
+        }
     }
     a
 }
 
-/// The input file for the nodes: --input, else standard input saved to a temporary file when it is not
-/// a terminal (removed with the returned guard).
-fn input_file(o: &AppOpts) -> Result<(Option<PathBuf>, Option<TempInput>), String> {
+/// The input for the nodes: --input as it is, else standard input forwarded line by line, as it arrives,
+/// into a temporary file the nodes follow (`in` waits for its line; the file's `.end` marker says the
+/// input is over). Returns the file, whether it is such a stream, and a guard removing the files. A
+/// terminal is read only while `dvm run` is its foreground job (a background read would stop it).
+fn input_file(o: &AppOpts) -> Result<(Option<PathBuf>, bool, Option<TempInput>), String> {
     if let Some(p) = &o.input {
         std::fs::metadata(p).map_err(|e| format!("--input {}: {e}", p.display()))?;
-        return Ok((Some(p.clone()), None));
+        return Ok((Some(p.clone()), false, None));
     }
-    // SAFETY: isatty only inspects descriptor 0.
-    if unsafe { libc::isatty(0) } == 1 {
-        return Ok((None, None));
-    }
-    let mut data = Vec::new();
-    std::io::Read::read_to_end(&mut std::io::stdin(), &mut data).map_err(|e| format!("standard input: {e}"))?;
-    if data.is_empty() {
-        return Ok((None, None));
+    // SAFETY: isatty, tcgetpgrp and getpgrp only inspect descriptor 0 and this process.
+    if unsafe { libc::isatty(0) == 1 && libc::tcgetpgrp(0) != libc::getpgrp() } {
+        return Ok((None, false, None));
     }
     let p = std::env::temp_dir().join(format!("vmf-dvm-input-{}", std::process::id()));
-    std::fs::write(&p, data).map_err(|e| format!("{}: {e}", p.display()))?;
-    Ok((Some(p.clone()), Some(TempInput(p))))
+    let end = vmf_dvm::vm::StreamInput::end_marker(&p);
+    let _ = std::fs::remove_file(&end);
+    let mut f = std::fs::File::create(&p).map_err(|e| format!("{}: {e}", p.display()))?;
+    let guard = TempInput(p.clone(), end.clone());
+    std::thread::spawn(move || {
+        use std::io::{BufRead, Write};
+        let mut stdin = std::io::stdin().lock();
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            match stdin.read_until(b'\n', &mut line) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {
+                    if f.write_all(&line).and_then(|_| f.flush()).is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+        let _ = std::fs::File::create(&end);
+    });
+    Ok((Some(p), true, Some(guard)))
 }
 
-struct TempInput(PathBuf);
+/// Removes the forwarded input and its end marker.
+struct TempInput(PathBuf, PathBuf);
 
 impl Drop for TempInput {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.0);
+        let _ = std::fs::remove_file(&self.1);
     }
 }
 
@@ -176,7 +202,7 @@ pub fn run(a: DvmArgs) -> i32 {
                 eprintln!("vmfabric dvm: cannot find the vmfabric executable");
                 return 2;
             };
-            let (input, _guard) = match input_file(&opts) {
+            let (input, stream, _guard) = match input_file(&opts) {
                 Ok(x) => x,
                 Err(e) => {
                     eprintln!("vmfabric dvm: {e}");
@@ -184,7 +210,7 @@ pub fn run(a: DvmArgs) -> i32 {
                 }
             };
             let mut args = vec!["dvm".to_string(), "node".to_string(), appdir.display().to_string()];
-            args.extend(node_args(&opts, input.as_deref()));
+            args.extend(node_args(&opts, input.as_deref(), stream));
             let mut ro = vmf_launch::RunOptions::new(app.nodes.len(), exe.display().to_string(), args);
             ro.quiet = true;
             ro.region_dir = crate::default_region_dir(None);
@@ -214,14 +240,15 @@ pub fn run(a: DvmArgs) -> i32 {
             };
             let me = &app.nodes[fab.rank().min(app.nodes.len() - 1)];
             let input = match &opts.input {
+                Some(p) if opts.input_stream => Input::Stream(StreamInput::new(p.clone())),
                 Some(p) => match std::fs::read_to_string(p) {
-                    Ok(t) => t.lines().map(str::to_string).collect(),
+                    Ok(t) => Input::Lines(t.lines().map(str::to_string).collect()),
                     Err(e) => {
                         eprintln!("vmfabric dvm: --input {}: {e}", p.display());
                         std::process::exit(2);
                     }
                 },
-                None => Vec::new(),
+                None => Input::Lines(Vec::new()),
             };
             let code = match run_node(&fab, &app, input) {
                 Ok(NodeEnd::Page) => 0,

@@ -534,6 +534,55 @@ hlt
     }
 }
 
+/// Interactive input: each line reaches `in` as it is written, so a program answers a line before the
+/// next one exists (the driver writes the second line only after it read the answer to the first), and
+/// closing the input ends it. Threads of two nodes waiting in `in` are not a deadlock.
+#[test]
+fn in_takes_each_line_as_it_arrives() {
+    use std::io::BufRead;
+    let tmp = Tmp::new("interactive");
+    tmp.write("app/nodes.txt", "[pagenodes]\n1 127.0.0.1 0\n[computenodes]\n2 127.0.0.1 a.dass 0\n3 127.0.0.1 a.dass 0\n");
+    // each node: read a line, print it doubled, three times (six lines in all, taken in any order)
+    tmp.write("app/a.dass", "set 5 $0\n:l\n in 0\n add 0 0\n out 0\n for 5 $3 l\nhlt\n");
+    std::fs::create_dir_all(tmp.path("regions")).unwrap();
+    let mut child = Command::new(bin())
+        .args(["dvm", "run", tmp.path("app").to_str().unwrap()])
+        .env("VMF_REGION_DIR", tmp.path("regions"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let out = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for l in std::io::BufReader::new(out).lines() {
+            if tx.send(l.unwrap()).is_err() {
+                break;
+            }
+        }
+    });
+    let mut stdin = child.stdin.take().unwrap();
+    let mut got = Vec::new();
+    for k in 1..=6i64 {
+        writeln!(stdin, "{}", 10 * k).unwrap();
+        stdin.flush().unwrap();
+        match rx.recv_timeout(LIMIT) {
+            Ok(l) => got.push(l.split_once(": ").map(|(_, v)| v.parse::<i64>().unwrap()).unwrap()),
+            Err(_) => {
+                // SAFETY: a plain kill(2) of the child's process group.
+                unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+                panic!("no answer to input line {k} within {LIMIT:?}: input is not taken as it arrives");
+            }
+        }
+        assert_eq!(got.last(), Some(&(20 * k)), "answer to line {k}");
+    }
+    drop(stdin);
+    let st = child.wait().unwrap();
+    assert!(st.success(), "{st:?}");
+}
+
 /// `in` reads the lines piped into `dvm run` (or --input), in the order the nodes ask.
 #[test]
 fn in_reads_piped_input_and_the_input_file() {
