@@ -482,6 +482,7 @@ END MODULE mpi_f08_types
     out.append("    LOGICAL, PARAMETER :: MPI_ASYNC_PROTECTS_NONBLOCKING = .FALSE.")
     out.append("END MODULE mpi_f08_compile_constants\n")
     out.append(LINK_AND_CALLBACKS)
+    out.append(mpi_constants_module())
     # As MPICH's: pmpi_f08 has the PMPI_ generics, mpi_f08 the MPI_ ones and (through pmpi_f08) the rest.
     out.append("\nMODULE pmpi_f08\n    USE mpi_f08_types\n    USE mpi_f08_compile_constants\n"
                "    USE mpi_f08_link_constants\n    USE mpi_f08_callbacks\n    IMPLICIT NONE\n")
@@ -491,6 +492,28 @@ END MODULE mpi_f08_types
     out.append(module_interfaces(specs, False))
     out.append("END MODULE mpi_f08\n")
     return "\n".join(out) + "\n"
+
+
+def mpi_constants_module():
+    """MPICH's module mpi_constants: behind its `mpi` module, SEQUENCE types for the handles (MPI_Comm ...
+    holding MPI_VAL, MPI_Status) with == and /= (commeq, commneq ...). Our `mpi` module does not use it; it is
+    here so that a program compiled against MPICH's mpi.mod that uses those types finds the procedures."""
+    kinds = [t for t in F08_HANDLES if t != "MPI_Session"]
+    out = ["\nMODULE mpi_constants", "    IMPLICIT NONE"]
+    for t in kinds:
+        out += [f"    TYPE :: {t}", "        SEQUENCE", "        INTEGER :: MPI_VAL", f"    END TYPE {t}"]
+    out += ["    TYPE :: MPI_Status", "        SEQUENCE", "        INTEGER :: count_lo, count_hi_and_cancelled",
+            "        INTEGER :: MPI_SOURCE, MPI_TAG, MPI_ERROR", "    END TYPE MPI_Status"]
+    short = [t[4:].lower() for t in kinds]
+    out += ["    INTERFACE OPERATOR(==)"] + [f"        MODULE PROCEDURE {k}eq" for k in short] + ["    END INTERFACE"]
+    out += ["    INTERFACE OPERATOR(/=)"] + [f"        MODULE PROCEDURE {k}neq" for k in short] + ["    END INTERFACE"]
+    out.append("CONTAINS")
+    for t, k in zip(kinds, short):
+        for op, sym in (("eq", "=="), ("neq", "/=")):
+            out += [f"    LOGICAL FUNCTION {k}{op}(lhs, rhs)", f"        TYPE({t}), INTENT(IN) :: lhs, rhs",
+                    f"        {k}{op} = lhs%MPI_VAL {sym} rhs%MPI_VAL", "    END FUNCTION"]
+    out.append("END MODULE mpi_constants\n")
+    return "\n".join(out)
 
 
 LINK_AND_CALLBACKS = """
