@@ -623,7 +623,7 @@ static __attribute__((unused)) int vmf_kv_copy(int old, int keyval, void *extra,
     struct vmf_kv *k = extra;
     MPI_Fint h = old, kv = keyval, fl = 0, ierr = MPI_SUCCESS;
     if (k->f77) {
-        MPI_Fint vin = (MPI_Fint)(MPI_Aint)in, vout = 0;
+        MPI_Fint vin = (MPI_Fint)vmf_cell_value(in), vout = 0;
         k->copy(&h, &kv, &k->extra32, &vin, &vout, &fl, &ierr);
         if (fl) *(void **)out = (void *)(MPI_Aint)vout;
     } else {
@@ -643,8 +643,9 @@ static __attribute__((unused)) int vmf_kv_delete(int h0, int keyval, void *val, 
     struct vmf_kv *k = extra;
     MPI_Fint h = h0, kv = keyval, ierr = MPI_SUCCESS;
     if (k->f77) {
-        MPI_Fint v = (MPI_Fint)(MPI_Aint)val;
+        MPI_Fint v = (MPI_Fint)vmf_cell_value(val);
         k->del(&h, &kv, &v, &k->extra32, &ierr);
+        if (ierr == MPI_SUCCESS) vmf_cell_free(val);
     } else {
         MPI_Aint v = vmf_cell_value(val);
         k->del(&h, &kv, &v, &k->extra, &ierr);

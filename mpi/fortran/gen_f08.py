@@ -19,7 +19,7 @@ module call the same symbols.
 """
 import re
 
-from gen import HANDLES, WIDE, FNPTR_OK, Skip, parse_params, fname, special_source
+from gen import HANDLES, WIDE, FNPTR_OK, MAX_STRINGS, Skip, parse_params, fname, special_source
 
 # void* parameters that are not choice buffers in the Fortran binding.
 NOT_CHOICE = {"baseptr", "attribute_val", "extra_state", "buffer_addr", "user_data", "obj_handle"}
@@ -127,6 +127,8 @@ def assoc(cname, params):
         if not is_choice(p):
             continue
         out[p["name"]] = None
+        if "partitions" in names:  # partitioned communication: count is per partition, not the buffer's
+            continue
         triples = ASSOC | (ASSOC_SENDRECV if "sendrecv" in cname.lower() else set())
         for bname, cnt, dt in triples:
             if p["name"] == bname and cnt in names and dt in names and names[cnt]["depth"] == 0 \
@@ -157,8 +159,9 @@ def gen_ts(cname, params, target, ptarget, mname, pname, target_ierror=True):
     base_ok = not any("count" in p["name"] for p in params)  # no counts: base address whatever the shape
     # where an unresolvable buffer's error is raised
     names = [p["name"] for p in params]
-    owner = next(((k, n) for k, n in (("c", "comm"), ("w", "win"), ("f", "fh")) if n in names), None)
-    raise_ = f"vmf_ch_raise('{owner[0]}', {owner[1]}, *ierr); " if owner else ""
+    owner = next(((k, f"*{n}") for k, n in (("c", "comm"), ("w", "win"), ("f", "fh")) if n in names),
+                 ("c", "MPI_COMM_WORLD"))
+    raise_ = f"vmf_ch_raise('{owner[0]}', {owner[1]}, *ierr); "
     cparams, lens, pre, post, call = [], [], [], [], []
     for p in params:
         n, b = p["name"], p["base"]
@@ -250,6 +253,25 @@ def gen_ts(cname, params, target, ptarget, mname, pname, target_ierror=True):
     return "".join(csrc), "".join(fsrc)
 
 
+# Functions whose buffers (and, for nonblocking collectives, count/displacement/type arrays) the library
+# may still use after the call returns: their dummies are ASYNCHRONOUS, as MPI_ASYNC_PROTECTS_NONBLOCKING
+# = .TRUE. promises (the same dummies as in MPICH's module).
+ASYNC_CALLS = re.compile(r"^MPI_(I(?!nit|nfo|ntercomm|probe|mprobe|s_thread)\w+|\w+_init|R?(put|get|accumulate|get_accumulate)"
+                         r"|Raccumulate|Compare_and_swap|Fetch_and_op|Buffer_attach|F_sync_reg|Free_mem|Get_address"
+                         r"|Win_(attach|create|detach)|File_i\w+|File_\w+_(begin|end)|Comm_idup\w*)(_c)?$", re.I)
+
+
+def asynchronous(cname, p):
+    if cname.startswith(("MPI_Info", "MPI_Init")) or not ASYNC_CALLS.match(cname):
+        return False
+    if is_choice(p):
+        return True
+    n = p["name"]
+    collective_arrays = n.endswith(("counts", "displs", "types")) and "[" in p["ctype"]
+    nonblocking = cname.startswith("MPI_I") or re.search(r"_init(_c)?$", cname)
+    return (collective_arrays and nonblocking) or (n == "newcomm" and "idup" in cname.lower())
+
+
 def interface_body(cname, params, spec, ret):
     """The interface body of one specific procedure in module mpi_f08 / pmpi_f08."""
     dummies = [p["name"] for p in params]
@@ -262,7 +284,8 @@ def interface_body(cname, params, spec, ret):
     lines.append("            IMPLICIT NONE")
     for p in params:
         t, dim = ftype(cname, p, True)
-        lines.append(f"            {t} :: {p['name']}{dim}")
+        a = ", ASYNCHRONOUS" if asynchronous(cname, p) else ""
+        lines.append(f"            {t}{a} :: {p['name']}{dim}")
     if ret == "int":
         lines.append("            INTEGER, OPTIONAL, INTENT(OUT) :: ierror")
         lines.append("        END SUBROUTINE")
@@ -476,10 +499,12 @@ END MODULE mpi_f08_types
     for name in sorted(mpif_params):
         if name in names or name in ("MPI_SOURCE", "MPI_TAG", "MPI_ERROR"):
             continue
-        out.append(f"    INTEGER, PARAMETER :: {name} = {mpif_params[name]}")
+        # mpi_f08's string maxima are C's (mpif.h's are one less), as in MPICH's module
+        v = mpif_params[name] + (1 if name in MAX_STRINGS else 0)
+        out.append(f"    INTEGER, PARAMETER :: {name} = {v}")
     out.append("    INTEGER(KIND=MPI_OFFSET_KIND), PARAMETER :: MPI_DISPLACEMENT_CURRENT = -54278278")
     out.append("    LOGICAL, PARAMETER :: MPI_SUBARRAYS_SUPPORTED = .TRUE.")
-    out.append("    LOGICAL, PARAMETER :: MPI_ASYNC_PROTECTS_NONBLOCKING = .FALSE.")
+    out.append("    LOGICAL, PARAMETER :: MPI_ASYNC_PROTECTS_NONBLOCKING = .TRUE.")
     out.append("END MODULE mpi_f08_compile_constants\n")
     out.append(LINK_AND_CALLBACKS)
     out.append(mpi_constants_module())
@@ -831,7 +856,7 @@ static int vmf_choice(struct vmf_ch *c, CFI_cdesc_t *d, void *countp, int wide, 
     MPI_Datatype nt = MPI_DATATYPE_NULL;
     int rc = PMPI_Type_create_hindexed_block(k, (int)per, disp, c->type, &nt);
     free(disp);
-    if (rc == MPI_SUCCESS) rc = PMPI_Type_commit(&nt);
+    if (rc == MPI_SUCCESS && (rc = PMPI_Type_commit(&nt)) != MPI_SUCCESS) PMPI_Type_free(&nt);
     if (rc != MPI_SUCCESS) { *ierr = rc; return 1; }
     c->type = nt;
     c->made = 1;
@@ -839,12 +864,12 @@ static int vmf_choice(struct vmf_ch *c, CFI_cdesc_t *d, void *countp, int wide, 
     return 0;
 }
 /* A buffer that could not be resolved is an error of the call: raised on its communicator, window or file
- * (kind 'c', 'w', 'f'; 0: none), as the C function would raise its own errors. */
-static void vmf_ch_raise(int kind, MPI_Fint *h, MPI_Fint code)
+ * (kind 'c', 'w', 'f'), or MPI_COMM_WORLD for functions without one, as the C function raises its own. */
+static void vmf_ch_raise(int kind, MPI_Fint h, MPI_Fint code)
 {
-    if (kind == 'c') PMPI_Comm_call_errhandler(*h, code);
-    else if (kind == 'w') PMPI_Win_call_errhandler(*h, code);
-    else if (kind == 'f') PMPI_File_call_errhandler(PMPI_File_f2c(*h), code);
+    if (kind == 'c') PMPI_Comm_call_errhandler(h, code);
+    else if (kind == 'w') PMPI_Win_call_errhandler(h, code);
+    else if (kind == 'f') PMPI_File_call_errhandler(PMPI_File_f2c(h), code);
 }
 static void vmf_choice_end(struct vmf_ch *c)
 {
