@@ -16,10 +16,7 @@ import re
 import sys
 
 TOKEN = re.compile(r"\(|\)|'(?:[^']|'')*'|[^\s()']+")
-# MPICH-internal: these take its internal type c_status (module mpi_c_interface_types) where ours take a
-# TYPE(C_PTR), or are assignment helpers of that type.
-IGNORED = {"mpi_status_f082c", "mpi_status_c2f08", "pmpi_status_f082c", "pmpi_status_c2f08",
-           "mpi_status_c_assign_f08", "mpi_status_f08_assign_c"}
+IGNORED = set()
 
 
 def parse(text):

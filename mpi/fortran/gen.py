@@ -282,7 +282,8 @@ void {fn}(MPI_Fint *count, char *commands, char *argvs, MPI_Fint *maxprocs,
 {{
     int n = *count > 0 ? *count : 0, bad = 0;
     char **cmds = calloc((size_t)n + 1, sizeof *cmds);
-    int none = argvs == &mpiprivc_[0] || VMF_F08_IS(argvs, __mpi_f08_link_constants_MOD_mpi_argvs_null);
+    int none = argvs == &mpiprivc_[0] || argvs == MPI_F_ARGVS_NULL ||
+               VMF_F08_IS(argvs, __mpi_f08_link_constants_MOD_mpi_argvs_null);
     char ***avs = none ? NULL : calloc((size_t)n + 1, sizeof *avs);
     if (!cmds || (!none && !avs)) bad = 1;
     for (int i = 0; !bad && i < n; i++) {{
@@ -459,6 +460,10 @@ struct vmf_mpipriv2 mpipriv2_ __attribute__((aligned(32)));
 char mpiprivc_[2] __attribute__((aligned(32)));
 MPI_Fint mpifcmb5_ __attribute__((aligned(16)));
 MPI_Fint mpifcmb9_ __attribute__((aligned(16)));
+/* MPICH's library also exports objects of these names for MPI_ARGV(S)_NULL and MPI_ERRCODES_IGNORE: a
+ * program or tool passing them means those sentinels too. */
+char MPI_F_ARGV_NULL[1], MPI_F_ARGVS_NULL[1];
+MPI_Fint MPI_F_ERRCODES_IGNORE[1];
 
 /* mpi_f08's sentinels (module mpi_f08_link_constants and mpi_f08_callbacks, linked into this library when
  * gfortran built them): the same shims serve both bindings. */
@@ -490,8 +495,8 @@ static inline MPI_Status *vmf_statuses(MPI_Fint *p)
 }
 static inline int *vmf_errcodes(MPI_Fint *p)
 {
-    return p == mpipriv2_.errcodes_ignore || VMF_F08_IS(p, __mpi_f08_link_constants_MOD_mpi_errcodes_ignore)
-        ? MPI_ERRCODES_IGNORE : p;
+    return p == mpipriv2_.errcodes_ignore || p == MPI_F_ERRCODES_IGNORE ||
+           VMF_F08_IS(p, __mpi_f08_link_constants_MOD_mpi_errcodes_ignore) ? MPI_ERRCODES_IGNORE : p;
 }
 static inline int *vmf_weights(MPI_Fint *p)
 {
@@ -515,7 +520,8 @@ static char *vmf_str_in(const char *s, size_t len, int trim_leading)
  * out of memory. */
 static char **vmf_argv_in(const char *a, size_t stride, size_t len, int multiple, int lead, int *bad)
 {
-    if (len == 0 || a == &mpiprivc_[1] || (multiple && a == &mpiprivc_[0]) ||
+    if (len == 0 || a == &mpiprivc_[1] || (multiple && a == &mpiprivc_[0]) || a == MPI_F_ARGV_NULL ||
+        (multiple && a == MPI_F_ARGVS_NULL) ||
         VMF_F08_IS(a, __mpi_f08_link_constants_MOD_mpi_argv_null) ||
         (multiple && VMF_F08_IS(a, __mpi_f08_link_constants_MOD_mpi_argvs_null)))
         return NULL;
