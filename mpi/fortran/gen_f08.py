@@ -72,7 +72,7 @@ def generic_name(cname):
     return F08_RENAME.get(base, base)
 
 
-def ftype(cname, p, for_module):
+def ftype(p):
     """Fortran declaration (type part, dimension) of one C parameter in the module interface."""
     b, d, n, ct = p["base"], p["depth"], p["name"], p["ctype"]
     arr = "[" in ct
@@ -283,7 +283,7 @@ def interface_body(cname, params, spec, ret):
     lines.append("            IMPORT")
     lines.append("            IMPLICIT NONE")
     for p in params:
-        t, dim = ftype(cname, p, True)
+        t, dim = ftype(p)
         a = ", ASYNCHRONOUS" if asynchronous(cname, p) else ""
         lines.append(f"            {t}{a} :: {p['name']}{dim}")
     if ret == "int":
