@@ -411,10 +411,10 @@ own_run("rma", "rma-", "One-sided (RMA)", "BENCH_IO=0 BENCH_MPI4PY=0 ",
 own_run("io", "io-", "MPI-IO", "BENCH_RMA=0 BENCH_MPI4PY=0 ",
         "`bench/c/mpi_io.c`, 4 ranks on 2 cores write then read one 1 GiB file collectively through a strided view "
         "(16 KiB blocks, MPI_File_write_at_all / read_at_all; the file in the page cache of the local disk).", "MPI-IO")
-own_run("mpi4py", "mpi4py-", "mpi4py", "BENCH_RMA=0 BENCH_IO=0 ",
+own_run("mpi4py", "mpi4py-", "mpi4py", "BENCH_MPI4PY_ROUNDS=9 BENCH_RMA=0 BENCH_IO=0 ",
         "`python -m mpi4py.bench pingpong -m 8 -n 8 -l 200000`, mpi4py 4.1.2 built once against Debian's MPICH "
-        "(`scripts/mpi4py-testsuite.sh`) and run over vmfabric and over MPICH, 2 ranks, in 5 interleaved rounds "
-        "(mpi4py initialises MPI_THREAD_MULTIPLE).", "mpi4py")
+        "(`scripts/mpi4py-testsuite.sh`) and run over vmfabric and over MPICH, 2 ranks, in 9 interleaved rounds "
+        "(mpi4py initialises MPI_THREAD_MULTIPLE); the rounds' own ratios are in bench/build/rounds.", "mpi4py")
 if over:
     parts.append(over.replace("\n# ", "\n## ", 1).replace("\n## ", "\n### ") if not over.startswith("#") else "## " + over.lstrip("#").lstrip().replace("\n## ", "\n### "))
 with open(out, "w") as f:
