@@ -659,31 +659,19 @@ static __attribute__((unused)) int vmf_kv_delete(int h0, int keyval, void *val, 
     }
     return ierr;
 }
-/* The predefined Fortran callbacks (MPI_COMM_NULL_COPY_FN ... in mpif.h), MPI-2 (ADDRESS_KIND) and MPI-1
- * (INTEGER) forms. */
-#define VMF_F_CB(name, body, ...) \
-    void name##_(__VA_ARGS__) { body } \
-    extern __typeof(name##_) name __attribute__((alias(#name "_"))); \
-    extern __typeof(name##_) name##__ __attribute__((alias(#name "_"))); \
-    extern __typeof(name##_) p##name __attribute__((alias(#name "_"))); \
-    extern __typeof(name##_) p##name##_ __attribute__((alias(#name "_"))); \
-    extern __typeof(name##_) p##name##__ __attribute__((alias(#name "_")));
-/* The upper-case spellings (MPI_COMM_DUP_FN ... are also C macros of mpi.h). */
-#define VMF_F_CB_UPPER(lower, UPPER) \
+/* Every other spelling MPICH exports for a Fortran-only procedure defined as lower_: lower, lower__, the
+ * upper case and the pmpi/PMPI forms (the upper-case names of the callbacks are also C macros of mpi.h,
+ * #undef'd before use). */
+#define VMF_SPELLINGS(lower, UPPER) \
+    extern __typeof(lower##_) lower __attribute__((alias(#lower "_"))); \
+    extern __typeof(lower##_) lower##__ __attribute__((alias(#lower "_"))); \
+    extern __typeof(lower##_) p##lower __attribute__((alias(#lower "_"))); \
+    extern __typeof(lower##_) p##lower##_ __attribute__((alias(#lower "_"))); \
+    extern __typeof(lower##_) p##lower##__ __attribute__((alias(#lower "_"))); \
     extern __typeof(lower##_) UPPER __attribute__((alias(#lower "_"))); \
     extern __typeof(lower##_) P##UPPER __attribute__((alias(#lower "_")));
-#define VMF_NULL_COPY(name) VMF_F_CB(name, *flag = 0; *ierr = MPI_SUCCESS; (void)h; (void)kv; (void)ex; (void)in; (void)out;, \
-    MPI_Fint *h, MPI_Fint *kv, void *ex, void *in, void *out, MPI_Fint *flag, MPI_Fint *ierr)
-#define VMF_DUP(name, T) VMF_F_CB(name, *(T *)out = *(T *)in; *flag = 1; *ierr = MPI_SUCCESS; (void)h; (void)kv; (void)ex;, \
-    MPI_Fint *h, MPI_Fint *kv, void *ex, void *in, void *out, MPI_Fint *flag, MPI_Fint *ierr)
-#define VMF_NULL_DELETE(name) VMF_F_CB(name, *ierr = MPI_SUCCESS; (void)h; (void)kv; (void)v; (void)ex;, \
-    MPI_Fint *h, MPI_Fint *kv, void *v, void *ex, MPI_Fint *ierr)
-VMF_NULL_COPY(mpi_comm_null_copy_fn) VMF_NULL_COPY(mpi_type_null_copy_fn) VMF_NULL_COPY(mpi_win_null_copy_fn)
-VMF_NULL_COPY(mpi_null_copy_fn)
-VMF_DUP(mpi_comm_dup_fn, MPI_Aint) VMF_DUP(mpi_type_dup_fn, MPI_Aint) VMF_DUP(mpi_win_dup_fn, MPI_Aint)
-VMF_DUP(mpi_dup_fn, MPI_Fint)
-VMF_NULL_DELETE(mpi_comm_null_delete_fn) VMF_NULL_DELETE(mpi_type_null_delete_fn)
-VMF_NULL_DELETE(mpi_win_null_delete_fn) VMF_NULL_DELETE(mpi_null_delete_fn)
+/* The predefined Fortran callbacks (MPI_COMM_NULL_COPY_FN ... in mpif.h), MPI-2 (ADDRESS_KIND) and MPI-1
+ * (INTEGER) forms. */
 #undef MPI_COMM_NULL_COPY_FN
 #undef MPI_TYPE_NULL_COPY_FN
 #undef MPI_WIN_NULL_COPY_FN
@@ -696,13 +684,22 @@ VMF_NULL_DELETE(mpi_win_null_delete_fn) VMF_NULL_DELETE(mpi_null_delete_fn)
 #undef MPI_TYPE_NULL_DELETE_FN
 #undef MPI_WIN_NULL_DELETE_FN
 #undef MPI_NULL_DELETE_FN
-VMF_F_CB_UPPER(mpi_comm_null_copy_fn, MPI_COMM_NULL_COPY_FN) VMF_F_CB_UPPER(mpi_type_null_copy_fn, MPI_TYPE_NULL_COPY_FN)
-VMF_F_CB_UPPER(mpi_win_null_copy_fn, MPI_WIN_NULL_COPY_FN) VMF_F_CB_UPPER(mpi_null_copy_fn, MPI_NULL_COPY_FN)
-VMF_F_CB_UPPER(mpi_comm_dup_fn, MPI_COMM_DUP_FN) VMF_F_CB_UPPER(mpi_type_dup_fn, MPI_TYPE_DUP_FN)
-VMF_F_CB_UPPER(mpi_win_dup_fn, MPI_WIN_DUP_FN) VMF_F_CB_UPPER(mpi_dup_fn, MPI_DUP_FN)
-VMF_F_CB_UPPER(mpi_comm_null_delete_fn, MPI_COMM_NULL_DELETE_FN)
-VMF_F_CB_UPPER(mpi_type_null_delete_fn, MPI_TYPE_NULL_DELETE_FN)
-VMF_F_CB_UPPER(mpi_win_null_delete_fn, MPI_WIN_NULL_DELETE_FN) VMF_F_CB_UPPER(mpi_null_delete_fn, MPI_NULL_DELETE_FN)
+#define VMF_F_CB(name, UPPER, body, ...) \
+    void name##_(__VA_ARGS__) { body } \
+    VMF_SPELLINGS(name, UPPER)
+#define VMF_NULL_COPY(name, UPPER) VMF_F_CB(name, UPPER, *flag = 0; *ierr = MPI_SUCCESS; (void)h; (void)kv; (void)ex; (void)in; (void)out;, \
+    MPI_Fint *h, MPI_Fint *kv, void *ex, void *in, void *out, MPI_Fint *flag, MPI_Fint *ierr)
+#define VMF_DUP(name, UPPER, T) VMF_F_CB(name, UPPER, *(T *)out = *(T *)in; *flag = 1; *ierr = MPI_SUCCESS; (void)h; (void)kv; (void)ex;, \
+    MPI_Fint *h, MPI_Fint *kv, void *ex, void *in, void *out, MPI_Fint *flag, MPI_Fint *ierr)
+#define VMF_NULL_DELETE(name, UPPER) VMF_F_CB(name, UPPER, *ierr = MPI_SUCCESS; (void)h; (void)kv; (void)v; (void)ex;, \
+    MPI_Fint *h, MPI_Fint *kv, void *v, void *ex, MPI_Fint *ierr)
+VMF_NULL_COPY(mpi_comm_null_copy_fn, MPI_COMM_NULL_COPY_FN) VMF_NULL_COPY(mpi_type_null_copy_fn, MPI_TYPE_NULL_COPY_FN)
+VMF_NULL_COPY(mpi_win_null_copy_fn, MPI_WIN_NULL_COPY_FN) VMF_NULL_COPY(mpi_null_copy_fn, MPI_NULL_COPY_FN)
+VMF_DUP(mpi_comm_dup_fn, MPI_COMM_DUP_FN, MPI_Aint) VMF_DUP(mpi_type_dup_fn, MPI_TYPE_DUP_FN, MPI_Aint)
+VMF_DUP(mpi_win_dup_fn, MPI_WIN_DUP_FN, MPI_Aint) VMF_DUP(mpi_dup_fn, MPI_DUP_FN, MPI_Fint)
+VMF_NULL_DELETE(mpi_comm_null_delete_fn, MPI_COMM_NULL_DELETE_FN)
+VMF_NULL_DELETE(mpi_type_null_delete_fn, MPI_TYPE_NULL_DELETE_FN)
+VMF_NULL_DELETE(mpi_win_null_delete_fn, MPI_WIN_NULL_DELETE_FN) VMF_NULL_DELETE(mpi_null_delete_fn, MPI_NULL_DELETE_FN)
 
 /* Data representations registered from Fortran (MPI_REGISTER_DATAREP): conversion callbacks take USERBUF,
  * DATATYPE, COUNT, FILEBUF, POSITION (INTEGER(KIND=MPI_OFFSET_KIND)), EXTRA_STATE (ADDRESS_KIND), IERROR;
@@ -738,14 +735,8 @@ static __attribute__((unused)) int vmf_drep_extent(MPI_Datatype t, MPI_Aint *ext
  * it does nothing. Every spelling (upper, lower, one or two underscores, PMPI) is this one procedure. */
 void mpi_conversion_fn_null_(void *u, MPI_Fint *t, MPI_Fint *c, void *fb, MPI_Offset *p, MPI_Aint *ex, MPI_Fint *ierr)
 { (void)u; (void)t; (void)c; (void)fb; (void)p; (void)ex; *ierr = MPI_SUCCESS; }
-extern __typeof(mpi_conversion_fn_null_) mpi_conversion_fn_null __attribute__((alias("mpi_conversion_fn_null_")));
-extern __typeof(mpi_conversion_fn_null_) mpi_conversion_fn_null__ __attribute__((alias("mpi_conversion_fn_null_")));
 #undef MPI_CONVERSION_FN_NULL
-extern __typeof(mpi_conversion_fn_null_) MPI_CONVERSION_FN_NULL __attribute__((alias("mpi_conversion_fn_null_")));
-extern __typeof(mpi_conversion_fn_null_) pmpi_conversion_fn_null_ __attribute__((alias("mpi_conversion_fn_null_")));
-extern __typeof(mpi_conversion_fn_null_) pmpi_conversion_fn_null __attribute__((alias("mpi_conversion_fn_null_")));
-extern __typeof(mpi_conversion_fn_null_) pmpi_conversion_fn_null__ __attribute__((alias("mpi_conversion_fn_null_")));
-extern __typeof(mpi_conversion_fn_null_) PMPI_CONVERSION_FN_NULL __attribute__((alias("mpi_conversion_fn_null_")));
+VMF_SPELLINGS(mpi_conversion_fn_null, MPI_CONVERSION_FN_NULL)
 static __attribute__((unused)) int vmf_conv_null(vmf_f_conv_fn *f) {
     return f == NULL || f == mpi_conversion_fn_null_ ||
            VMF_F08_IS(f, __mpi_f08_callbacks_MOD_mpi_conversion_fn_null);
@@ -761,13 +752,7 @@ VMF_SIZEOF(i8, 8) VMF_SIZEOF(i8v, 8) VMF_SIZEOF(l, 4) VMF_SIZEOF(lv, 4) VMF_SIZE
 
 /* Fortran-only: MPI_F_SYNC_REG(buf) only has to make the compiler assume buf was used. */
 void mpi_f_sync_reg_(void *buf) { __asm__ __volatile__("" : : "r"(buf) : "memory"); }
-extern __typeof(mpi_f_sync_reg_) MPI_F_SYNC_REG __attribute__((alias("mpi_f_sync_reg_")));
-extern __typeof(mpi_f_sync_reg_) mpi_f_sync_reg __attribute__((alias("mpi_f_sync_reg_")));
-extern __typeof(mpi_f_sync_reg_) mpi_f_sync_reg__ __attribute__((alias("mpi_f_sync_reg_")));
-extern __typeof(mpi_f_sync_reg_) pmpi_f_sync_reg_ __attribute__((alias("mpi_f_sync_reg_")));
-extern __typeof(mpi_f_sync_reg_) pmpi_f_sync_reg __attribute__((alias("mpi_f_sync_reg_")));
-extern __typeof(mpi_f_sync_reg_) pmpi_f_sync_reg__ __attribute__((alias("mpi_f_sync_reg_")));
-extern __typeof(mpi_f_sync_reg_) PMPI_F_SYNC_REG __attribute__((alias("mpi_f_sync_reg_")));
+VMF_SPELLINGS(mpi_f_sync_reg, MPI_F_SYNC_REG)
 
 static inline int vmf_comm_keyval_predef(int k)
 {
