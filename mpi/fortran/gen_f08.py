@@ -561,7 +561,8 @@ END MODULE mpi_f08_types
     out.append("    LOGICAL, PARAMETER :: MPI_SUBARRAYS_SUPPORTED = .TRUE.")
     out.append("    LOGICAL, PARAMETER :: MPI_ASYNC_PROTECTS_NONBLOCKING = .TRUE.")
     out.append("END MODULE mpi_f08_compile_constants\n")
-    out.append(LINK_AND_CALLBACKS)
+    out.append(LINK_AND_CALLBACKS.replace("@ATTR_INTERFACES@\n", attr_callbacks(True))
+               .replace("@ATTR_CALLBACKS@\n", attr_callbacks(False)))
     out.append(mpi_constants_module())
     # As MPICH's: pmpi_f08 has the PMPI_ generics, mpi_f08 the MPI_ ones and (through pmpi_f08) the rest.
     out.append("\nMODULE pmpi_f08\n    USE mpi_f08_types\n    USE mpi_f08_compile_constants\n"
@@ -594,6 +595,38 @@ def mpi_constants_module():
                     f"        {k}{op} = lhs%MPI_VAL {sym} rhs%MPI_VAL", "    END FUNCTION"]
     out.append("END MODULE mpi_constants\n")
     return "\n".join(out)
+
+
+def attr_callbacks(abstract):
+    """The attribute copy/delete callbacks of communicators, datatypes and windows: their abstract interfaces
+    (MPI_Comm_copy_attr_function ...), or the predefined procedures (MPI_COMM_NULL_COPY_FN, MPI_COMM_DUP_FN,
+    MPI_COMM_NULL_DELETE_FN ...: real procedures, called through the same trampolines as a program's)."""
+    out = []
+    ind = "        " if abstract else "    "
+    for kind, handle, old, obj in (("Comm", "MPI_Comm", "oldcomm", "comm"), ("Type", "MPI_Datatype", "oldtype", "datatype"),
+                                   ("Win", "MPI_Win", "oldwin", "win")):
+        kv = f"{kind.lower()}_keyval"
+        copy_decl = [f"TYPE({handle}) :: {old}", f"INTEGER :: {kv}, ierror",
+                     "INTEGER(KIND=8) :: extra_state, attribute_val_in, attribute_val_out", "LOGICAL :: flag"]
+        delete_decl = [f"TYPE({handle}) :: {obj}", f"INTEGER :: {kv}, ierror",
+                       "INTEGER(KIND=8) :: attribute_val, extra_state"]
+        copy_args = f"({old}, {kv}, extra_state, attribute_val_in, attribute_val_out, flag, ierror)"
+        delete_args = f"({obj}, {kv}, attribute_val, extra_state, ierror)"
+        if abstract:
+            procs = [(f"MPI_{kind}_copy_attr_function", copy_args, copy_decl, []),
+                     (f"MPI_{kind}_delete_attr_function", delete_args, delete_decl, [])]
+        else:
+            up = kind.upper()
+            procs = [(f"MPI_{up}_NULL_COPY_FN", copy_args, copy_decl, ["flag = .FALSE.", "ierror = 0"]),
+                     (f"MPI_{up}_DUP_FN", copy_args, copy_decl,
+                      ["attribute_val_out = attribute_val_in", "flag = .TRUE.", "ierror = 0"]),
+                     (f"MPI_{up}_NULL_DELETE_FN", delete_args, delete_decl, ["ierror = 0"])]
+        for name, args, decl, body in procs:
+            out += wrap_lines(f"{ind}SUBROUTINE {name}{args}", ind)
+            out += [f"{ind}    IMPORT"] if abstract else []
+            out += [f"{ind}    {x}" for x in decl + body]
+            out.append(f"{ind}END SUBROUTINE")
+    return "\n".join(out) + "\n"
 
 
 LINK_AND_CALLBACKS = """
@@ -632,48 +665,7 @@ MODULE mpi_f08_callbacks
             INTEGER(KIND=8) :: len
             TYPE(MPI_Datatype) :: datatype
         END SUBROUTINE
-        SUBROUTINE MPI_Comm_copy_attr_function(oldcomm, comm_keyval, extra_state, attribute_val_in, &
-                                               attribute_val_out, flag, ierror)
-            IMPORT
-            TYPE(MPI_Comm) :: oldcomm
-            INTEGER :: comm_keyval, ierror
-            INTEGER(KIND=8) :: extra_state, attribute_val_in, attribute_val_out
-            LOGICAL :: flag
-        END SUBROUTINE
-        SUBROUTINE MPI_Comm_delete_attr_function(comm, comm_keyval, attribute_val, extra_state, ierror)
-            IMPORT
-            TYPE(MPI_Comm) :: comm
-            INTEGER :: comm_keyval, ierror
-            INTEGER(KIND=8) :: attribute_val, extra_state
-        END SUBROUTINE
-        SUBROUTINE MPI_Type_copy_attr_function(oldtype, type_keyval, extra_state, attribute_val_in, &
-                                               attribute_val_out, flag, ierror)
-            IMPORT
-            TYPE(MPI_Datatype) :: oldtype
-            INTEGER :: type_keyval, ierror
-            INTEGER(KIND=8) :: extra_state, attribute_val_in, attribute_val_out
-            LOGICAL :: flag
-        END SUBROUTINE
-        SUBROUTINE MPI_Type_delete_attr_function(datatype, type_keyval, attribute_val, extra_state, ierror)
-            IMPORT
-            TYPE(MPI_Datatype) :: datatype
-            INTEGER :: type_keyval, ierror
-            INTEGER(KIND=8) :: attribute_val, extra_state
-        END SUBROUTINE
-        SUBROUTINE MPI_Win_copy_attr_function(oldwin, win_keyval, extra_state, attribute_val_in, &
-                                              attribute_val_out, flag, ierror)
-            IMPORT
-            TYPE(MPI_Win) :: oldwin
-            INTEGER :: win_keyval, ierror
-            INTEGER(KIND=8) :: extra_state, attribute_val_in, attribute_val_out
-            LOGICAL :: flag
-        END SUBROUTINE
-        SUBROUTINE MPI_Win_delete_attr_function(win, win_keyval, attribute_val, extra_state, ierror)
-            IMPORT
-            TYPE(MPI_Win) :: win
-            INTEGER :: win_keyval, ierror
-            INTEGER(KIND=8) :: attribute_val, extra_state
-        END SUBROUTINE
+@ATTR_INTERFACES@
         SUBROUTINE MPI_Comm_errhandler_function(comm, error_code)
             IMPORT
             TYPE(MPI_Comm) :: comm
@@ -735,81 +727,7 @@ MODULE mpi_f08_callbacks
         END SUBROUTINE
     END INTERFACE
 CONTAINS
-    SUBROUTINE MPI_COMM_NULL_COPY_FN(oldcomm, comm_keyval, extra_state, attribute_val_in, attribute_val_out, &
-                                     flag, ierror)
-        TYPE(MPI_Comm) :: oldcomm
-        INTEGER :: comm_keyval, ierror
-        INTEGER(KIND=8) :: extra_state, attribute_val_in, attribute_val_out
-        LOGICAL :: flag
-        flag = .FALSE.
-        ierror = 0
-    END SUBROUTINE
-    SUBROUTINE MPI_COMM_DUP_FN(oldcomm, comm_keyval, extra_state, attribute_val_in, attribute_val_out, &
-                               flag, ierror)
-        TYPE(MPI_Comm) :: oldcomm
-        INTEGER :: comm_keyval, ierror
-        INTEGER(KIND=8) :: extra_state, attribute_val_in, attribute_val_out
-        LOGICAL :: flag
-        attribute_val_out = attribute_val_in
-        flag = .TRUE.
-        ierror = 0
-    END SUBROUTINE
-    SUBROUTINE MPI_COMM_NULL_DELETE_FN(comm, comm_keyval, attribute_val, extra_state, ierror)
-        TYPE(MPI_Comm) :: comm
-        INTEGER :: comm_keyval, ierror
-        INTEGER(KIND=8) :: attribute_val, extra_state
-        ierror = 0
-    END SUBROUTINE
-    SUBROUTINE MPI_TYPE_NULL_COPY_FN(oldtype, type_keyval, extra_state, attribute_val_in, attribute_val_out, &
-                                     flag, ierror)
-        TYPE(MPI_Datatype) :: oldtype
-        INTEGER :: type_keyval, ierror
-        INTEGER(KIND=8) :: extra_state, attribute_val_in, attribute_val_out
-        LOGICAL :: flag
-        flag = .FALSE.
-        ierror = 0
-    END SUBROUTINE
-    SUBROUTINE MPI_TYPE_DUP_FN(oldtype, type_keyval, extra_state, attribute_val_in, attribute_val_out, &
-                               flag, ierror)
-        TYPE(MPI_Datatype) :: oldtype
-        INTEGER :: type_keyval, ierror
-        INTEGER(KIND=8) :: extra_state, attribute_val_in, attribute_val_out
-        LOGICAL :: flag
-        attribute_val_out = attribute_val_in
-        flag = .TRUE.
-        ierror = 0
-    END SUBROUTINE
-    SUBROUTINE MPI_TYPE_NULL_DELETE_FN(datatype, type_keyval, attribute_val, extra_state, ierror)
-        TYPE(MPI_Datatype) :: datatype
-        INTEGER :: type_keyval, ierror
-        INTEGER(KIND=8) :: attribute_val, extra_state
-        ierror = 0
-    END SUBROUTINE
-    SUBROUTINE MPI_WIN_NULL_COPY_FN(oldwin, win_keyval, extra_state, attribute_val_in, attribute_val_out, &
-                                    flag, ierror)
-        TYPE(MPI_Win) :: oldwin
-        INTEGER :: win_keyval, ierror
-        INTEGER(KIND=8) :: extra_state, attribute_val_in, attribute_val_out
-        LOGICAL :: flag
-        flag = .FALSE.
-        ierror = 0
-    END SUBROUTINE
-    SUBROUTINE MPI_WIN_DUP_FN(oldwin, win_keyval, extra_state, attribute_val_in, attribute_val_out, &
-                              flag, ierror)
-        TYPE(MPI_Win) :: oldwin
-        INTEGER :: win_keyval, ierror
-        INTEGER(KIND=8) :: extra_state, attribute_val_in, attribute_val_out
-        LOGICAL :: flag
-        attribute_val_out = attribute_val_in
-        flag = .TRUE.
-        ierror = 0
-    END SUBROUTINE
-    SUBROUTINE MPI_WIN_NULL_DELETE_FN(win, win_keyval, attribute_val, extra_state, ierror)
-        TYPE(MPI_Win) :: win
-        INTEGER :: win_keyval, ierror
-        INTEGER(KIND=8) :: attribute_val, extra_state
-        ierror = 0
-    END SUBROUTINE
+@ATTR_CALLBACKS@
     ! Passed to MPI_Register_datarep it means "no conversion" (the C shim recognises its address).
     SUBROUTINE MPI_CONVERSION_FN_NULL(userbuf, datatype, count, filebuf, position, extra_state, ierror)
         TYPE(C_PTR), VALUE :: userbuf, filebuf
