@@ -375,6 +375,13 @@ if vmj and _json.loads(vmj).get("rounds"):
             _qmed(lambda r: r["ompi_tcp_lat8"])[0], ol, ", ".join("%.3f" % x for x in olx), "**PASS**" if ol <= 0.25 else "**MISS**"))
         rows.append("| 4 MiB bandwidth vs Open MPI's TCP, MB/s | | %.0f (Open MPI) | | %.1fx (rounds %s) | %s >= 5x |" % (
             _qmed(lambda r: r["ompi_tcp_bw4m"])[0], ob, ", ".join("%.1f" % x for x in obx), "**PASS**" if ob >= 5 else "**MISS**"))
+    for gap in (2, 20):
+        if all(("ivshmem_wake%d_us" % gap) in r for r in VR):
+            rows.append("| wake-up of a rank asleep %d ms in a blocking receive (round trip), us | %.0f (doorbell: MSI-X through VFIO), "
+                        "waiting CPU %.0f %% | | %.0f (futex), waiting CPU %.0f %% | %.1fx host processes | reported |" % (
+                            gap, _qmed(lambda r: r["ivshmem_wake%d_us" % gap])[0], 100 * _qmed(lambda r: r["ivshmem_wake%d_cpu" % gap])[0],
+                            _qmed(lambda r: r["host_wake%d_us" % gap])[0], 100 * _qmed(lambda r: r["host_wake%d_cpu" % gap])[0],
+                            _qmed(lambda r: r["ivshmem_wake%d_us" % gap] / r["host_wake%d_us" % gap])[0]))
     F = VJ.get("failover") or {}
     if F.get("rank_ms"):
         rm = _st4.median(F["rank_ms"])

@@ -7,6 +7,8 @@
 #   - `vmfabric vm run -n 2 vmfabric bench latency --sizes 8` and `bench bw --sizes 4M`: one rank per guest,
 #     over ivshmem, then over TCP (VMF_SHM=0) between the same guests;
 #   - the same two benchmarks between two processes on the host (`vmfabric run -n 2`), for reference;
+#   - `bench wakeup` (a rank asleep in a blocking receive, woken by its peer after 2 and 20 ms) between
+#     the guests, woken through the ivshmem doorbell, and between two host processes (futex);
 #   - Open MPI's TCP between the same guests (bench/c/mpi_pingpong.c built with mpicc.openmpi; mpirun in
 #     vm0 reaches vm1 through `vmfabric vm rsh` as its plm_rsh_agent).
 # Then BENCH_VM_CYCLES (default 10) unplug/plug cycles of vm0 while 4 ranks (2 per guest) run
@@ -14,7 +16,8 @@
 # region and back (each rank's switch, from the request until every peer answered).
 # Writes $BENCH_RESULTS_DIR/vm.json: {"accel": "tcg"|"kvm", "accel_why": .., "boot_s": [..],
 # "rounds": [{"ivshmem_lat8": us, "tcp_lat8": us, "host_lat8": us, "ivshmem_bw4m": MB/s, "tcp_bw4m": ..,
-# "host_bw4m": .., "ompi_tcp_lat8": .., "ompi_tcp_bw4m": ..}], "failover": {"leave_ms": [..], "join_ms": [..], "rank_ms": [..], "device_del_ms": [..],
+# "host_bw4m": .., "ompi_tcp_lat8": .., "ompi_tcp_bw4m": .., "ivshmem_wake2_us": .., "ivshmem_wake2_cpu": ..,
+# "host_wake2_us": .., (and _wake20_)}], "failover": {"leave_ms": [..], "join_ms": [..], "rank_ms": [..], "device_del_ms": [..],
 # "migstress": "PASS ..."}}.
 #
 # Called by bench/run.sh (BENCH_VM=0 skips it), or alone after a release build: bash bench/vm.sh.
@@ -58,7 +61,7 @@ SHEOF
     chmod +x "$TMP/ompi.sh"
 fi
 "$VMF" vm down >/dev/null 2>&1 || true
-"$VMF" vm up --vms 2 > "$TMP/up.txt"
+"$VMF" vm up --vms 2 --doorbell > "$TMP/up.txt"
 "$VMF" vm ls --json > "$TMP/ls.json"
 cd "$TMP"
 one() { # one <out.json> <launcher...> -- runs a bench with --json
@@ -73,6 +76,10 @@ for r in $(seq 1 "$ROUNDS"); do
     one "r$r-ivb.json" "$VMF" vm run -n 2 --quiet vmfabric bench bw --sizes 4M --window 8 --iters 20
     one "r$r-tcb.json" env VMF_SHM=0 "$VMF" vm run -n 2 --quiet vmfabric bench bw --sizes 4M --window 8 --iters 10
     one "r$r-hob.json" "$VMF" run --quiet -n 2 "$VMF" bench bw --sizes 4M --window 8 --iters 50
+    for gap in 2 20; do
+        one "r$r-ivw$gap.json" "$VMF" vm run -n 2 --quiet vmfabric bench wakeup --iters 60 --gap-ms $gap
+        one "r$r-how$gap.json" "$VMF" run --quiet -n 2 "$VMF" bench wakeup --iters 60 --gap-ms $gap
+    done
     if [ "$OMPI" = 1 ]; then
         one "r$r-oml.json" "$VMF" vm run -n 1 --quiet ./ompi.sh ./pp.ompi latency --sizes 8 --iters 2000
         one "r$r-omb.json" "$VMF" vm run -n 1 --quiet ./ompi.sh ./pp.ompi bw --sizes 4194304 --window 8 --iters 10
@@ -105,6 +112,11 @@ for r in range(1, rounds + 1):
         "tcp_bw4m": first("r%d-tcb.json" % r, "mb_per_s"),
         "host_bw4m": first("r%d-hob.json" % r, "mb_per_s"),
     })
+    for gap in (2, 20):
+        for k, f in (("ivshmem", "ivw"), ("host", "how")):
+            w = json.load(open("r%d-%s%d.json" % (r, f, gap)))
+            R[-1]["%s_wake%d_us" % (k, gap)] = w["results"][0]["latency_us"]
+            R[-1]["%s_wake%d_cpu" % (k, gap)] = w["cpu_fraction"]
     try:
         R[-1]["ompi_tcp_lat8"] = first("r%d-oml.json" % r, "latency_us")
         R[-1]["ompi_tcp_bw4m"] = first("r%d-omb.json" % r, "mb_per_s")

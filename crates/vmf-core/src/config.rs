@@ -416,7 +416,7 @@ impl Config {
             return Some(self.region_path.clone().into());
         }
         if self.ivshmem {
-            return vmf_pal::pci::ivshmem_devices().into_iter().next().map(|d| d.bar2);
+            return vmf_pal::pci::region_device().map(|d| d.bar2);
         }
         None
     }

@@ -2648,10 +2648,23 @@ impl Engine {
                     }
                     shm.doorbell_fd()
                 }
+                // Peers in other VMs: sleep on our ivshmem doorbell vector, which they ring.
+                Some(shm) if shm.bell_fd().is_some() => {
+                    shm.prepare_sleep_bell();
+                    if shm.has_incoming() || done(self) {
+                        shm.cancel_sleep();
+                        return Ok(Stage::Spin);
+                    }
+                    shm.bell_fd()
+                }
                 Some(_) => None,
                 None => None,
             };
-            let t = if self.shm.as_ref().is_some_and(|s| !s.can_futex()) {
+            let t = if self
+                .shm
+                .as_ref()
+                .is_some_and(|s| !s.can_futex() && s.bell_fd().is_none())
+            {
                 *backoff
             } else {
                 most
@@ -2662,6 +2675,7 @@ impl Engine {
             if let Some(shm) = &self.shm {
                 shm.cancel_sleep();
                 shm.drain_doorbell();
+                shm.drain_bell();
             }
             self.waiter.sleeps += 1;
             if self.last_liveness.elapsed() >= live_every {
@@ -2679,6 +2693,17 @@ impl Engine {
                     return Ok(Stage::Spin);
                 }
                 shm.sleep(d, most);
+                self.waiter.sleeps += 1;
+                Stage::Sleep
+            }
+            Some(shm) if shm.bell_fd().is_some() => {
+                // Peers in other VMs ring our ivshmem doorbell vector.
+                shm.prepare_sleep_bell();
+                if shm.has_incoming() || done(self) {
+                    shm.cancel_sleep();
+                    return Ok(Stage::Spin);
+                }
+                shm.sleep_bell(most);
                 self.waiter.sleeps += 1;
                 Stage::Sleep
             }

@@ -188,9 +188,7 @@ fn mig_err(rank: usize, why: impl std::fmt::Display) -> Error {
 /// been plugged in since the job started), an existing file or device, or a directory for region files.
 pub fn region_source(dir: &std::path::Path) -> std::result::Result<RegionSource, String> {
     if dir.as_os_str() == "ivshmem" {
-        return vmf_pal::pci::ivshmem_devices()
-            .into_iter()
-            .next()
+        return vmf_pal::pci::region_device()
             .map(|d| RegionSource::Device(d.bar2))
             .ok_or_else(|| "this VM has no ivshmem device (it is unplugged)".to_string());
     }
@@ -319,6 +317,7 @@ impl Engine {
                 ));
             }
         }
+        mtrace!("{me}: settled");
         let source = match region_source(&spec.dir) {
             Ok(s) => s,
             Err(e) => {
@@ -337,7 +336,9 @@ impl Engine {
             )
             .map_err(|e| mig_err(me, e))?;
             let reg = Arc::new(reg);
+            mtrace!("{me}: region opened");
             let idx = reg.attach(me as u32).map_err(|e| mig_err(me, e))?;
+            mtrace!("{me}: region attached");
             let uuid = reg.uuid;
             let local = self
                 .locs
@@ -351,6 +352,7 @@ impl Engine {
                 self.cfg.wait,
                 WaitPolicy::Block | WaitPolicy::Adaptive
             ));
+            crate::attach_vm_bell(&mut t);
             let mut addr = None;
             if let Some(tcp) = self.tcp.as_mut() {
                 let job = vmf_transport::shm::region::job_hash(&ctx.job);
@@ -365,6 +367,7 @@ impl Engine {
             }
             Ok((t, addr))
         })();
+        mtrace!("{me}: transports prepared");
         let (new_shm, new_addr) = match prepared {
             Ok(x) => x,
             Err(e) => {

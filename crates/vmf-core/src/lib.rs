@@ -380,6 +380,7 @@ impl Fabric {
                 t.enable_socket_doorbell(vmf_transport::shm::region::job_hash(&job))
                     .map_err(|e| setup(rank, e))?;
             }
+            attach_vm_bell(&mut t);
             if cfg.verbose {
                 eprintln!(
                     "vmfabric: rank {rank}: region {} (uuid {}), slot {idx}, {} co-resident peers, ring {} KiB{}",
@@ -962,4 +963,41 @@ fn launcher_from_env() -> Option<ProcessId> {
         .and_then(|s| s.parse().ok())
         .unwrap_or(0);
     Some(ProcessId { pid, start_time })
+}
+
+/// In a VM whose region is an ivshmem BAR and that has an `ivshmem-doorbell` device (the region's own,
+/// or an interrupts-only one beside it): let `t` ring sleeping peers through the device, and sleep on the doorbell vector the guest's agent lent this rank (`VMF_IVSHMEM_BELL=<vector>:<fd>`,
+/// an eventfd the device's MSI-X vector signals). Elsewhere nothing happens.
+pub(crate) fn attach_vm_bell(t: &mut vmf_transport::shm::ShmTransport) {
+    static OWN: std::sync::OnceLock<Option<(u16, std::os::fd::RawFd)>> = std::sync::OnceLock::new();
+    let path = t.region().path().to_owned();
+    let devs = vmf_pal::pci::ivshmem_devices();
+    // Only a region in an ivshmem BAR has peers in other VMs (a guest's own region file does not).
+    if !devs.iter().any(|d| d.bar2 == path) {
+        return;
+    }
+    let Some(dev) = vmf_pal::pci::doorbell_device_of(&devs) else {
+        return;
+    };
+    let regs = match vmf_pal::pci::IvshmemRegs::map(dev) {
+        Ok(r) => std::sync::Arc::new(r),
+        Err(e) => {
+            eprintln!("vmfabric: cannot map the doorbell registers of {} ({e}); peers in other VMs are polled", dev.address);
+            return;
+        }
+    };
+    // Parsed once: the descriptor outlives every transport of this process (a rank that leaves and
+    // rejoins the region keeps its vector).
+    let own = *OWN.get_or_init(|| {
+        let v = std::env::var("VMF_IVSHMEM_BELL").ok()?;
+        let (vec, fd) = v.split_once(':')?;
+        let (vec, fd) = (vec.parse::<u16>().ok()?, fd.parse::<i32>().ok()?);
+        // SAFETY: F_GETFD only inspects the descriptor number.
+        (fd >= 0 && unsafe { libc::fcntl(fd, libc::F_GETFD) } >= 0).then(|| {
+            // SAFETY: mark the inherited descriptor close-on-exec: programs this rank starts do not get it.
+            unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+            (vec, fd)
+        })
+    });
+    t.enable_vm_bell(regs, own);
 }

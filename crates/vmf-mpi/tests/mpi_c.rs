@@ -1612,13 +1612,25 @@ fn mpich_built_programs_run_across_qemu_guests() {
     };
     vm(&["down"], &[]);
 
-    // Two guests sharing one ivshmem region.
-    up(&["up", "--vms", "2"]);
+    // Two guests sharing one ivshmem region, with doorbells (an interrupts-only ivshmem-doorbell device
+    // beside the region's ivshmem-plain one, its MSI-X vectors taken through VFIO in each guest).
+    up(&["up", "--vms", "2", "--doorbell"]);
     let ls = ok(vm(&["ls", "--json"], &[]), "guests");
     let v: serde_json::Value = serde_json::from_slice(&ls.stdout).unwrap();
     for g in v["guests"].as_array().unwrap() {
         assert_eq!(g["agent"]["ivshmem"][0]["size"], 256 << 20, "{g}");
+        assert_eq!(g["agent"]["ivshmem"][1]["doorbell"], true, "{g}");
+        assert_eq!(g["agent"]["doorbell"]["vectors"], 16, "the guest's agent took no interrupts: {g}");
     }
+    // A rank asleep in one guest is woken by its peer in the other through the doorbell: it sleeps
+    // (about one sleep per wait), and wakes long before its sleep's timeout would (a ring that never
+    // arrives shows as the timeout, 100 ms here), using little CPU while it waits.
+    let wj = work.join("wakeup.json");
+    ok(vm(&["run", "-n", "2", "--quiet", "vmfabric", "bench", "wakeup", "--iters", "40", "--gap-ms", "20", "--json", wj.to_str().unwrap()], &[]), "wake-ups");
+    let w: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&wj).unwrap()).unwrap();
+    let med = w["results"][0]["latency_us"].as_f64().unwrap();
+    assert!(w["transport"] == "shm" && w["sleeps_per_wait"].as_f64().unwrap() >= 0.9, "{w}");
+    assert!(med < 30_000.0 && w["cpu_fraction"].as_f64().unwrap() < 0.3, "not woken by the doorbell: {w}");
     // The agent runs nothing for a caller without the host's token (any host user reaches its port).
     {
         use std::io::{BufRead, Write};

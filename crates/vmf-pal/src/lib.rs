@@ -12,17 +12,26 @@
 #![warn(missing_docs)]
 
 pub mod cma;
+pub mod fdpass;
 pub mod futex;
 pub mod inplace;
 pub mod membarrier;
 pub mod pci;
 pub mod process;
+pub mod vfio;
 pub mod shmem;
 
 /// Hint to the CPU that we are in a spin loop.
 #[inline(always)]
 pub fn cpu_relax() {
     core::hint::spin_loop();
+}
+
+/// Sleep until `fd` is readable or `timeout` passes (`poll`).
+pub fn wait_readable(fd: std::os::fd::RawFd, timeout: std::time::Duration) {
+    let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    // SAFETY: one pollfd on the stack.
+    unsafe { libc::poll(&mut p, 1, timeout.as_millis().min(i32::MAX as u128) as i32) };
 }
 
 /// Give the CPU to another runnable thread (`sched_yield`).

@@ -120,6 +120,7 @@ pub fn run(port: u16, name: &str) -> Result<(), VmError> {
     let l = TcpListener::bind(("0.0.0.0", port))
         .map_err(|e| VmError::Setup(format!("the agent cannot listen on port {port} ({e})")))?;
     eprintln!("vmfabric-guest: {name}: agent listening on port {port}");
+    crate::bell::up();
     let children: Reaped = Arc::new(Mutex::new(HashMap::new()));
     let c2 = children.clone();
     std::thread::spawn(move || reaper(c2));
@@ -253,6 +254,7 @@ pub fn info(name: &str) -> serde_json::Value {
         "uptime_s": up,
         "cpus": vmf_pal::available_cpus(),
         "ivshmem": dev,
+        "doorbell": crate::bell::describe(),
         "pid": std::process::id(),
     })
 }
@@ -260,7 +262,7 @@ pub fn info(name: &str) -> serde_json::Value {
 /// Zero the header of this guest's ivshmem region (the job that used it has ended everywhere): the next
 /// job initialises it afresh instead of finding an earlier job's ranks in its slots.
 fn release_region() -> Result<(), String> {
-    let Some(d) = vmf_pal::pci::ivshmem_devices().into_iter().next() else {
+    let Some(d) = vmf_pal::pci::region_device() else {
         return Ok(());
     };
     let f = std::fs::OpenOptions::new()
@@ -357,7 +359,7 @@ fn run_ranks(
         // A control socket and the hosts table, when this guest has an ivshmem region to leave.
         let mut ctl: Option<(std::os::unix::net::UnixStream, std::os::fd::OwnedFd)> = None;
         let mut extra: Vec<(String, String)> = Vec::new();
-        if let (true, false, Some(ip)) = (failover, vmf_pal::pci::ivshmem_devices().is_empty(), my_ip()) {
+        if let (true, false, Some(ip)) = (failover, vmf_pal::pci::region_device().is_none(), my_ip()) {
             if let Ok((ours, theirs)) = std::os::unix::net::UnixStream::pair() {
                 let _ = std::fs::create_dir_all(LOCAL_DIR);
                 let fd: std::os::fd::OwnedFd = theirs.into();
@@ -368,6 +370,11 @@ fn run_ranks(
             }
         }
         let ctl_fd = ctl.as_ref().map(|c| std::os::fd::AsRawFd::as_raw_fd(&c.1));
+        // A doorbell vector of its own, when this guest takes its device's interrupts.
+        let mut bell = if failover { crate::bell::lend() } else { None };
+        if let Some((v, fd)) = &bell {
+            extra.push(("VMF_IVSHMEM_BELL".into(), format!("{v}:{}", std::os::fd::AsRawFd::as_raw_fd(fd))));
+        }
         let mut cmd = Command::new(&spec.argv[0]);
         cmd.args(&spec.argv[1..])
             .env_clear()
@@ -396,6 +403,9 @@ fn run_ranks(
                 map.insert(pid, tx.clone());
                 drop(map);
                 pids.insert(pid, spec.rank);
+                if let Some((v, _)) = bell.take() {
+                    crate::bell::lent_to(pid, v);
+                }
                 if let Some((sock, theirs)) = ctl.take() {
                     drop(theirs);
                     CTLS.lock()
@@ -467,6 +477,7 @@ fn run_ranks(
     while left > 0 {
         let Ok((pid, code)) = rx.recv() else { break };
         live.lock().unwrap_or_else(|p| p.into_inner()).retain(|&p| p != pid);
+        crate::bell::give_back(pid);
         CTLS.lock().unwrap_or_else(|p| p.into_inner()).retain(|c| c.pid != pid);
         let Some(&rank) = pids.get(&pid) else { continue };
         // Let the output drain first (bounded: a process the rank left behind may hold its pipes).

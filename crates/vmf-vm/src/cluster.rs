@@ -40,6 +40,9 @@ pub struct ClusterOptions {
     pub ivshmem: bool,
     /// Size of each group's ivshmem region (a power of two).
     pub ivshmem_size: u64,
+    /// An interrupts-only ivshmem-doorbell device per guest beside its ivshmem-plain region (interrupts
+    /// between guests, through a server per host group).
+    pub doorbell: bool,
     /// How long a guest may take to boot to its agent.
     pub boot_timeout: Duration,
     /// Keep the guests after this process ends (`vm up`).
@@ -55,6 +58,7 @@ impl Default for ClusterOptions {
             vms_per_group: 0,
             ivshmem: true,
             ivshmem_size: 256 << 20,
+            doorbell: false,
             boot_timeout: Duration::from_secs(120),
             persistent: false,
         }
@@ -90,6 +94,8 @@ pub struct Cluster {
     pub guests: Vec<Guest>,
     /// The ivshmem file of each host group.
     pub groups: Vec<PathBuf>,
+    /// With doorbells: the pid of each group's ivshmem server (its socket is `g<k>.ivs` in `dir`).
+    pub servers: Vec<i32>,
     /// How they run.
     pub accel: Accel,
     /// Why that accelerator.
@@ -114,6 +120,13 @@ fn global_lock() -> Result<std::fs::File, VmError> {
         return Err(VmError::Setup(format!("cannot lock {}", p.display())));
     }
     Ok(f)
+}
+
+/// True while `pid` is one of our ivshmem servers (checked by its command line).
+fn server_alive(pid: i32) -> bool {
+    std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+        c.split(|&b| b == 0).any(|a| a == b"ivshmem-server")
+    })
 }
 
 /// True while the QEMU process `pid` runs (checked by its command line, not just the pid).
@@ -238,6 +251,7 @@ impl Cluster {
             groups: (0..ngroups)
                 .map(|k| PathBuf::from(format!("/dev/shm/vmfabric-vm-g{k}")))
                 .collect(),
+            servers: Vec::new(),
             accel,
             accel_why,
             persistent: o.persistent,
@@ -267,6 +281,9 @@ impl Cluster {
                 .map_err(|e| VmError::Setup(format!("cannot create the ivshmem file {} ({e})", g.display())))?;
             drop(f);
         }
+        if o.doorbell {
+            self.start_servers(agent)?;
+        }
         let mut started = Vec::new();
         for i in 0..o.vms {
             let group = o.ivshmem.then_some(i / per);
@@ -276,6 +293,7 @@ impl Cluster {
                 vcpus: o.vcpus,
                 mem_mb: o.mem_mb,
                 ivshmem: group.map(|k| (self.groups[k].clone(), o.ivshmem_size)),
+                doorbell: group.filter(|_| o.doorbell).map(|k| self.server_socket(k)),
                 agent: agent.to_owned(),
                 dir: self.dir.clone(),
             };
@@ -363,6 +381,57 @@ impl Cluster {
         self.save()
     }
 
+    /// The socket of group `k`'s ivshmem server.
+    pub fn server_socket(&self, k: usize) -> PathBuf {
+        self.dir.join(format!("g{k}.ivs"))
+    }
+
+    /// Start an ivshmem server per host group (`vmfabric vm ivshmem-server`) and wait for its socket.
+    fn start_servers(&mut self, exe: &Path) -> Result<(), VmError> {
+        for k in 0..self.groups.len() {
+            let sock = self.server_socket(k);
+            let _ = std::fs::remove_file(&sock);
+            let mut cmd = std::process::Command::new(exe);
+            cmd.args(["vm", "ivshmem-server", "--socket"])
+                .arg(&sock)
+                .args(["--vectors", &qemu::DOORBELL_VECTORS.to_string()])
+                .stdin(std::process::Stdio::null());
+            // Its messages go to a log beside the guests' (not to our output, which it would hold open).
+            let log = std::fs::File::create(self.dir.join(format!("g{k}.ivs.log")))
+                .map_err(|e| VmError::Setup(format!("cannot create the ivshmem server's log ({e})")))?;
+            cmd.stdout(log.try_clone().map_err(|e| VmError::Setup(e.to_string()))?).stderr(log);
+            let persistent = self.persistent;
+            // SAFETY: only async-signal-safe calls between fork and exec.
+            unsafe {
+                cmd.pre_exec(move || {
+                    if persistent {
+                        libc::setsid();
+                    } else {
+                        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                    }
+                    Ok(())
+                });
+            }
+            let mut child = cmd
+                .spawn()
+                .map_err(|e| VmError::Setup(format!("cannot start the ivshmem server of group {k} ({e})")))?;
+            self.servers.push(child.id() as i32);
+            let t0 = Instant::now();
+            while !sock.exists() {
+                if let Ok(Some(st)) = child.try_wait() {
+                    return Err(VmError::Setup(format!("the ivshmem server of group {k} exited ({st})")));
+                }
+                if t0.elapsed() > Duration::from_secs(10) {
+                    return Err(VmError::Setup(format!("the ivshmem server of group {k} did not start")));
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            // Reaped by the kernel's init when this process ends; killed by teardown.
+            std::mem::forget(child);
+        }
+        Ok(())
+    }
+
     fn state_file(dir: &Path) -> PathBuf {
         dir.join("state.json")
     }
@@ -373,6 +442,7 @@ impl Cluster {
             "accel_why": self.accel_why,
             "persistent": self.persistent,
             "groups": self.groups.iter().map(|g| g.display().to_string()).collect::<Vec<_>>(),
+            "servers": self.servers,
             "guests": self.guests.iter().map(|g| serde_json::json!({
                 "index": g.index, "name": g.name, "ip": g.ip, "pid": g.pid, "group": g.group,
                 "boot_s": g.boot_s, "vcpus": g.vcpus, "mem_mb": g.mem_mb,
@@ -411,6 +481,11 @@ impl Cluster {
                 .iter()
                 .filter_map(|g| g.as_str().map(PathBuf::from))
                 .collect(),
+            servers: v
+                .get("servers")
+                .and_then(|x| x.as_array())
+                .map(|a| a.iter().filter_map(|p| p.as_i64().map(|p| p as i32)).collect())
+                .unwrap_or_default(),
             accel: if v.get("accel")?.as_str()? == "kvm" { Accel::Kvm } else { Accel::Tcg },
             accel_why: v.get("accel_why").and_then(|x| x.as_str()).unwrap_or("").to_owned(),
             persistent: v.get("persistent").and_then(|x| x.as_bool()).unwrap_or(false),
@@ -494,7 +569,7 @@ impl Cluster {
         q.execute("device_del", serde_json::json!({"id": "ivshmem0"}))?;
         q.wait_event("DEVICE_DELETED", Duration::from_secs(60))?;
         // QEMU cannot give the same memory backend to a second device (its RAM block keeps the first
-        // one's name): drop it; `plug` makes a new one over the same file.
+        // one's name): drop it; `plug` makes a new one over the same file. A doorbell device stays.
         let _ = q.execute("object-del", serde_json::json!({"id": self.memdev(g)}));
         let ms = a.get("ms").and_then(|v| v.as_f64()).unwrap_or(0.0);
         Ok((a["ranks"].clone(), ms, t0.elapsed().as_secs_f64() * 1e3))
@@ -585,6 +660,13 @@ impl Cluster {
                     break;
                 }
                 std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        for (k, &pid) in self.servers.iter().enumerate() {
+            let _ = std::fs::remove_file(self.server_socket(k));
+            if server_alive(pid) {
+                // SAFETY: kill of an ivshmem server we started (checked by its command line).
+                unsafe { libc::kill(pid, libc::SIGKILL) };
             }
         }
         net::down(self.guests.len().max(net::MAX_VMS));

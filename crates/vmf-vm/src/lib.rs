@@ -13,8 +13,10 @@
 #![warn(missing_docs)]
 
 pub mod agent;
+pub mod bell;
 pub mod cluster;
 pub mod image;
+pub mod ivserver;
 pub mod job;
 pub mod net;
 pub mod proto;

@@ -63,6 +63,10 @@ pub struct GuestSpec {
     pub mem_mb: u64,
     /// The host file behind its ivshmem-plain device and its size, when it is in a host group.
     pub ivshmem: Option<(PathBuf, u64)>,
+    /// With interrupts: the group's ivshmem server socket, for an interrupts-only `ivshmem-doorbell`
+    /// device beside the region's `ivshmem-plain` one (the guest also gets an IOMMU so its agent can
+    /// take the interrupts through VFIO).
+    pub doorbell: Option<PathBuf>,
     /// The vmfabric executable the guest runs as its agent (a host path, seen through 9p).
     pub agent: PathBuf,
     /// Directory of its files (console log, QMP socket, pid file).
@@ -96,8 +100,18 @@ pub fn command(qemu: &Path, img: &Image, accel: Accel, g: &GuestSpec) -> Command
         g.agent.display(),
         g.dir.display()
     );
+    let append = if g.doorbell.is_some() {
+        // The emulated IOMMU is what vfio-pci needs (Debian's kernel has no VFIO no-IOMMU mode);
+        // passthrough keeps the guest's own devices off its translation.
+        format!("{append} intel_iommu=on iommu=pt")
+    } else {
+        append
+    };
     c.args(["-name", &g.name, "-machine", "q35", "-nodefaults", "-no-user-config"])
         .args(["-display", "none", "-no-reboot"]);
+    if g.doorbell.is_some() {
+        c.args(["-device", "intel-iommu,intremap=off"]);
+    }
     // Under TCG every feature of `max` but AVX: guest libraries then take their SSE string and copy
     // routines, which TCG emulates much faster than its AVX (new in QEMU 7.2): 4 MiB between two guests
     // over ivshmem 1720-1735 MB/s against 430-440 with AVX, the same 8-byte latency (2.3-2.7 us). A
@@ -149,8 +163,24 @@ pub fn command(qemu: &Path, img: &Image, accel: Accel, g: &GuestSpec) -> Command
             "ivshmem-plain,memdev=ivmem,bus=rp1,id=ivshmem0",
         ]);
     }
+    if let (Some(sock), Some(_)) = (&g.doorbell, &g.ivshmem) {
+        // Interrupts come from a second device, which stays when the region's device is unplugged:
+        // QEMU 7.2 cannot unplug an ivshmem-doorbell device safely without KVM (its exit leaves the
+        // eventfd handlers of its vectors registered; one that fires later runs on freed memory).
+        c.args(["-device", "pcie-root-port,id=rp2,chassis=2,slot=2"]);
+        c.args(["-chardev", &format!("socket,path={},id=ivsc", sock.display())]);
+        c.args(["-device", &doorbell_device("ivsc")]);
+    }
     c.stdin(Stdio::null());
     c
+}
+
+/// Interrupt vectors of an `ivshmem-doorbell` device: one per rank of the guest that may sleep.
+pub const DOORBELL_VECTORS: u16 = 16;
+
+/// The `-device` text of the interrupts-only ivshmem-doorbell device on chardev `chardev`.
+pub fn doorbell_device(chardev: &str) -> String {
+    format!("ivshmem-doorbell,chardev={chardev},vectors={DOORBELL_VECTORS},bus=rp2,id=ivbell0")
 }
 
 /// The accelerator to use: `VMF_VM_ACCEL` (kvm or tcg) when set; TCG without a usable /dev/kvm; else what

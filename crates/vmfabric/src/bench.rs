@@ -32,6 +32,9 @@ pub enum Kind {
     Mtx,
     /// Barriers per second for each barrier kind (spin, block, adaptive).
     Barrier,
+    /// Wake-up of a rank asleep in a blocking receive (futex between processes, the ivshmem doorbell
+    /// between VMs): round trip after `--gap-ms` of sleep, sleeps per wait, CPU used while waiting.
+    Wakeup,
 }
 
 #[derive(Args)]
@@ -59,6 +62,9 @@ pub struct BenchArgs {
     /// Write results as JSON to this file (rank 0).
     #[arg(long)]
     json: Option<std::path::PathBuf>,
+    /// wakeup: milliseconds the receiver waits (asleep) before each message.
+    #[arg(long, default_value_t = 20)]
+    gap_ms: u64,
     /// put/get/atomic: the target computes without calling the library while it is measured (a truly
     /// passive target) instead of waiting in a barrier.
     #[arg(long)]
@@ -92,6 +98,9 @@ pub fn run(a: BenchArgs) -> i32 {
     }
     if a.kind == Kind::Mtx {
         return crate::mtx_bench::run_mtx(a.iters, a.json);
+    }
+    if a.kind == Kind::Wakeup {
+        return crate::wakeup_bench::run(a.iters.min(1000), a.gap_ms, a.json);
     }
     if a.kind == Kind::Barrier {
         return crate::mtx_bench::run_barrier(a.iters, a.json);

@@ -166,18 +166,30 @@ pub fn run(ranks: Option<usize>) -> i32 {
     println!("         self, then shm, then tcp (run a job with `vmfabric run -n N vmfabric info` to see it)");
     println!();
     let ivshmem = vmf_pal::pci::ivshmem_devices();
+    let region = vmf_pal::pci::region_device_of(&ivshmem).map(|d| d.address.clone());
+    let bell = vmf_pal::pci::doorbell_device_of(&ivshmem).map(|d| d.address.clone());
     for d in &ivshmem {
+        let mut uses = Vec::new();
+        if cfg.region_path.is_empty() && cfg.ivshmem && region.as_ref() == Some(&d.address) {
+            uses.push("used as the region");
+        }
+        if bell.as_ref() == Some(&d.address) {
+            uses.push("its doorbell wakes ranks in other VMs");
+        }
         println!(
-            "ivshmem device: {} (PCI 1af4:1110, {}), BAR 2 {} = {}{}",
+            "ivshmem device: {} (PCI 1af4:1110, {}), BAR 2 {} = {}{}{}",
             d.address,
-            if d.doorbell { "ivshmem-doorbell" } else { "ivshmem-plain" },
+            if d.interrupts_only() {
+                "ivshmem-doorbell, interrupts only"
+            } else if d.doorbell {
+                "ivshmem-doorbell"
+            } else {
+                "ivshmem-plain"
+            },
             d.bar2.display(),
             human(d.size),
-            if cfg.region_path.is_empty() && cfg.ivshmem && d.address == ivshmem[0].address {
-                ", used as the region"
-            } else {
-                ""
-            }
+            if uses.is_empty() { "" } else { ", " },
+            uses.join(", ")
         );
     }
     if let (true, Some(p)) = (cfg.region_path.is_empty(), cfg.region_device()) {

@@ -14,6 +14,7 @@ mod selftest;
 mod selftest_rma;
 mod sweep;
 mod vnic_cli;
+mod wakeup_bench;
 mod vm_cli;
 
 #[derive(Parser)]

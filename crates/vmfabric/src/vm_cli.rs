@@ -31,6 +31,10 @@ pub struct GuestArgs {
     /// No ivshmem device: guests share nothing and talk TCP.
     #[arg(long)]
     no_ivshmem: bool,
+    /// Doorbells: a rank asleep in one guest is woken by an interrupt its peer in another raises (each
+    /// group gets an ivshmem server; each guest an ivshmem-doorbell device and an emulated IOMMU for VFIO).
+    #[arg(long, conflicts_with = "no_ivshmem")]
+    doorbell: bool,
     /// Seconds a guest may take to boot to its agent.
     #[arg(long, default_value_t = 120)]
     boot_timeout: u64,
@@ -45,6 +49,7 @@ impl GuestArgs {
             vms_per_group: self.vms_per_group,
             ivshmem: !self.no_ivshmem,
             ivshmem_size: self.ivshmem_size,
+            doorbell: self.doorbell,
             boot_timeout: Duration::from_secs(self.boot_timeout),
             persistent,
         }
@@ -126,6 +131,14 @@ enum VmCmd {
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
         command: Vec<String>,
     },
+    /// A host group's ivshmem server (started by the guests' boot with --doorbell).
+    #[command(hide = true)]
+    IvshmemServer {
+        #[arg(long)]
+        socket: std::path::PathBuf,
+        #[arg(long, default_value_t = vmf_vm::qemu::DOORBELL_VECTORS)]
+        vectors: u16,
+    },
     /// The guest agent (PID 1 of a guest; started by its /init).
     #[command(hide = true)]
     Agent {
@@ -154,6 +167,10 @@ fn describe(c: &Cluster) -> String {
 
 pub fn run(a: VmArgs) -> i32 {
     match a.cmd {
+        VmCmd::IvshmemServer { socket, vectors } => match vmf_vm::ivserver::serve(&socket, vectors) {
+            Ok(()) => 0,
+            Err(e) => fail(e),
+        },
         VmCmd::Agent { port, name } => match vmf_vm::agent::run(port, &name) {
             Ok(()) => 0,
             Err(e) => fail(e),

@@ -66,6 +66,15 @@ pub struct ShmTransport {
     job: u64,
     /// Use duplex boxes for small packets (see [`ShmTransport::set_duplex`]).
     duplex: bool,
+    /// In a VM with an ivshmem doorbell: its registers (to ring peers) and this rank's vector's eventfd.
+    vm_bell: Option<VmBell>,
+}
+
+/// A rank's use of its VM's ivshmem doorbell (see [`ShmTransport::enable_vm_bell`]).
+pub struct VmBell {
+    regs: Arc<vmf_pal::pci::IvshmemRegs>,
+    /// The eventfd of the vector lent to this rank (not owned: it outlives transports), if any.
+    own: Option<std::os::fd::RawFd>,
 }
 
 /// Where a packet handed out by [`ShmTransport`] lives, until it is released.
@@ -79,6 +88,10 @@ pub enum ShmToken {
 
 const SLEEP_FUTEX: u32 = 1;
 const SLEEP_SOCKET: u32 = 2;
+/// Asleep in `poll` on the eventfd of its doorbell vector: ring it through the ivshmem device.
+const SLEEP_BELL: u32 = 3;
+/// `Slot::bell` when set.
+const BELL_VALID: u64 = 1 << 32;
 
 fn doorbell_name(job: u64, rank: usize) -> String {
     format!("vmf-{job:016x}-{rank}")
@@ -123,6 +136,62 @@ impl ShmTransport {
             db_sock: None,
             job: 0,
             duplex: false,
+            vm_bell: None,
+        }
+    }
+
+    /// In a VM whose ivshmem device has a doorbell: ring sleeping peers through `regs`, and, given the
+    /// eventfd of a vector (`own`: vector and descriptor, lent by the guest's agent, which routes the
+    /// device's MSI-X vector to it), sleep on it when peers in other VMs cannot reach a futex. Published
+    /// in this rank's slot as `1 << 32 | IVPosition << 16 | vector`.
+    pub fn enable_vm_bell(&mut self, regs: Arc<vmf_pal::pci::IvshmemRegs>, own: Option<(u16, std::os::fd::RawFd)>) {
+        let pos = regs.position();
+        if let (Some((v, _)), Ok(s), true) = (own, self.region.slot(self.me_local), pos <= 0xffff) {
+            s.bell.store(BELL_VALID | u64::from(pos) << 16 | u64::from(v), Ordering::Release);
+        }
+        self.vm_bell = Some(VmBell {
+            regs,
+            own: own.filter(|_| pos <= 0xffff).map(|(_, fd)| fd),
+        });
+    }
+
+    /// The eventfd this rank sleeps on when peers in other VMs must wake it (see
+    /// [`ShmTransport::enable_vm_bell`]); None without one or when nobody rings.
+    pub fn bell_fd(&self) -> Option<std::os::fd::RawFd> {
+        if self.wake == WakeMode::Off {
+            return None;
+        }
+        self.vm_bell.as_ref().and_then(|b| b.own)
+    }
+
+    /// Before sleeping on [`ShmTransport::bell_fd`]: announce it and issue the barrier. The caller then
+    /// checks for incoming packets, sleeps, and calls [`ShmTransport::cancel_sleep`] and
+    /// [`ShmTransport::drain_bell`].
+    pub fn prepare_sleep_bell(&self) {
+        let s = self.region.slot(self.me_local).expect("own slot");
+        s.sleeping.store(SLEEP_BELL, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        if self.wake == WakeMode::Membarrier {
+            let _ = vmf_pal::membarrier::global_expedited();
+        }
+    }
+
+    /// After [`ShmTransport::prepare_sleep_bell`] and a last look: sleep until the doorbell rings or
+    /// `timeout` passes, then clear `sleeping` and consume the count.
+    pub fn sleep_bell(&self, timeout: Duration) {
+        if let Some(fd) = self.bell_fd() {
+            vmf_pal::wait_readable(fd, timeout);
+        }
+        self.cancel_sleep();
+        self.drain_bell();
+    }
+
+    /// Consume the doorbell's count after a sleep.
+    pub fn drain_bell(&self) {
+        if let Some(fd) = self.vm_bell.as_ref().and_then(|b| b.own) {
+            let mut b = [0u8; 8];
+            // SAFETY: reading 8 bytes from a nonblocking eventfd.
+            unsafe { libc::read(fd, b.as_mut_ptr().cast(), 8) };
         }
     }
 
@@ -560,15 +629,30 @@ impl ShmTransport {
             WakeMode::Membarrier => std::sync::atomic::compiler_fence(Ordering::SeqCst),
             WakeMode::Fence => fence(Ordering::SeqCst),
         }
+        if self.vm_bell.is_some() && self.wake == WakeMode::Membarrier {
+            // A sleeper in another VM: its membarrier does not reach this kernel's CPUs.
+            fence(Ordering::SeqCst);
+        }
         if let Ok(s) = self.region.slot(local) {
             match s.sleeping.load(Ordering::Relaxed) {
                 0 => {}
                 SLEEP_SOCKET => self.ring_socket(peer),
+                SLEEP_BELL => self.ring_bell(s),
                 _ => {
                     s.doorbell.fetch_add(1, Ordering::Release);
                     vmf_pal::futex::wake(&s.doorbell, 1);
                 }
             }
+        }
+    }
+
+    /// Ring a sleeper's doorbell vector through our VM's ivshmem device (a value from shared memory: only
+    /// a well-formed one is used; a bad one at worst rings the wrong vector, which wakes nobody harmfully).
+    #[cold]
+    fn ring_bell(&self, s: &region::Slot) {
+        let v = s.bell.load(Ordering::Acquire);
+        if let (Some(b), true) = (&self.vm_bell, v & !0xffff_ffff == BELL_VALID) {
+            b.regs.ring((v >> 16) as u16, v as u16);
         }
     }
 
@@ -645,7 +729,7 @@ impl Transport for ShmTransport {
             if let Some(dx) = p.dx.as_mut() {
                 let pos = p.tx.as_ref().map_or(0, |t| t.head());
                 if dx.try_write(pos, &[hdr.as_bytes(), a, b]) {
-                    if self.wake != WakeMode::Off && p.same_kernel {
+                    if self.wake != WakeMode::Off && (p.same_kernel || self.vm_bell.is_some()) {
                         let l = p.local;
                         self.ring_doorbell(peer, l);
                     }
@@ -671,7 +755,7 @@ impl Transport for ShmTransport {
                     slot.write(HDR_SIZE + a.len(), b);
                 }
                 tx.commit(slot);
-                if self.wake != WakeMode::Off && p.same_kernel {
+                if self.wake != WakeMode::Off && (p.same_kernel || self.vm_bell.is_some()) {
                     let l = p.local;
                     self.ring_doorbell(peer, l);
                 }

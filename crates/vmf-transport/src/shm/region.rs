@@ -104,6 +104,9 @@ pub struct Slot {
     pub cpu: AtomicU32,
     /// Hash of the owner's kernel boot id: equal values share a kernel (futex wake-ups reach).
     pub kernel: AtomicU64,
+    /// In a VM with an ivshmem doorbell: `1 << 32 | IVPosition << 16 | vector`, how peers ring the owner
+    /// while it sleeps with `sleeping` = bell (0: it has no vector).
+    pub bell: AtomicU64,
 }
 // SAFETY: atomics only.
 unsafe impl ShmSafe for Slot {}
@@ -446,6 +449,7 @@ impl Region {
                     .store(vmf_pal::process::kernel_id(), Ordering::Relaxed);
                 s.sleeping.store(0, Ordering::Relaxed);
                 s.cpu.store(0, Ordering::Relaxed);
+                s.bell.store(0, Ordering::Relaxed);
                 s.state.store(1, Ordering::Release);
                 self.header().nattached.fetch_add(1, Ordering::AcqRel);
                 return Ok(idx);
