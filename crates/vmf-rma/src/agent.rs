@@ -94,8 +94,22 @@ pub struct Agent {
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
-/// The agent thread held off the heap (see [`Agent::quiesce`]).
-pub struct Quiet<'a>(#[allow(dead_code)] std::sync::MutexGuard<'a, Server>);
+/// The agent thread held off the heap (see [`Agent::quiesce`]); released when dropped.
+pub struct Quiet<'a>(#[allow(dead_code)] &'a Agent);
+
+impl Drop for Quiet<'_> {
+    fn drop(&mut self) {
+        HOLD.store(0, Ordering::SeqCst);
+        vmf_pal::futex::wake(&HOLD, 1);
+    }
+}
+
+/// 1 while the rank's thread moves memory in place ([`Agent::quiesce`]): the agent thread parks, and
+/// writes no memory but statics of this library until it is 0 again. Statics, not the heap: memory that
+/// moves in place may share a page with any heap data, the agent's own mutex included.
+static HOLD: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+/// 1 while the agent thread is parked for [`HOLD`].
+static PARKED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 /// Where the rank's own thread is, as the engine's idle hook reports it (a futex word the agent thread
 /// sleeps on while it is [`MAIN_INLINE`]).
@@ -213,10 +227,20 @@ impl Agent {
         engine.set_idle_hook(Some(engine_idle));
     }
 
-    /// Keep the agent thread off the heap until the guard is dropped (it touches the heap only while it
-    /// holds its server, which the guard holds).
+    /// Keep the agent thread off the heap until the guard is dropped. It parks between requests, on
+    /// statics only: were it held by its server mutex instead, as it once was, blocking on that mutex
+    /// writes the mutex word, on the heap, and a page being moved in place could carry the write's
+    /// older copy (a contended flag lost: the unlock then woke nobody, and the agent slept forever).
     pub fn quiesce(&self) -> Quiet<'_> {
-        Quiet(self.server.lock().unwrap_or_else(|e| e.into_inner()))
+        HOLD.store(1, Ordering::SeqCst);
+        vmf_pal::futex::wake(&INLINE, 1);
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: writing 8 bytes to our eventfd (wakes the agent out of epoll_wait).
+        unsafe { libc::write(self.wake, one.as_ptr().cast(), 8) };
+        while PARKED.load(Ordering::SeqCst) == 0 && !self.thread.as_ref().is_none_or(|t| t.is_finished()) {
+            vmf_pal::yield_now();
+        }
+        Quiet(self)
     }
 
     /// A new window id (registered later with [`Agent::register`]).
@@ -597,6 +621,14 @@ fn run(server: Arc<Mutex<Server>>, sh: Arc<Shared>, spin: Duration) {
     let epoll = server.lock().unwrap_or_else(|e| e.into_inner()).epoll;
     let mut last_work: Option<Instant> = None;
     while !sh.stop.load(Ordering::Acquire) {
+        if HOLD.load(Ordering::SeqCst) != 0 {
+            PARKED.store(1, Ordering::SeqCst);
+            while HOLD.load(Ordering::SeqCst) != 0 && !sh.stop.load(Ordering::Acquire) {
+                vmf_pal::futex::wait(&HOLD, 1, Some(Duration::from_millis(10)));
+            }
+            PARKED.store(0, Ordering::SeqCst);
+            continue;
+        }
         if INLINE.load(Ordering::SeqCst) == MAIN_INLINE {
             vmf_pal::futex::wait(&INLINE, MAIN_INLINE, Some(Duration::from_millis(10)));
             last_work = None;
