@@ -1683,6 +1683,42 @@ fn mpich_built_programs_run_across_qemu_guests() {
     std::fs::write(&stop, "").unwrap();
     let o = stream.wait_with_output().unwrap();
     assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("migstress PASS"), "{}", show(&o));
+    // These guests mount the host's files and have doorbells: QEMU would refuse to migrate them.
+    let o = vm(&["migrate", "vm0"], &[]);
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("--migratable"), "{}", show(&o));
+    ok(vm(&["down"], &[]), "2 guests stopped");
+
+    // QEMU live migration: migratable guests (no 9p file system mounted; each job's program and
+    // libraries are copied in), 2 ranks in each under migstress; vm0 leaves the host group (its ranks
+    // move to TCP) and its QEMU process hands it to a second one, which stands in for another host.
+    // Every message is checked, before, during and after.
+    up(&["up", "--vms", "2", "--migratable"]);
+    let pid_of = |name: &str| -> i64 {
+        let ls = ok(vm(&["ls", "--json"], &[]), "guests");
+        let v: serde_json::Value = serde_json::from_slice(&ls.stdout).unwrap();
+        v["guests"].as_array().unwrap().iter().find(|g| g["name"] == name).unwrap()["pid"].as_i64().unwrap()
+    };
+    let before = pid_of("vm0");
+    // The stop file is made in vm0 itself: migratable guests do not see the host's files.
+    let stop = work.join("stop-migrate").display().to_string();
+    let stream = vm_spawn(&["run", "-n", "4", "--ranks-per-vm", "2", "--quiet", &bin("migstress"), &stop, "200", "no-rma"]);
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let o = ok(vm(&["migrate", "vm0"], &[]), "migrated in");
+    assert!(String::from_utf8_lossy(&o.stdout).contains("ranks off the region"), "{}", show(&o));
+    let after = pid_of("vm0");
+    assert_ne!(before, after, "vm0 runs in the same QEMU process");
+    // Gone, or a zombie nobody reaped yet (an empty command line).
+    let running = std::fs::read(format!("/proc/{before}/cmdline")).is_ok_and(|c| !c.is_empty());
+    assert!(!running, "the source QEMU (pid {before}) is still running");
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    ok(vm(&["rsh", "vm0", "touch", &stop], &[]), "");
+    let o = stream.wait_with_output().unwrap();
+    assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("migstress PASS"), "{}", show(&o));
+    // On its new host it shares no region with vm1, and a new job runs across both.
+    let o = vm(&["plug", "vm0"], &[]);
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("migrated off its host group"), "{}", show(&o));
+    let info = ok(vm(&["run", "-n", "4", "--ranks-per-vm", "2", "--quiet", "vmfabric", "info"], &[]), "rank 0");
+    assert!(String::from_utf8_lossy(&info.stdout).contains(": channels 0:self 1:shm 2:tcp 3:tcp"), "{}", show(&info));
     ok(vm(&["down"], &[]), "2 guests stopped");
 
     // Guests that share no region: 2 ranks in each share their own guest's, and talk TCP across.

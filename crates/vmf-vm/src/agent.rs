@@ -14,8 +14,73 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// Where the initramfs mounted the host's files read-write.
+/// Where the initramfs mounted the host's files read-write (in a migratable guest: where the agent
+/// mounts them while it copies a job's files in).
 pub const HOST_RW: &str = "/run/host";
+
+/// This guest mounts none of the host's files but for moments (`vmfabric vm up --migratable`).
+static MIGRATABLE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+fn migratable() -> bool {
+    MIGRATABLE.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Serialises the moments a migratable guest has the host's files mounted.
+static HOST_FILES: Mutex<()> = Mutex::new(());
+
+/// Run `f` with the host's files mounted (9p, writable) at [`HOST_RW`], then unmount them: a migratable
+/// guest keeps no 9p file system mounted, since QEMU refuses to migrate a guest while one is.
+fn with_host_files<T>(f: impl FnOnce() -> T) -> Result<T, String> {
+    let _g = HOST_FILES.lock().unwrap_or_else(|p| p.into_inner());
+    let _ = std::fs::create_dir_all(HOST_RW);
+    let c = |s: &str| std::ffi::CString::new(s).expect("no NUL");
+    let (src, dst, fs, opts) = (c("hostrw"), c(HOST_RW), c("9p"), c("trans=virtio,version=9p2000.L,msize=512000"));
+    // SAFETY: valid C strings; a mount of the host's export.
+    if unsafe { libc::mount(src.as_ptr(), dst.as_ptr(), fs.as_ptr(), 0, opts.as_ptr().cast()) } != 0 {
+        return Err(format!("cannot mount the host's files over 9p ({})", std::io::Error::last_os_error()));
+    }
+    let r = f();
+    // SAFETY: unmounting what we mounted above.
+    if unsafe { libc::umount(dst.as_ptr()) } != 0 {
+        return Err(format!(
+            "cannot unmount the host's files ({}): the guest cannot migrate while they are mounted",
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(r)
+}
+
+/// Copy `files` (pairs of absolute paths: the host's file, where it goes in this guest) in from the
+/// host's files; one already there with the host's size and modification time is kept.
+fn stage(files: &[(String, String)]) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    let copy = || -> Result<(), String> {
+        for (from, f) in files {
+            let src = format!("{HOST_RW}{from}");
+            let m = std::fs::metadata(&src).map_err(|e| format!("the host's {from} ({e})"))?;
+            if let Ok(have) = std::fs::metadata(f) {
+                if have.len() == m.len() && have.modified().ok() == m.modified().ok() {
+                    continue;
+                }
+            }
+            let p = std::path::Path::new(f);
+            if let Some(d) = p.parent() {
+                std::fs::create_dir_all(d).map_err(|e| format!("cannot create {} ({e})", d.display()))?;
+            }
+            // Through a new file: the old one may be a running program's (ETXTBSY if written in place).
+            let tmp = format!("{f}.vmf-stage");
+            std::fs::copy(&src, &tmp).map_err(|e| format!("cannot copy the host's {from} ({e})"))?;
+            let t = std::fs::File::options().write(true).open(&tmp).map_err(|e| format!("{tmp} ({e})"))?;
+            if let Ok(mt) = m.modified() {
+                let _ = t.set_modified(mt);
+            }
+            let _ = t.set_permissions(std::fs::Permissions::from_mode(m.permissions().mode()));
+            std::fs::rename(&tmp, f).map_err(|e| format!("cannot put {f} in place ({e})"))?;
+        }
+        Ok(())
+    };
+    with_host_files(copy)?
+}
 
 type Reaped = Arc<Mutex<HashMap<i32, mpsc::Sender<(i32, i32)>>>>;
 
@@ -109,13 +174,26 @@ fn move_ranks(host: usize) -> Result<Vec<(u32, String)>, String> {
 }
 
 /// Run the agent (never returns on success when PID 1: the guest powers off).
-pub fn run(port: u16, name: &str) -> Result<(), VmError> {
+pub fn run(port: u16, name: &str, migratable: bool) -> Result<(), VmError> {
+    MIGRATABLE.store(migratable, std::sync::atomic::Ordering::Relaxed);
     // The host's state directory (where its token is), as the host named it on our command line.
     if let Some(d) = std::fs::read_to_string("/proc/cmdline")
         .ok()
         .and_then(|c| c.split_whitespace().find_map(|w| w.strip_prefix("vmf_state=").map(str::to_owned)))
     {
         std::env::set_var("VMF_VM_DIR", d);
+    }
+    if migratable {
+        // The host's token, kept in the guest's own memory: the host's files are not mounted.
+        let p = crate::proto::token_path();
+        let host = format!("{HOST_RW}{}", p.display());
+        let t = with_host_files(|| std::fs::read(&host))
+            .map_err(VmError::Setup)?
+            .map_err(|e| VmError::Setup(format!("cannot read the host's token {} ({e})", p.display())))?;
+        if let Some(d) = p.parent() {
+            let _ = std::fs::create_dir_all(d);
+        }
+        std::fs::write(&p, t).map_err(|e| VmError::Setup(format!("cannot keep the token ({e})")))?;
     }
     let l = TcpListener::bind(("0.0.0.0", port))
         .map_err(|e| VmError::Setup(format!("the agent cannot listen on port {port} ({e})")))?;
@@ -230,6 +308,27 @@ fn serve(s: TcpStream, children: &Reaped, name: &str) -> Result<(), VmError> {
                 .ok_or_else(|| VmError::Protocol("run request without valid ranks".into()))?;
             // `vm rsh` commands are not ranks of a job that moves with the region.
             let failover = req.get("failover").and_then(|v| v.as_bool()).unwrap_or(true);
+            // A migratable guest copies the job's program and libraries in first.
+            let files: Vec<(String, String)> = req
+                .get("stage")
+                .and_then(|v| v.as_array())
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|x| Some((x.get("from")?.as_str()?.to_owned(), x.get("to")?.as_str()?.to_owned())))
+                        .filter(|(f, t)| f.starts_with('/') && t.starts_with('/') && !f.contains("/../") && !t.contains("/../"))
+                        .collect()
+                })
+                .unwrap_or_default();
+            if migratable() && !files.is_empty() {
+                if let Err(e) = stage(&files) {
+                    let mut g = w;
+                    for spec in &ranks {
+                        let _ = Frame::SpawnFailed(spec.rank, format!("cannot copy the job's files into the guest: {e}")).write_to(&mut g);
+                    }
+                    let _ = Frame::Done.write_to(&mut g);
+                    return Err(VmError::Setup(e));
+                }
+            }
             run_ranks(r, w, ranks, children, failover)
         }
         c => reply(&mut w, serde_json::json!({"error": format!("unknown command {c:?}")})).map_err(io),
@@ -311,6 +410,10 @@ fn mounted(path: &str) -> bool {
 
 /// Make the host's directory `cwd` the guest's `cwd`, writable: bind `/run/host<cwd>` over it.
 fn bind_cwd(cwd: &str) -> Result<(), String> {
+    if migratable() {
+        // No host files to bind: the directory lives in the guest's memory.
+        return std::fs::create_dir_all(cwd).map_err(|e| format!("cannot create the working directory {cwd} ({e})"));
+    }
     let src = format!("{HOST_RW}{cwd}");
     if !std::path::Path::new(&src).is_dir() {
         return Err(format!("the working directory {cwd} is not a directory on the host"));

@@ -47,6 +47,9 @@ pub struct ClusterOptions {
     pub boot_timeout: Duration,
     /// Keep the guests after this process ends (`vm up`).
     pub persistent: bool,
+    /// Guests that mount none of the host's files (root in their initramfs, each job's files copied in),
+    /// so that QEMU can live-migrate them (`vm migrate`).
+    pub migratable: bool,
 }
 
 impl Default for ClusterOptions {
@@ -61,8 +64,31 @@ impl Default for ClusterOptions {
             doorbell: false,
             boot_timeout: Duration::from_secs(120),
             persistent: false,
+            migratable: false,
         }
     }
+}
+
+/// What [`Cluster::migrate`] measured.
+#[derive(Debug, Clone)]
+pub struct MigrationReport {
+    /// The unplug before it (ranks' answers, ms to move them, ms until the device was gone), when the
+    /// guest was in a host group.
+    pub unplug: Option<(serde_json::Value, f64, f64)>,
+    /// Starting the destination QEMU until it listened.
+    pub setup_ms: f64,
+    /// `migrate` until QEMU reported it completed.
+    pub migrate_ms: f64,
+    /// The time the guest was stopped (QEMU's `downtime`).
+    pub downtime_ms: f64,
+    /// Guest memory sent, MiB.
+    pub transferred_mib: f64,
+    /// The whole command.
+    pub total_ms: f64,
+    /// The source QEMU's pid.
+    pub old_pid: i32,
+    /// The destination's.
+    pub new_pid: i32,
 }
 
 /// One running guest.
@@ -84,6 +110,8 @@ pub struct Guest {
     pub vcpus: usize,
     /// Memory, MiB.
     pub mem_mb: u64,
+    /// Live migrations so far (its QEMU process, tap and files are the generation's).
+    pub generation: u32,
 }
 
 /// Running guests.
@@ -102,6 +130,12 @@ pub struct Cluster {
     pub accel_why: String,
     /// Kept after this process (`vm up`).
     pub persistent: bool,
+    /// Migratable guests (see [`ClusterOptions::migratable`]).
+    pub migratable: bool,
+    /// The kernel and initramfs they booted (a migration's destination needs the same).
+    pub image: Option<image::Image>,
+    /// The agent they run (the destination's kernel command line names it as the source's did).
+    pub agent: Option<PathBuf>,
     children: Vec<Child>,
     torn_down: bool,
 }
@@ -180,6 +214,18 @@ fn tail(p: &Path, lines: usize) -> String {
     v[v.len().saturating_sub(lines)..].join(" | ")
 }
 
+/// An error for a guest in no host group (`unplug` and `plug` need one).
+fn no_group(g: &Guest) -> Result<(), VmError> {
+    match g.group {
+        Some(_) => Ok(()),
+        None if g.generation > 0 => Err(VmError::Usage(format!(
+            "{} has migrated off its host group (it shares no ivshmem region on its new host)",
+            g.name
+        ))),
+        None => Err(VmError::Usage(format!("{} has no ivshmem device", g.name))),
+    }
+}
+
 impl Cluster {
     /// Boot guests as `o` says.
     pub fn boot(o: &ClusterOptions) -> Result<Cluster, VmError> {
@@ -220,7 +266,9 @@ impl Cluster {
         }
         let qemu = qemu::binary()?;
         let cache = cache_dir();
-        let img = image::image(&cache)?;
+        let agent = std::env::current_exe()
+            .map_err(|e| VmError::Setup(format!("cannot find the vmfabric executable ({e})")))?;
+        let img = image::image(&cache, o.migratable.then_some(agent.as_path()))?;
         let (accel, accel_why) = qemu::accel(&qemu, &img, &cache)?;
         std::fs::create_dir_all(&dir)
             .map_err(|e| VmError::Setup(format!("cannot create {} ({e})", dir.display())))?;
@@ -241,8 +289,6 @@ impl Cluster {
             f.write_all(token.as_bytes())
                 .map_err(|e| VmError::Setup(format!("cannot write the guests' token ({e})")))?;
         }
-        let agent = std::env::current_exe()
-            .map_err(|e| VmError::Setup(format!("cannot find the vmfabric executable ({e})")))?;
         let per = if o.vms_per_group == 0 { o.vms } else { o.vms_per_group };
         let ngroups = if o.ivshmem { o.vms.div_ceil(per) } else { 0 };
         let mut c = Cluster {
@@ -255,6 +301,9 @@ impl Cluster {
             accel,
             accel_why,
             persistent: o.persistent,
+            migratable: o.migratable,
+            image: Some(img.clone()),
+            agent: Some(agent.clone()),
             children: Vec::new(),
             torn_down: false,
         };
@@ -296,6 +345,9 @@ impl Cluster {
                 doorbell: group.filter(|_| o.doorbell).map(|k| self.server_socket(k)),
                 agent: agent.to_owned(),
                 dir: self.dir.clone(),
+                migratable: o.migratable,
+                generation: 0,
+                incoming: None,
             };
             let _ = std::fs::remove_file(spec.console());
             let log = std::fs::File::create(spec.log())
@@ -328,6 +380,7 @@ impl Cluster {
                 boot_s: 0.0,
                 vcpus: o.vcpus,
                 mem_mb: o.mem_mb,
+                generation: 0,
             });
             self.children.push(child);
             started.push((spec, Instant::now()));
@@ -441,11 +494,15 @@ impl Cluster {
             "accel": self.accel.name(),
             "accel_why": self.accel_why,
             "persistent": self.persistent,
+            "migratable": self.migratable,
+            "agent": self.agent.as_ref().map(|a| a.display().to_string()),
+            "image": self.image.as_ref().map(|i| serde_json::json!({"kernel": i.kernel.display().to_string(),
+                "initrd": i.initrd.display().to_string(), "release": i.release})),
             "groups": self.groups.iter().map(|g| g.display().to_string()).collect::<Vec<_>>(),
             "servers": self.servers,
             "guests": self.guests.iter().map(|g| serde_json::json!({
                 "index": g.index, "name": g.name, "ip": g.ip, "pid": g.pid, "group": g.group,
-                "boot_s": g.boot_s, "vcpus": g.vcpus, "mem_mb": g.mem_mb,
+                "boot_s": g.boot_s, "vcpus": g.vcpus, "mem_mb": g.mem_mb, "generation": g.generation,
             })).collect::<Vec<_>>(),
         });
         std::fs::write(Self::state_file(&self.dir), format!("{v:#}\n"))
@@ -469,6 +526,7 @@ impl Cluster {
                     boot_s: g.get("boot_s").and_then(|x| x.as_f64()).unwrap_or(0.0),
                     vcpus: g.get("vcpus").and_then(|x| x.as_u64()).unwrap_or(1) as usize,
                     mem_mb: g.get("mem_mb").and_then(|x| x.as_u64()).unwrap_or(0),
+                    generation: g.get("generation").and_then(|x| x.as_u64()).unwrap_or(0) as u32,
                 })
             })
             .collect::<Option<Vec<_>>>()?;
@@ -489,9 +547,23 @@ impl Cluster {
             accel: if v.get("accel")?.as_str()? == "kvm" { Accel::Kvm } else { Accel::Tcg },
             accel_why: v.get("accel_why").and_then(|x| x.as_str()).unwrap_or("").to_owned(),
             persistent: v.get("persistent").and_then(|x| x.as_bool()).unwrap_or(false),
+            migratable: v.get("migratable").and_then(|x| x.as_bool()).unwrap_or(false),
+            agent: v.get("agent").and_then(|x| x.as_str()).map(PathBuf::from),
+            image: v.get("image").and_then(|i| {
+                Some(image::Image {
+                    kernel: PathBuf::from(i.get("kernel")?.as_str()?),
+                    initrd: PathBuf::from(i.get("initrd")?.as_str()?),
+                    release: i.get("release")?.as_str()?.to_owned(),
+                })
+            }),
             children: Vec::new(),
             torn_down: false,
         })
+    }
+
+    /// The QEMU pid the state file in `dir` records for guest `name` now (a migration changes it).
+    pub fn current_pid(dir: &Path, name: &str) -> Option<i32> {
+        Self::load(dir)?.guests.iter().find(|g| g.name == name).map(|g| g.pid)
     }
 
     /// The guests `vmfabric vm up` left running (every one of them alive).
@@ -538,7 +610,7 @@ impl Cluster {
     }
 
     fn qmp(&self, g: &Guest) -> Result<qemu::Qmp, VmError> {
-        qemu::Qmp::connect(&self.dir.join(format!("{}.qmp", g.name)))
+        qemu::Qmp::connect(&self.dir.join(format!("{}.qmp", qemu::files_name(&g.name, g.generation))))
     }
 
     /// The id of the memory backend behind `g`'s ivshmem device (`ivmem` as booted; `plug` makes new ones).
@@ -554,9 +626,7 @@ impl Cluster {
     /// until the guest released the device).
     pub fn unplug(&self, name: &str) -> Result<(serde_json::Value, f64, f64), VmError> {
         let g = self.guest(name)?;
-        if g.group.is_none() {
-            return Err(VmError::Usage(format!("{name} has no ivshmem device")));
-        }
+        no_group(g)?;
         let a = request(&g.ip, &serde_json::json!({"cmd": "leave-region"}), Duration::from_secs(300))?;
         if a.get("ok").and_then(|v| v.as_bool()) != Some(true) {
             return Err(VmError::Io(format!(
@@ -579,9 +649,7 @@ impl Cluster {
     /// Returns (ranks' answers, ms to move them, ms until the guest saw the device).
     pub fn plug(&self, name: &str) -> Result<(serde_json::Value, f64, f64), VmError> {
         let g = self.guest(name)?;
-        if g.group.is_none() {
-            return Err(VmError::Usage(format!("{name} has no ivshmem device")));
-        }
+        no_group(g)?;
         let t0 = Instant::now();
         let mut q = self.qmp(g)?;
         let file = &self.groups[g.group.unwrap_or(0)];
@@ -621,6 +689,175 @@ impl Cluster {
         }
         let ms = a.get("ms").and_then(|v| v.as_f64()).unwrap_or(0.0);
         Ok((a["ranks"].clone(), ms, seen))
+    }
+
+    /// Live-migrate guest `name` to a second QEMU process, which stands in for another host, while its
+    /// ranks run: first it leaves its host group as [`Cluster::unplug`] does (its ranks move to TCP), then
+    /// QEMU's `migrate` sends its state to the new process (on a tap of its own, same MAC and address),
+    /// which resumes it; the old one quits. Needs guests booted `--migratable` (QEMU refuses to migrate
+    /// a guest with a 9p export mounted) and without doorbells.
+    pub fn migrate(&mut self, name: &str) -> Result<MigrationReport, VmError> {
+        let gi = self
+            .guests
+            .iter()
+            .position(|g| g.name == name)
+            .ok_or_else(|| self.guest(name).err().unwrap_or_else(|| VmError::Usage(name.into())))?;
+        if !self.migratable {
+            return Err(VmError::Usage(format!(
+                "{name} mounts the host's files over 9p, and QEMU does not migrate a guest with a 9p export mounted: boot the guests with `vmfabric vm up --migratable`"
+            )));
+        }
+        if !self.servers.is_empty() {
+            return Err(VmError::Usage(format!(
+                "{name} has an ivshmem-doorbell device: QEMU migrates only the first device of an ivshmem server (its master), and QEMU 7.2 cannot unplug one safely without KVM; boot without --doorbell to migrate"
+            )));
+        }
+        let (img, agent) = match (&self.image, &self.agent) {
+            (Some(i), Some(a)) => (i.clone(), a.clone()),
+            _ => return Err(VmError::Setup("the state file does not say what the guests booted".into())),
+        };
+        let t_all = Instant::now();
+        // 1. Leave the host group first (a guest on another host shares no memory with this one's).
+        let g = self.guests[gi].clone();
+        let has_region = g.group.is_some()
+            && request(&g.ip, &serde_json::json!({"cmd": "info"}), Duration::from_secs(5))?["ivshmem"]
+                .as_array()
+                .is_some_and(|a| !a.is_empty());
+        let unplug = if has_region { Some(self.unplug(name)?) } else { None };
+        // 2. The destination: a second QEMU process waiting for the guest's state.
+        let generation = g.generation + 1;
+        let tap = net::tap_gen(g.index, generation);
+        net::del_tap(&tap);
+        net::add_tap(&tap)?;
+        let spec = GuestSpec {
+            index: g.index,
+            name: g.name.clone(),
+            vcpus: g.vcpus,
+            mem_mb: g.mem_mb,
+            ivshmem: None,
+            doorbell: None,
+            agent,
+            dir: self.dir.clone(),
+            migratable: true,
+            generation,
+            incoming: Some(self.dir.join(format!("{}.incoming", qemu::files_name(&g.name, generation)))),
+        };
+        let undo = |why: VmError, pid: Option<i32>| {
+            if let Some(p) = pid.filter(|&p| qemu_alive(p)) {
+                // SAFETY: kill of the destination QEMU we started (checked by its command line).
+                unsafe { libc::kill(p, libc::SIGKILL) };
+            }
+            net::del_tap(&tap);
+            why
+        };
+        let qemu_bin = qemu::binary()?;
+        let log = std::fs::File::create(spec.log())
+            .map_err(|e| VmError::Setup(format!("cannot create {} ({e})", spec.log().display())))?;
+        let mut cmd = qemu::command(&qemu_bin, &img, self.accel, &spec);
+        cmd.stdout(log.try_clone().map_err(|e| VmError::Setup(e.to_string()))?).stderr(log);
+        // SAFETY: only async-signal-safe calls between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::setsid();
+                Ok(())
+            });
+        }
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| undo(VmError::Setup(format!("cannot start QEMU {} ({e})", qemu_bin.display())), None))?;
+        let new_pid = child.id() as i32;
+        let t0 = Instant::now();
+        loop {
+            if let Ok(Some(st)) = child.try_wait() {
+                return Err(undo(VmError::Setup(format!("the destination QEMU exited ({st}): {}", tail(&spec.log(), 3))), None));
+            }
+            if spec.incoming.as_ref().is_some_and(|p| p.exists()) && qemu::Qmp::connect(&spec.qmp()).is_ok() {
+                break;
+            }
+            if t0.elapsed() > Duration::from_secs(30) {
+                return Err(undo(VmError::Setup("the destination QEMU did not start within 30 s".into()), Some(new_pid)));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let setup_ms = t0.elapsed().as_secs_f64() * 1e3;
+        // 3. Send the state.
+        let t1 = Instant::now();
+        let mut src = self.qmp(&g).map_err(|e| undo(e, Some(new_pid)))?;
+        let uri = format!("unix:{}", spec.incoming.as_ref().unwrap().display());
+        src.execute("migrate", serde_json::json!({"uri": uri})).map_err(|e| undo(e, Some(new_pid)))?;
+        let done = loop {
+            let st = src.execute("query-migrate", serde_json::json!({})).map_err(|e| undo(e, Some(new_pid)))?;
+            match st.get("status").and_then(|v| v.as_str()).unwrap_or("") {
+                "completed" => break st,
+                "failed" | "cancelled" => {
+                    let why = st.get("error-desc").and_then(|v| v.as_str()).unwrap_or("no reason given").to_owned();
+                    let _ = src.execute("cont", serde_json::json!({}));
+                    return Err(undo(VmError::Io(format!("the migration of {name} failed: {why}")), Some(new_pid)));
+                }
+                _ => {}
+            }
+            if t1.elapsed() > Duration::from_secs(600) {
+                let _ = src.execute("migrate_cancel", serde_json::json!({}));
+                return Err(undo(VmError::Io(format!("the migration of {name} did not complete within 600 s")), Some(new_pid)));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let migrate_ms = t1.elapsed().as_secs_f64() * 1e3;
+        // 4. The destination resumes by itself (started without -S). Record it before the source goes,
+        // so that a job watching the guest's QEMU finds the new one.
+        let mut dst = qemu::Qmp::connect(&spec.qmp()).map_err(|e| undo(e, Some(new_pid)))?;
+        let t2 = Instant::now();
+        loop {
+            let st = dst.execute("query-status", serde_json::json!({}))?;
+            if st.get("status").and_then(|v| v.as_str()) == Some("running") {
+                break;
+            }
+            if t2.elapsed() > Duration::from_secs(30) {
+                return Err(VmError::Io(format!("the destination of {name} did not resume: {st}")));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        std::mem::forget(child);
+        let old_pid = g.pid;
+        let old_tap = net::tap_gen(g.index, g.generation);
+        {
+            let m = &mut self.guests[gi];
+            m.pid = new_pid;
+            m.generation = generation;
+            m.group = None;
+        }
+        self.save()?;
+        // 5. The source quits; its tap goes.
+        let _ = src.execute("quit", serde_json::json!({}));
+        let t3 = Instant::now();
+        while qemu_alive(old_pid) {
+            if t3.elapsed() > Duration::from_secs(5) {
+                // SAFETY: kill of the guest's old QEMU (checked by its command line).
+                unsafe { libc::kill(old_pid, libc::SIGKILL) };
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        net::del_tap(&old_tap);
+        // 6. Its agent answers from the new process.
+        let t4 = Instant::now();
+        while request(&g.ip, &serde_json::json!({"cmd": "info"}), Duration::from_secs(2)).is_err() {
+            if t4.elapsed() > Duration::from_secs(30) {
+                return Err(VmError::Io(format!("the agent of {name} does not answer after its migration")));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let num = |k: &str| done.get(k).and_then(|v| v.as_f64()).unwrap_or(0.0);
+        Ok(MigrationReport {
+            unplug,
+            setup_ms,
+            migrate_ms,
+            downtime_ms: num("downtime"),
+            transferred_mib: done["ram"]["transferred"].as_f64().unwrap_or(0.0) / (1 << 20) as f64,
+            total_ms: t_all.elapsed().as_secs_f64() * 1e3,
+            old_pid,
+            new_pid,
+        })
     }
 
     /// Power the guests off (QEMU killed if they do not within 3 s) and remove the network and files.

@@ -26,6 +26,23 @@ mount -t devtmpfs dev /dev
 if [ -n "$vmf_probe" ]; then echo "vmfabric-guest: probe ok"; poweroff -f; fi
 for m in $(cat /modules); do insmod /lib/modules/$m || fail "cannot load module $m"; done
 echo "vmfabric-guest: modules loaded at $(cut -d' ' -f1 /proc/uptime) s"
+if [ -n "$vmf_migratable" ]; then
+  # A guest that can migrate: no 9p file system stays mounted (QEMU refuses to migrate while one is).
+  # The root stays this initramfs, in guest memory, which migrates with it; it holds the agent and its
+  # libraries; each job's program and libraries are copied in from the host before it starts.
+  mkdir -p /dev/shm /dev/pts /run /tmp
+  mount -t tmpfs -o mode=1777 shm /dev/shm
+  mount -t devpts devpts /dev/pts
+  mount -t tmpfs run /run || fail "no /run"
+  mount -t tmpfs -o mode=1777 tmp /tmp || fail "no /tmp"
+  mkdir -p /run/host
+  ip link set lo up
+  ip addr add "$vmf_ip" dev eth0 || fail "no eth0 (virtio-net) for $vmf_ip"
+  ip link set eth0 up
+  hostname "$vmf_name"
+  echo "vmfabric-guest: $vmf_name up at $(cut -d' ' -f1 /proc/uptime) s (migratable), starting $vmf_agent"
+  exec "$vmf_agent" vm agent --port "$vmf_port" --name "$vmf_name" --migratable
+fi
 mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=512000,cache=loose hostroot /newroot || fail "cannot mount the host's root over 9p"
 mount -t proc proc /newroot/proc || fail "no /proc"
 mount -t sysfs sys /newroot/sys || fail "no /sys"
@@ -124,6 +141,21 @@ pub fn module_files(release: &str) -> Result<Vec<PathBuf>, VmError> {
         }
     }
     Ok(v)
+}
+
+/// `exe` without its debug information (`objcopy --strip-debug`; the agent's 58 MB are 11 MB so), or
+/// as it is when objcopy cannot.
+fn stripped(exe: &Path) -> Result<Vec<u8>, VmError> {
+    let tmp = std::env::temp_dir().join(format!("vmf-agent-{}", std::process::id()));
+    let ok = Command::new("objcopy")
+        .arg("--strip-debug")
+        .arg(exe)
+        .arg(&tmp)
+        .status()
+        .is_ok_and(|s| s.success());
+    let d = std::fs::read(if ok { &tmp } else { exe });
+    let _ = std::fs::remove_file(&tmp);
+    d.map_err(|e| VmError::Setup(format!("cannot read {} ({e})", exe.display())))
 }
 
 /// A static busybox (Debian's busybox-static).
@@ -227,8 +259,42 @@ fn fnv(h: &mut u64, data: &[u8]) {
     }
 }
 
-/// Build (or find in `cache`) the boot image.
-pub fn image(cache: &Path) -> Result<Image, VmError> {
+/// The shared libraries `exe` loads (its interpreter included), as `ldd` resolves them with
+/// `LD_LIBRARY_PATH` = `ld_path`: what a guest without the host's files needs beside it. Empty for a
+/// static program or a script.
+pub fn shared_libraries(exe: &Path, ld_path: &str) -> Result<Vec<PathBuf>, VmError> {
+    let o = Command::new("ldd")
+        .arg(exe)
+        .env("LD_LIBRARY_PATH", ld_path)
+        .output()
+        .map_err(|e| VmError::Setup(format!("cannot run ldd ({e})")))?;
+    let out = String::from_utf8_lossy(&o.stdout);
+    if !o.status.success() {
+        // "not a dynamic executable": nothing to add.
+        return Ok(Vec::new());
+    }
+    let mut v = Vec::new();
+    for l in out.lines() {
+        // "libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x...)", "/lib64/ld-linux-x86-64.so.2 (0x...)".
+        let path = match l.split_once("=>") {
+            Some((_, r)) => r.split_whitespace().next(),
+            None => l.split_whitespace().next().filter(|w| w.starts_with('/')),
+        };
+        match path {
+            Some(p) if p.starts_with('/') => v.push(PathBuf::from(p)),
+            _ if l.contains("not found") => {
+                return Err(VmError::Setup(format!("{}: {}", exe.display(), l.trim())));
+            }
+            _ => {}
+        }
+    }
+    Ok(v)
+}
+
+/// Build (or find in `cache`) the boot image: for guests that mount the host's files (`agent` None), or
+/// for migratable guests (their initramfs also holds `agent`, stripped of debug information, and its
+/// libraries, at the host's paths).
+pub fn image(cache: &Path, agent: Option<&Path>) -> Result<Image, VmError> {
     let (kernel, release) = find_kernel()?;
     let bb = busybox()?;
     let mods = module_files(&release)?;
@@ -250,13 +316,45 @@ pub fn image(cache: &Path) -> Result<Image, VmError> {
         let name = m.file_name().and_then(|n| n.to_str()).unwrap_or("m.ko").to_owned();
         mdata.push((name, d));
     }
-    let initrd = cache.join(format!("initrd-{release}-{h:016x}.cpio"));
+    // The agent and its libraries (migratable guests), keyed by path, size and modification time.
+    let mut extra: Vec<(PathBuf, PathBuf)> = Vec::new();
+    if let Some(a) = agent {
+        extra.push((a.to_owned(), a.to_owned()));
+        for l in shared_libraries(a, "")? {
+            extra.push((l.clone(), l));
+        }
+        for (p, _) in &extra {
+            let m = std::fs::metadata(p).map_err(|e| VmError::Setup(format!("cannot read {} ({e})", p.display())))?;
+            let t = m.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map_or(0, |d| d.as_nanos());
+            fnv(&mut h, format!("{}:{}:{t}", p.display(), m.len()).as_bytes());
+        }
+    }
+    let kind = if agent.is_some() { "migratable-" } else { "" };
+    let initrd = cache.join(format!("initrd-{kind}{release}-{h:016x}.cpio"));
     if initrd.is_file() {
         return Ok(Image { kernel, initrd, release });
     }
     let mut c = Cpio::new();
     for d in ["bin", "dev", "proc", "sys", "newroot", "lib", "lib/modules"] {
         c.dir(d);
+    }
+    let mut dirs: std::collections::BTreeSet<String> = ["bin", "dev", "proc", "sys", "newroot", "lib", "lib/modules"]
+        .iter()
+        .map(|d| d.to_string())
+        .collect();
+    for (i, (src, at)) in extra.iter().enumerate() {
+        let rel = at.to_string_lossy().trim_start_matches('/').to_owned();
+        let mut acc = String::new();
+        for comp in rel.split('/').collect::<Vec<_>>().iter().rev().skip(1).rev() {
+            acc = if acc.is_empty() { comp.to_string() } else { format!("{acc}/{comp}") };
+            if dirs.insert(acc.clone()) {
+                c.dir(&acc);
+            }
+        }
+        let data = if i == 0 { stripped(src)? } else {
+            std::fs::read(src).map_err(|e| VmError::Setup(format!("cannot read {} ({e})", src.display())))?
+        };
+        c.file(&rel, 0o755, &data);
     }
     c.file("bin/busybox", 0o755, &bbd);
     c.file("init", 0o755, INIT.as_bytes());

@@ -116,6 +116,39 @@ fn release_regions(c: &Cluster) -> Result<(), VmError> {
     Ok(())
 }
 
+/// The files a migratable guest needs for `prog` (as the ranks' environment `env` resolves it from `cwd`):
+/// the program and the shared libraries it loads, except what the guest's initramfs holds already.
+fn stage_list(c: &Cluster, prog: &str, cwd: &str, env: &[(String, String)]) -> Result<Vec<serde_json::Value>, VmError> {
+    let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()).unwrap_or_default();
+    let path = if prog.contains('/') {
+        Some(std::path::Path::new(cwd).join(prog))
+    } else {
+        std::env::split_paths(&get("PATH")).map(|d| d.join(prog)).find(|p| p.is_file())
+    };
+    // Not found: the guest may have it (busybox's commands); the agent reports a failed start otherwise.
+    let Some(path) = path.filter(|p| p.is_file()) else {
+        return Ok(Vec::new());
+    };
+    let path = path.canonicalize().unwrap_or(path);
+    let mut files = vec![path.clone()];
+    files.extend(crate::image::shared_libraries(&path, &get("LD_LIBRARY_PATH"))?);
+    let agent = c.agent.as_ref().map(|a| a.canonicalize().unwrap_or_else(|_| a.clone()));
+    // Each file goes where the program looks for it, copied from where it really is (through the guest's
+    // view of the host an absolute symbolic link would point into the guest's own files).
+    let mut out: Vec<serde_json::Value> = Vec::new();
+    for f in files {
+        let real = f.canonicalize().unwrap_or_else(|_| f.clone());
+        if Some(&real) == agent.as_ref() {
+            continue;
+        }
+        let e = serde_json::json!({"from": real.display().to_string(), "to": f.display().to_string()});
+        if !out.contains(&e) {
+            out.push(e);
+        }
+    }
+    Ok(out)
+}
+
 /// Run the job; its exit status (0, the first failing rank's code, 128 + signal, or the abort code).
 pub fn run(c: &Cluster, o: &JobOptions) -> Result<i32, VmError> {
     if o.argv.is_empty() {
@@ -211,6 +244,9 @@ pub fn run(c: &Cluster, o: &JobOptions) -> Result<i32, VmError> {
             None => base.push(("PATH".into(), format!("{dir}:/usr/bin:/bin"))),
         }
     }
+    // Migratable guests mount none of the host's files: the program and the libraries it loads are
+    // copied in before it starts (the agent's own vmfabric is in their initramfs already).
+    let stage = if c.migratable { stage_list(c, &argv[0], &cwd, &base)? } else { Vec::new() };
     let n = o.np.to_string();
     let mut writers: Vec<Option<TcpStream>> = Vec::new();
     for (vi, g) in c.guests.iter().enumerate() {
@@ -241,7 +277,7 @@ pub fn run(c: &Cluster, o: &JobOptions) -> Result<i32, VmError> {
                 RankSpec { rank: r as u32, argv: argv.clone(), env, cwd: cwd.clone() }.to_json()
             })
             .collect();
-        let req = crate::proto::with_token(&serde_json::json!({"cmd": "run", "job": job, "ranks": ranks}));
+        let req = crate::proto::with_token(&serde_json::json!({"cmd": "run", "job": job, "ranks": ranks, "stage": stage}));
         let io = |e: std::io::Error| VmError::Io(format!("cannot reach the agent of {} ({e})", g.name));
         let mut s = TcpStream::connect((g.ip.as_str(), AGENT_PORT)).map_err(io)?;
         let _ = s.set_nodelay(true);
@@ -273,6 +309,7 @@ pub fn run(c: &Cluster, o: &JobOptions) -> Result<i32, VmError> {
     let mut exited = vec![false; o.np];
     let mut left = o.np;
     let mut done = vec![false; c.guests.len()];
+    let mut pids: Vec<i32> = c.guests.iter().map(|g| g.pid).collect();
     let mut failure: Option<(i32, String)> = None;
     let mut first_start: Option<f64> = None;
     let mut kill_at: Option<Instant> = None;
@@ -335,11 +372,18 @@ pub fn run(c: &Cluster, o: &JobOptions) -> Result<i32, VmError> {
         let ev = match rx.recv_timeout(Duration::from_millis(50)) {
             Ok(e) => e,
             Err(mpsc::RecvTimeoutError::Timeout) => {
-                // A guest that went away (powered off, crashed) closes nothing: look at its QEMU.
-                match c.guests.iter().enumerate().find(|(vi, g)| {
-                    !done[*vi] && writers[*vi].is_some() && !crate::cluster::qemu_alive(g.pid)
+                // A guest that went away (powered off, crashed) closes nothing: look at its QEMU. One that
+                // migrated runs in another QEMU process, which the state file names.
+                match (0..c.guests.len()).find(|&vi| {
+                    !done[vi] && writers[vi].is_some() && !crate::cluster::qemu_alive(pids[vi])
                 }) {
-                    Some((vi, g)) => Ev::AgentGone(vi, format!("its QEMU (pid {}) is gone", g.pid)),
+                    Some(vi) => match Cluster::current_pid(&c.dir, &c.guests[vi].name).filter(|&p| p != pids[vi] && crate::cluster::qemu_alive(p)) {
+                        Some(p) => {
+                            pids[vi] = p;
+                            continue;
+                        }
+                        None => Ev::AgentGone(vi, format!("its QEMU (pid {}) is gone", pids[vi])),
+                    },
                     None => continue,
                 }
             }

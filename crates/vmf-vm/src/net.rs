@@ -19,7 +19,31 @@ pub fn guest_ip(i: usize) -> String {
 
 /// Guest `i`'s tap device.
 pub fn tap(i: usize) -> String {
-    format!("{BRIDGE}t{i}")
+    tap_gen(i, 0)
+}
+
+/// The tap of guest `i`'s QEMU process after `generation` migrations (each process has its own: during a
+/// migration both run).
+pub fn tap_gen(i: usize, generation: u32) -> String {
+    if generation == 0 {
+        format!("{BRIDGE}t{i}")
+    } else {
+        format!("{BRIDGE}t{i}m{generation}")
+    }
+}
+
+/// Create tap `t` on the bridge.
+pub fn add_tap(t: &str) -> Result<(), VmError> {
+    ip(&["tuntap", "add", "dev", t, "mode", "tap"])?;
+    ip(&["link", "set", t, "master", BRIDGE])?;
+    ip(&["link", "set", t, "up"])
+}
+
+/// Remove tap `t` if it exists.
+pub fn del_tap(t: &str) {
+    if std::path::Path::new("/sys/class/net").join(t).exists() {
+        let _ = ip(&["link", "del", t]);
+    }
 }
 
 /// Guest `i`'s MAC address (locally administered).
@@ -50,10 +74,7 @@ pub fn up(n: usize) -> Result<(), VmError> {
     ip(&["addr", "add", &format!("{HOST_IP}/{PREFIX}"), "dev", BRIDGE])?;
     ip(&["link", "set", BRIDGE, "up"])?;
     for i in 0..n {
-        let t = tap(i);
-        ip(&["tuntap", "add", "dev", &t, "mode", "tap"])?;
-        ip(&["link", "set", &t, "master", BRIDGE])?;
-        ip(&["link", "set", &t, "up"])?;
+        add_tap(&tap(i))?;
     }
     Ok(())
 }
@@ -62,9 +83,16 @@ pub fn up(n: usize) -> Result<(), VmError> {
 pub fn down(n: usize) {
     let exists = |d: &str| std::path::Path::new("/sys/class/net").join(d).exists();
     for i in 0..n {
-        let t = tap(i);
-        if exists(&t) {
-            let _ = ip(&["link", "del", &t]);
+        del_tap(&tap(i));
+    }
+    // Taps of migrated guests' QEMU processes.
+    let prefix = format!("{BRIDGE}t");
+    if let Ok(rd) = std::fs::read_dir("/sys/class/net") {
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.strip_prefix(&prefix).is_some_and(|r| r.contains('m')) {
+                del_tap(&name);
+            }
         }
     }
     if exists(BRIDGE) {
@@ -80,6 +108,8 @@ mod tests {
     fn names_and_addresses() {
         assert_eq!(guest_ip(0), "10.79.0.10");
         assert_eq!(tap(3), "vmfvm0t3");
+        assert_eq!(tap_gen(3, 2), "vmfvm0t3m2");
+        assert!(tap_gen(MAX_VMS, 999).len() <= 15);
         assert!(tap(MAX_VMS).len() <= 15, "interface names are at most 15 bytes");
         assert_eq!(mac(258), "52:54:00:79:01:02");
     }

@@ -67,24 +67,43 @@ pub struct GuestSpec {
     /// device beside the region's `ivshmem-plain` one (the guest also gets an IOMMU so its agent can
     /// take the interrupts through VFIO).
     pub doorbell: Option<PathBuf>,
-    /// The vmfabric executable the guest runs as its agent (a host path, seen through 9p).
+    /// The vmfabric executable the guest runs as its agent (a host path, seen through 9p; in a
+    /// migratable guest's initramfs).
     pub agent: PathBuf,
     /// Directory of its files (console log, QMP socket, pid file).
     pub dir: PathBuf,
+    /// Mounts none of the host's files (its root is its initramfs), so QEMU can migrate it.
+    pub migratable: bool,
+    /// How many times it has migrated: each QEMU process of the guest has its own tap and files.
+    pub generation: u32,
+    /// Wait for the guest's state from a migration on this Unix socket (`-incoming`) instead of booting.
+    pub incoming: Option<PathBuf>,
+}
+
+/// The base name of the files of guest `name`'s QEMU process after `generation` migrations.
+pub fn files_name(name: &str, generation: u32) -> String {
+    if generation == 0 {
+        name.to_owned()
+    } else {
+        format!("{name}-m{generation}")
+    }
 }
 
 impl GuestSpec {
+    fn file(&self, ext: &str) -> PathBuf {
+        self.dir.join(format!("{}.{ext}", files_name(&self.name, self.generation)))
+    }
     /// Serial console output.
     pub fn console(&self) -> PathBuf {
-        self.dir.join(format!("{}.console", self.name))
+        self.file("console")
     }
     /// QMP socket.
     pub fn qmp(&self) -> PathBuf {
-        self.dir.join(format!("{}.qmp", self.name))
+        self.file("qmp")
     }
     /// QEMU's own messages.
     pub fn log(&self) -> PathBuf {
-        self.dir.join(format!("{}.log", self.name))
+        self.file("log")
     }
 }
 
@@ -100,6 +119,7 @@ pub fn command(qemu: &Path, img: &Image, accel: Accel, g: &GuestSpec) -> Command
         g.agent.display(),
         g.dir.display()
     );
+    let append = if g.migratable { format!("{append} vmf_migratable=1") } else { append };
     let append = if g.doorbell.is_some() {
         // The emulated IOMMU is what vfio-pci needs (Debian's kernel has no VFIO no-IOMMU mode);
         // passthrough keeps the guest's own devices off its translation.
@@ -149,7 +169,7 @@ pub fn command(qemu: &Path, img: &Image, accel: Accel, g: &GuestSpec) -> Command
         ])
         .args([
             "-netdev",
-            &format!("tap,id=n0,ifname={},script=no,downscript=no", crate::net::tap(g.index)),
+            &format!("tap,id=n0,ifname={},script=no,downscript=no", crate::net::tap_gen(g.index, g.generation)),
             "-device",
             &format!("virtio-net-pci,netdev=n0,mac={}", crate::net::mac(g.index)),
         ])
@@ -170,6 +190,9 @@ pub fn command(qemu: &Path, img: &Image, accel: Accel, g: &GuestSpec) -> Command
         c.args(["-device", "pcie-root-port,id=rp2,chassis=2,slot=2"]);
         c.args(["-chardev", &format!("socket,path={},id=ivsc", sock.display())]);
         c.args(["-device", &doorbell_device("ivsc")]);
+    }
+    if let Some(p) = &g.incoming {
+        c.arg("-incoming").arg(format!("unix:{}", p.display()));
     }
     c.stdin(Stdio::null());
     c

@@ -35,6 +35,11 @@ pub struct GuestArgs {
     /// group gets an ivshmem server; each guest an ivshmem-doorbell device and an emulated IOMMU for VFIO).
     #[arg(long, conflicts_with = "no_ivshmem")]
     doorbell: bool,
+    /// Guests QEMU can live-migrate (`vm migrate`): they mount none of the host's files (their root is
+    /// their initramfs; each job's program and libraries are copied in, and files a job writes stay
+    /// in the guest).
+    #[arg(long, conflicts_with = "doorbell")]
+    migratable: bool,
     /// Seconds a guest may take to boot to its agent.
     #[arg(long, default_value_t = 120)]
     boot_timeout: u64,
@@ -52,6 +57,7 @@ impl GuestArgs {
             doorbell: self.doorbell,
             boot_timeout: Duration::from_secs(self.boot_timeout),
             persistent,
+            migratable: self.migratable,
         }
     }
 }
@@ -122,6 +128,13 @@ enum VmCmd {
         /// The guest.
         vm: String,
     },
+    /// Live-migrate a guest (booted `--migratable`) to a second QEMU process, which stands in for
+    /// another host, while its job runs: it leaves its host group first (as `unplug`), then QEMU sends
+    /// its state over and the old process quits.
+    Migrate {
+        /// The guest.
+        vm: String,
+    },
     /// Run a command in a guest through its agent, as rsh would (for launchers inside the guests, e.g.
     /// Open MPI's `--mca plm_rsh_agent "vmfabric vm rsh"`).
     Rsh {
@@ -146,6 +159,8 @@ enum VmCmd {
         port: u16,
         #[arg(long, default_value = "guest")]
         name: String,
+        #[arg(long)]
+        migratable: bool,
     },
 }
 
@@ -171,7 +186,7 @@ pub fn run(a: VmArgs) -> i32 {
             Ok(()) => 0,
             Err(e) => fail(e),
         },
-        VmCmd::Agent { port, name } => match vmf_vm::agent::run(port, &name) {
+        VmCmd::Agent { port, name, migratable } => match vmf_vm::agent::run(port, &name, migratable) {
             Ok(()) => 0,
             Err(e) => fail(e),
         },
@@ -277,6 +292,29 @@ pub fn run(a: VmArgs) -> i32 {
         },
         VmCmd::Unplug { vm } => plug(&vm, false),
         VmCmd::Plug { vm } => plug(&vm, true),
+        VmCmd::Migrate { vm } => {
+            let mut c = match Cluster::attach() {
+                Ok(c) => c,
+                Err(e) => return fail(e),
+            };
+            match c.migrate(&vm) {
+                Ok(r) => {
+                    let off = r.unplug.as_ref().map_or(String::new(), |(ranks, move_ms, dev_ms)| {
+                        let answers: Vec<String> = ranks
+                            .as_array()
+                            .map(|a| a.iter().map(|r| format!("rank {}: {}", r["rank"], r["answer"].as_str().unwrap_or(""))).collect())
+                            .unwrap_or_default();
+                        format!("ranks off the region in {move_ms:.1} ms ({}), device removed after {dev_ms:.1} ms; ", answers.join("; "))
+                    });
+                    println!(
+                        "vm migrate {vm}: {off}destination up in {:.0} ms; migrated in {:.0} ms (downtime {:.0} ms, {:.1} MiB sent); QEMU pid {} -> {}; {:.0} ms in all",
+                        r.setup_ms, r.migrate_ms, r.downtime_ms, r.transferred_mib, r.old_pid, r.new_pid, r.total_ms
+                    );
+                    0
+                }
+                Err(e) => fail(e),
+            }
+        }
         VmCmd::Down => {
             match Cluster::attach() {
                 Ok(mut c) => {
