@@ -30,11 +30,12 @@ if [ -n "$vmf_migratable" ]; then
   # A guest that can migrate: no 9p file system stays mounted (QEMU refuses to migrate while one is).
   # The root stays this initramfs, in guest memory, which migrates with it; it holds the agent and its
   # libraries; each job's program and libraries are copied in from the host before it starts.
+  # /tmp stays the initramfs' own (already in memory): the agent may live under it (a build in /tmp).
   mkdir -p /dev/shm /dev/pts /run /tmp
+  chmod 1777 /tmp
   mount -t tmpfs -o mode=1777 shm /dev/shm
   mount -t devpts devpts /dev/pts
   mount -t tmpfs run /run || fail "no /run"
-  mount -t tmpfs -o mode=1777 tmp /tmp || fail "no /tmp"
   mkdir -p /run/host
   ip link set lo up
   ip addr add "$vmf_ip" dev eth0 || fail "no eth0 (virtio-net) for $vmf_ip"
@@ -319,6 +320,13 @@ pub fn image(cache: &Path, agent: Option<&Path>) -> Result<Image, VmError> {
     // The agent and its libraries (migratable guests), keyed by path, size and modification time.
     let mut extra: Vec<(PathBuf, PathBuf)> = Vec::new();
     if let Some(a) = agent {
+        // The guest mounts file systems over these (its /tmp stays the initramfs' own).
+        if ["/run/", "/dev/", "/proc/", "/sys/"].iter().any(|d| a.starts_with(d)) {
+            return Err(VmError::Setup(format!(
+                "a migratable guest cannot run the agent {}: the guest mounts its own /run, /dev, /proc and /sys",
+                a.display()
+            )));
+        }
         extra.push((a.to_owned(), a.to_owned()));
         for l in shared_libraries(a, "")? {
             extra.push((l.clone(), l));
@@ -376,6 +384,17 @@ pub fn image(cache: &Path, agent: Option<&Path>) -> Result<Image, VmError> {
         let _ = std::fs::remove_file(&tmp);
         VmError::Setup(format!("cannot write the initramfs {} ({e})", initrd.display()))
     })?;
+    if agent.is_some() {
+        // Each build of the agent makes its own migratable image (11 MB): keep only the newest.
+        if let Ok(rd) = std::fs::read_dir(cache) {
+            for e in rd.flatten() {
+                let n = e.file_name().to_string_lossy().into_owned();
+                if n.starts_with("initrd-migratable-") && e.path() != initrd {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+        }
+    }
     Ok(Image { kernel, initrd, release })
 }
 
