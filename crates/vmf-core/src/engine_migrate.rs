@@ -98,6 +98,8 @@ pub struct MigCtx {
     moved_t0: Vec<u64>,
     /// (migration start, pause in ms) for every Ready this rank received.
     pauses: Vec<(u64, f64)>,
+    /// Where the last switch of this rank spent its time: (phase, ms).
+    phases: Vec<(&'static str, f64)>,
 }
 
 /// CLOCK_MONOTONIC in nanoseconds.
@@ -131,6 +133,7 @@ impl MigCtx {
             timeout,
             moved_t0: Vec::new(),
             pauses: Vec::new(),
+            phases: Vec::new(),
         }
     }
 
@@ -318,6 +321,14 @@ impl Engine {
             }
         }
         mtrace!("{me}: settled");
+        let mut phases: Vec<(&'static str, f64)> = Vec::with_capacity(6);
+        let mut lap = Instant::now();
+        let mut phase = |name: &'static str| {
+            let n = Instant::now();
+            phases.push((name, (n - lap).as_secs_f64() * 1e3));
+            lap = n;
+        };
+        phase("settle");
         let source = match region_source(&spec.dir) {
             Ok(s) => s,
             Err(e) => {
@@ -368,6 +379,7 @@ impl Engine {
             Ok((t, addr))
         })();
         mtrace!("{me}: transports prepared");
+        phase("prepare");
         let (new_shm, new_addr) = match prepared {
             Ok(x) => x,
             Err(e) => {
@@ -410,6 +422,7 @@ impl Engine {
             acks += 1;
         }
 
+        phase("tell");
         // Every Moved must be written before the shared-memory transport is replaced.
         self.mig = Some(Moving {
             old_shm: None,
@@ -445,10 +458,17 @@ impl Engine {
         self.wait_until(Op::Progress, |e| {
             e.mig.as_ref().is_some_and(|m| m.acks_left == 0)
         })?;
+        phase("answers");
         // 4. Leave the old region.
         let m = self.mig.take().unwrap();
         if let Some(old) = m.old_shm {
             old.region().detach(old.local_index());
+            // Unmapping the old region (256 MiB of an ivshmem BAR, say) takes milliseconds in a TCG
+            // guest: a thread of its own does it, while this rank goes back to work.
+            std::thread::Builder::new()
+                .name("vmf-unmap".into())
+                .spawn(move || drop(old))
+                .ok();
         }
         if let Some(t) = self.tcp.as_mut() {
             t.drop_old_listeners();
@@ -460,8 +480,10 @@ impl Engine {
         };
         // The (empty) pool was the old region's: the next allocation takes one in the new region.
         self.shared = None;
+        phase("leave");
         let ctx = self.mig_ctx.as_mut().unwrap();
         ctx.current = host;
+        ctx.phases = phases;
         drop(back.0.take()); // stay in the new namespace
         mtrace!("{me}: migrate to host {host} done");
         Ok(t0.elapsed())
@@ -684,7 +706,14 @@ impl Engine {
             let reply = match req.split_whitespace().collect::<Vec<_>>().as_slice() {
                 ["migrate", h] => match h.parse::<usize>() {
                     Ok(h) => match self.migrate_to(h) {
-                        Ok(d) => format!("ok {:.3} ms", d.as_secs_f64() * 1e3),
+                        Ok(d) => {
+                            let ph: Vec<String> = self
+                                .mig_ctx
+                                .as_ref()
+                                .map(|c| c.phases.iter().map(|(n, ms)| format!("{n} {ms:.1}")).collect())
+                                .unwrap_or_default();
+                            format!("ok {:.3} ms ({})", d.as_secs_f64() * 1e3, ph.join(", "))
+                        }
                         Err(e) => format!("error {e}"),
                     },
                     Err(_) => format!("error bad host {h:?}"),
