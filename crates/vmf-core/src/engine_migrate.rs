@@ -100,6 +100,24 @@ pub struct MigCtx {
     pauses: Vec<(u64, f64)>,
     /// Where the last switch of this rank spent its time: (phase, ms).
     phases: Vec<(&'static str, f64)>,
+    /// A region opened ahead of a move (`prepare <host>`): the host, and the helper thread opening it.
+    standby: Option<(usize, std::thread::JoinHandle<std::result::Result<(Arc<Region>, u32), String>>)>,
+}
+
+/// Open the region of a host and claim a slot in it (the first step of a move, which [`Engine::migrate_to`]
+/// does itself unless a `prepare` did it ahead).
+fn open_region(
+    dir: &std::path::Path,
+    job: &str,
+    sizing: RegionSizing,
+    launcher: Option<vmf_pal::process::ProcessId>,
+    timeout: Duration,
+    me: usize,
+) -> std::result::Result<(Arc<Region>, u32), String> {
+    let source = region_source(dir)?;
+    let reg = Arc::new(Region::open(&source, job, sizing, launcher, timeout).map_err(|e| e.to_string())?);
+    let idx = reg.attach(me as u32).map_err(|e| e.to_string())?;
+    Ok((reg, idx))
 }
 
 /// CLOCK_MONOTONIC in nanoseconds.
@@ -134,6 +152,7 @@ impl MigCtx {
             moved_t0: Vec::new(),
             pauses: Vec::new(),
             phases: Vec::new(),
+            standby: None,
         }
     }
 
@@ -329,27 +348,35 @@ impl Engine {
             lap = n;
         };
         phase("settle");
-        let source = match region_source(&spec.dir) {
-            Ok(s) => s,
+        // The new region: opened ahead by `prepare` (a helper thread, while this rank worked), or now.
+        let standby = match self.mig_ctx.as_mut().unwrap().standby.take() {
+            Some((h, t)) if h == host => Some(t.join().unwrap_or_else(|_| Err("the thread preparing the move failed".into()))),
+            Some((_, t)) => {
+                // Prepared for another host: leave what it claimed.
+                if let Ok(Ok((reg, idx))) = t.join() {
+                    reg.detach(idx);
+                }
+                None
+            }
+            None => None,
+        };
+        let opened = match standby {
+            Some(r) => r,
+            None => {
+                let ctx = self.mig_ctx.as_ref().unwrap();
+                open_region(&spec.dir, &ctx.job, ctx.sizing, ctx.launcher, ctx.timeout, me)
+            }
+        };
+        let (reg, idx) = match opened {
+            Ok(x) => x,
             Err(e) => {
                 back.restore();
                 return Err(mig_err(me, e));
             }
         };
+        mtrace!("{me}: region opened and attached");
         let prepared = (|| -> Result<(ShmTransport, Option<SocketAddr>)> {
             let ctx = self.mig_ctx.as_ref().unwrap();
-            let reg = Region::open(
-                &source,
-                &ctx.job,
-                ctx.sizing,
-                ctx.launcher,
-                ctx.timeout,
-            )
-            .map_err(|e| mig_err(me, e))?;
-            let reg = Arc::new(reg);
-            mtrace!("{me}: region opened");
-            let idx = reg.attach(me as u32).map_err(|e| mig_err(me, e))?;
-            mtrace!("{me}: region attached");
             let uuid = reg.uuid;
             let local = self
                 .locs
@@ -369,8 +396,13 @@ impl Engine {
                 let job = vmf_transport::shm::region::job_hash(&ctx.job);
                 if same_ns {
                     // The doorbell's name is bound once per namespace: the new transport takes the old
-                    // one's socket when it replaces it (below); until then the old one keeps it.
-                    addr = Some(tcp.rebind(spec.ip).map_err(|e| mig_err(me, e))?);
+                    // one's socket when it replaces it (below); until then the old one keeps it. The
+                    // same namespace and address (a VM leaving its ivshmem region): the listener stays.
+                    addr = Some(if tcp.local_addr().ip() == spec.ip {
+                        tcp.local_addr()
+                    } else {
+                        tcp.rebind(spec.ip).map_err(|e| mig_err(me, e))?
+                    });
                 } else {
                     t.enable_socket_doorbell(job).map_err(|e| mig_err(me, e))?;
                     addr = Some(tcp.rebind(spec.ip).map_err(|e| mig_err(me, e))?);
@@ -686,6 +718,60 @@ impl Engine {
         self.peers[peer].pending.extend(held);
     }
 
+    /// `prepare <host>`: open that host's region and claim a slot in it on a helper thread, while this
+    /// rank keeps working; the helper answers on the control socket (`ok prepared in T ms`), and the next
+    /// `migrate <host>` starts from there. What the move costs in system calls and page faults (an
+    /// ivshmem BAR or a region file mapped, its header checked) is then off the rank's switch.
+    fn prepare_move(&mut self, h: &str, ctl: &std::os::unix::net::UnixStream) -> std::result::Result<(), String> {
+        let host: usize = h.parse().map_err(|_| format!("bad host {h:?}"))?;
+        let me = self.me;
+        let ctx = self.mig_ctx.as_mut().ok_or("this rank cannot move")?;
+        if host >= ctx.hosts.len() || host == ctx.current {
+            return Err(format!("no move to host {host} to prepare"));
+        }
+        if let Some((_, t)) = ctx.standby.take() {
+            if let Ok(Ok((reg, idx))) = t.join() {
+                reg.detach(idx);
+            }
+        }
+        let answer = ctl.try_clone().map_err(|e| e.to_string())?;
+        let (dir, job, sizing, launcher, timeout) =
+            (ctx.hosts[host].dir.clone(), ctx.job.clone(), ctx.sizing, ctx.launcher, ctx.timeout);
+        let t = std::thread::Builder::new()
+            .name("vmf-prepare".into())
+            .spawn(move || {
+                let t0 = Instant::now();
+                let r = open_region(&dir, &job, sizing, launcher, timeout, me);
+                let line = match &r {
+                    Ok(_) => format!("ok prepared in {:.1} ms\n", t0.elapsed().as_secs_f64() * 1e3),
+                    Err(e) => format!("error {e}\n"),
+                };
+                // Not through the stream's blocking mode: that is the descriptor's, shared with the rank's
+                // thread, which reads the socket without blocking.
+                let mut left = line.as_bytes();
+                while !left.is_empty() {
+                    // SAFETY: sending from a live buffer on our descriptor.
+                    let n = unsafe { libc::send(answer.as_raw_fd(), left.as_ptr().cast(), left.len(), libc::MSG_NOSIGNAL) };
+                    if n > 0 {
+                        left = &left[n as usize..];
+                        continue;
+                    }
+                    let e = std::io::Error::last_os_error();
+                    if e.kind() != std::io::ErrorKind::WouldBlock && e.kind() != std::io::ErrorKind::Interrupted {
+                        break;
+                    }
+                    let mut p = libc::pollfd { fd: answer.as_raw_fd(), events: libc::POLLOUT, revents: 0 };
+                    // SAFETY: one pollfd.
+                    unsafe { libc::poll(&mut p, 1, 100) };
+                }
+                drop(answer);
+                r
+            })
+            .map_err(|e| e.to_string())?;
+        ctx.standby = Some((host, t));
+        Ok(())
+    }
+
     /// Act on a request from the launcher's control socket (after SIGUSR2).
     pub(super) fn serve_migration_request(&mut self) {
         REQUESTED.store(false, Ordering::Relaxed);
@@ -704,6 +790,11 @@ impl Engine {
         }
         for req in line.lines() {
             let reply = match req.split_whitespace().collect::<Vec<_>>().as_slice() {
+                ["prepare", h] => match self.prepare_move(h, &ctl) {
+                    // The helper thread answers once the region is open.
+                    Ok(()) => continue,
+                    Err(e) => format!("error {e}"),
+                },
                 ["migrate", h] => match h.parse::<usize>() {
                     Ok(h) => match self.migrate_to(h) {
                         Ok(d) => {

@@ -971,21 +971,36 @@ fn launcher_from_env() -> Option<ProcessId> {
 pub(crate) fn attach_vm_bell(t: &mut vmf_transport::shm::ShmTransport) {
     static OWN: std::sync::OnceLock<Option<(u16, std::os::fd::RawFd)>> = std::sync::OnceLock::new();
     let path = t.region().path().to_owned();
-    let devs = vmf_pal::pci::ivshmem_devices();
     // Only a region in an ivshmem BAR has peers in other VMs (a guest's own region file does not).
+    if !path.starts_with("/sys/") {
+        return;
+    }
+    let devs = vmf_pal::pci::ivshmem_devices();
     if !devs.iter().any(|d| d.bar2 == path) {
         return;
     }
     let Some(dev) = vmf_pal::pci::doorbell_device_of(&devs) else {
         return;
     };
-    let regs = match vmf_pal::pci::IvshmemRegs::map(dev) {
-        Ok(r) => std::sync::Arc::new(r),
-        Err(e) => {
-            eprintln!("vmfabric: cannot map the doorbell registers of {} ({e}); peers in other VMs are polled", dev.address);
-            return;
-        }
+    // The registers are mapped once per device: a rank that leaves and rejoins the region keeps them
+    // (the doorbell device stays while the region's device comes and goes).
+    static REGS: std::sync::Mutex<Option<(String, std::sync::Arc<vmf_pal::pci::IvshmemRegs>)>> = std::sync::Mutex::new(None);
+    let mut cached = REGS.lock().unwrap_or_else(|p| p.into_inner());
+    let regs = match cached.as_ref().filter(|(a, _)| *a == dev.address) {
+        Some((_, r)) => r.clone(),
+        None => match vmf_pal::pci::IvshmemRegs::map(dev) {
+            Ok(r) => {
+                let r = std::sync::Arc::new(r);
+                *cached = Some((dev.address.clone(), r.clone()));
+                r
+            }
+            Err(e) => {
+                eprintln!("vmfabric: cannot map the doorbell registers of {} ({e}); peers in other VMs are polled", dev.address);
+                return;
+            }
+        },
     };
+    drop(cached);
     // Parsed once: the descriptor outlives every transport of this process (a rank that leaves and
     // rejoins the region keeps its vector).
     let own = *OWN.get_or_init(|| {

@@ -23,12 +23,15 @@ fn membarrier(cmd: libc::c_int) -> io::Result<libc::c_long> {
 
 /// Register this process for global expedited barriers. Returns false if the kernel cannot do it.
 pub fn register_global_expedited() -> bool {
-    match membarrier(CMD_QUERY) {
+    // Once per process (a registration lasts for its life): a rank that moves between regions makes a
+    // transport per move, and two system calls each time were part of its switch.
+    static REGISTERED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *REGISTERED.get_or_init(|| match membarrier(CMD_QUERY) {
         Ok(mask) if mask & CMD_GLOBAL_EXPEDITED as libc::c_long != 0 => {
             membarrier(CMD_REGISTER_GLOBAL_EXPEDITED).is_ok()
         }
         _ => false,
-    }
+    })
 }
 
 /// Issue a barrier on every CPU running a registered process.

@@ -128,6 +128,17 @@ fn move_ranks(host: usize) -> Result<Vec<(u32, String)>, String> {
     let still = |pid: i32| CTLS.lock().unwrap_or_else(|p| p.into_inner()).iter().any(|c| c.pid == pid);
     let mut out = Vec::new();
     let mut bad = None;
+    let read_line = |sock: &mut std::os::unix::net::UnixStream, secs: u64| -> String {
+        let _ = sock.set_read_timeout(Some(Duration::from_secs(secs)));
+        let mut line = Vec::new();
+        let mut b = [0u8; 1];
+        while sock.read_exact(&mut b).is_ok() && b[0] != b'\n' {
+            line.push(b[0]);
+        }
+        String::from_utf8_lossy(&line).trim().to_owned()
+    };
+    // 1. Every rank opens its new region on a helper thread while it goes on working (`prepare`).
+    let mut asked = Vec::new();
     for (rank, pid, sock, ready) in snap.iter_mut() {
         let (rank, pid) = (*rank, *pid);
         if !*ready {
@@ -145,27 +156,40 @@ fn move_ranks(host: usize) -> Result<Vec<(u32, String)>, String> {
                 c.ready = true;
             }
         }
-        if !still(pid) {
+        if !still(pid) || sock.write_all(format!("prepare {host}\n").as_bytes()).is_err() {
+            continue;
+        }
+        // SAFETY: signalling a rank this agent started and has not reaped (checked just above; the
+        // reaper removes a rank from the table before it reports its end).
+        unsafe { libc::kill(pid, libc::SIGUSR2) };
+        asked.push(rank);
+    }
+    let mut prepared: HashMap<u32, String> = HashMap::new();
+    for (rank, _, sock, _) in snap.iter_mut() {
+        if asked.contains(rank) {
+            prepared.insert(*rank, read_line(sock, 120));
+        }
+    }
+    // 2. Then the switches, one rank at a time.
+    for (rank, pid, sock, ready) in snap.iter_mut() {
+        let (rank, pid) = (*rank, *pid);
+        if !*ready || !still(pid) {
             continue; // it ended meanwhile (its pid may be reused: never signal it)
         }
         if sock.write_all(format!("migrate {host}\n").as_bytes()).is_err() {
             bad.get_or_insert(format!("rank {rank} does not answer"));
             continue;
         }
-        // SAFETY: signalling a rank this agent started and has not reaped (checked just above; the
-        // reaper removes a rank from the table before it reports its end).
+        // SAFETY: as above.
         unsafe { libc::kill(pid, libc::SIGUSR2) };
-        let _ = sock.set_read_timeout(Some(Duration::from_secs(120)));
-        let mut line = Vec::new();
-        let mut b = [0u8; 1];
-        while sock.read_exact(&mut b).is_ok() && b[0] != b'\n' {
-            line.push(b[0]);
-        }
-        let reply = String::from_utf8_lossy(&line).trim().to_owned();
+        let reply = read_line(sock, 120);
         if !reply.starts_with("ok") && still(pid) {
             bad.get_or_insert(format!("rank {rank}: {reply}"));
         }
-        out.push((rank, reply));
+        match prepared.get(&rank) {
+            Some(p) if !p.is_empty() => out.push((rank, format!("{reply}; {p}"))),
+            _ => out.push((rank, reply)),
+        }
     }
     match bad {
         Some(b) => Err(b),
