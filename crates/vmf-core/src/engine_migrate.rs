@@ -101,8 +101,11 @@ pub struct MigCtx {
     /// Where the last switch of this rank spent its time: (phase, ms).
     phases: Vec<(&'static str, f64)>,
     /// A region opened ahead of a move (`prepare <host>`): the host, and the helper thread opening it.
-    standby: Option<(usize, std::thread::JoinHandle<std::result::Result<(Arc<Region>, u32), String>>)>,
+    standby: Option<(usize, std::thread::JoinHandle<Opened>)>,
 }
+
+/// A region opened and a slot claimed in it, or why not.
+type Opened = std::result::Result<(Arc<Region>, u32), String>;
 
 /// Open the region of a host and claim a slot in it (the first step of a move, which [`Engine::migrate_to`]
 /// does itself unless a `prepare` did it ahead).
@@ -113,7 +116,7 @@ fn open_region(
     launcher: Option<vmf_pal::process::ProcessId>,
     timeout: Duration,
     me: usize,
-) -> std::result::Result<(Arc<Region>, u32), String> {
+) -> Opened {
     let source = region_source(dir)?;
     let reg = Arc::new(Region::open(&source, job, sizing, launcher, timeout).map_err(|e| e.to_string())?);
     let idx = reg.attach(me as u32).map_err(|e| e.to_string())?;
