@@ -5,19 +5,21 @@
 # Per round:
 #   - iperf3 (TCP, one stream, BENCH_VNIC_SECONDS s) from node 0 to node 1 over `vmfabric vnic up --nodes 2`
 #     and over a veth pair between two namespaces (vmfbench0/1, 10.78.0.1-2), at MTU 1500 and 65520
-#     (the vnic with its default offload: TCP segments of up to 64 KiB cross the hardware, as over veth);
-#   - VLB: 4 nodes, MTU 1500 without offload (frames of MTU size, as 003_*'s sm_nic), a slow receiver
+#     (the vnic with its default offload: TCP segments of up to 64 KiB cross the hardware, as over veth;
+#     its default 8 buffers per link, and with --slots 1, 003_*'s one buffer per link, for reference);
+#   - VLB: 4 nodes, MTU 1500 without offload (frames of MTU size, as 003_*'s sm_nic), one buffer per link
+#     (--slots 1, 003_*'s hardware, where a busy buffer is what VLB evades), a slow receiver
 #     (servicing a signal costs BENCH_VNIC_IRQ_NS ns, default 20000: the emulated interrupt cost), iperf3 from node 0 to
 #     node 3 with VLB off and on (--vlb-max-evade-ratio 8), and the performance values of each run
 #     (VLB_AveragePacketsPerIRQ at the receiver, indirect packets);
 #   - 003_*'s chapter-6 extensions, one at a time against the plain configuration (4 nodes, MTU 1500 without
-#     offload, iperf3 from node 0 to node 3): unidirectional status words (and the remote status reads they
+#     offload, one buffer per link, iperf3 from node 0 to node 3): unidirectional status words (and the remote status reads they
 #     remove), a 2x2 mesh with 2 us per extra hop (0 and 3 are diagonal), the link 0-3 broken with VLB, and
 #     evade-to-a-free-slot against plain VLB with a slow receiver;
 #   - the mphw transport under MPI: `vmfabric run -n 2 vmfabric bench latency` (8 bytes) and `bench bw`
 #     (64 KiB) with VMF_TRANSPORT=mphw and with the default shared-memory transport, alternating.
 # Writes $BENCH_RESULTS_DIR/vnic.json: {"rounds": [{"vnic_1500": Gbit/s, "veth_1500": .., "vnic_65520": ..,
-# "veth_65520": .., "vlb_off": .., "vlb_on": .., "vlb_off_ppi": .., "vlb_on_ppi": .., "vlb_on_indirect": ..,
+# "veth_65520": .., "vnic1_1500": .., "vnic1_65520": .. (--slots 1), "vlb_off": .., "vlb_on": .., "vlb_off_ppi": .., "vlb_on_ppi": .., "vlb_on_indirect": ..,
 # "mphw_lat8": us, "shm_lat8": us, "mphw_bw64k": MB/s, "shm_bw64k": MB/s}]}
 #
 # Called by bench/run.sh (BENCH_VNIC=0 skips it), or alone after a release build: bash bench/vnic.sh
@@ -67,10 +69,14 @@ for r in $(seq 1 "$ROUNDS"); do
     declare -A R=()
     for mtu in 1500 65520; do
         # alternate which goes first
-        for which in $( [ $((r % 2)) = 1 ] && echo "vnic veth" || echo "veth vnic"); do
+        for which in $( [ $((r % 2)) = 1 ] && echo "vnic veth vnic1" || echo "vnic1 veth vnic"); do
             if [ "$which" = vnic ]; then
                 "$VMF" vnic up --nodes 2 --mtu "$mtu" >/dev/null
                 R[vnic_$mtu]=$(iperf "$VMF vnic exec 0 --" "$VMF vnic exec 1 --" 10.77.0.2)
+                "$VMF" vnic down --quiet
+            elif [ "$which" = vnic1 ]; then
+                "$VMF" vnic up --nodes 2 --mtu "$mtu" --slots 1 >/dev/null
+                R[vnic1_$mtu]=$(iperf "$VMF vnic exec 0 --" "$VMF vnic exec 1 --" 10.77.0.2)
                 "$VMF" vnic down --quiet
             else
                 veth_up "$mtu"
@@ -80,7 +86,7 @@ for r in $(seq 1 "$ROUNDS"); do
         done
     done
     for vlb in off on; do
-        opts=(--nodes 4 --mtu 1500 --no-offload --irq-cost-ns "$IRQ_NS")
+        opts=(--nodes 4 --mtu 1500 --no-offload --slots 1 --irq-cost-ns "$IRQ_NS")
         [ "$vlb" = on ] && opts+=(--vlb --vlb-max-evade-ratio 8)
         "$VMF" vnic up "${opts[@]}" >/dev/null
         R[vlb_$vlb]=$(iperf "$VMF vnic exec 0 --" "$VMF vnic exec 3 --" 10.77.0.4)
@@ -90,7 +96,7 @@ for r in $(seq 1 "$ROUNDS"); do
     done
     ext() { # NAME OPTIONS... : iperf3 0 -> 3 and the counters that tell what changed
         local name=$1; shift
-        "$VMF" vnic up --nodes 4 --mtu 1500 --no-offload "$@" >/dev/null
+        "$VMF" vnic up --nodes 4 --mtu 1500 --no-offload --slots 1 "$@" >/dev/null
         R[ext_$name]=$(iperf "$VMF vnic exec 0 --" "$VMF vnic exec 3 --" 10.77.0.4)
         R[ext_${name}_remote_reads]=$(stat 0 RemoteStatusReads)
         R[ext_${name}_indirect]=$(stat 3 VLB_RX_Indirect)
@@ -129,6 +135,8 @@ print("vnic/veth at MTU 1500:  %.2fx (median of rounds; vnic %.2f, veth %.2f Gbi
     med(lambda r: r["vnic_1500"] / r["veth_1500"]), med(lambda r: r["vnic_1500"]), med(lambda r: r["veth_1500"])))
 print("vnic/veth at MTU 65520: %.2fx (vnic %.2f, veth %.2f Gbit/s)" % (
     med(lambda r: r["vnic_65520"] / r["veth_65520"]), med(lambda r: r["vnic_65520"]), med(lambda r: r["veth_65520"])))
+print("with one buffer per link (--slots 1): %.2fx / %.2fx of veth at MTU 1500 / 65520" % (
+    med(lambda r: r["vnic1_1500"] / r["veth_1500"]), med(lambda r: r["vnic1_65520"] / r["veth_65520"])))
 print("VLB on/off, slow receiver: %.2fx (on %.3f, off %.3f Gbit/s); packets per IRQ at the receiver on %.2f, off %.2f" % (
     med(lambda r: r["vlb_on"] / r["vlb_off"]), med(lambda r: r["vlb_on"]), med(lambda r: r["vlb_off"]),
     med(lambda r: r["vlb_on_ppi"]), med(lambda r: r["vlb_off_ppi"])))

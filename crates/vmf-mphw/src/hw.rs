@@ -1,11 +1,14 @@
 //! The emulated hardware: a region shared by N nodes holding, for every ordered pair (target, source), one
-//! receive buffer written only by its source, with a status word, plus one doorbell per node.
+//! receive buffer written only by its source, with a status word, plus one doorbell per node. A link may
+//! have K such buffers (`slots`, 1 as in 003_*): packet q of a link goes to slot q mod K, so a sender can
+//! fill the next slot while the target still holds the last packets, and a target woken once takes them
+//! all (K = 1 is the stop-and-wait hardware of 003_*, where every packet waits for its target).
 //!
 //! ```text
-//! 0       header (magic, version, nodes, buffer size, mode, signal and byte costs)
+//! 0       header (magic, version, nodes, buffer size, mode, signal and byte costs, slots)
 //! 4096    node blocks, 512 bytes each: doorbell, sleepers, owner pid, performance counters
 //! 36864   link table: N*N words, the emulated cost of a transfer target<-source in ns (u64::MAX = broken)
-//! 69632   buffers: (target*N + source) * stride; each is a 64-byte header (status, ack) and the data
+//! 69632   buffers: ((target*N + source)*K + slot) * stride; each a 64-byte header (status, ack) and data
 //! ```
 //!
 //! **Status word** (`RxBuffer` T/S, 003_* §4.10.1): bits 0-7 flags (`FULL`, `NO_FOREIGN`), bits 8-31 a
@@ -32,7 +35,9 @@ pub const MAX_NODES: usize = 64;
 /// Largest buffer a region may declare (64 MiB).
 pub const MAX_BUFFER: usize = 64 << 20;
 const MAGIC: u64 = u64::from_le_bytes(*b"VMFMPHW1");
-const VERSION: u64 = 1;
+const VERSION: u64 = 2;
+/// Most buffers per link.
+pub const MAX_SLOTS: usize = 16;
 const NODE_BLOCKS: u64 = 4096;
 const NODE_BLOCK: u64 = 512;
 /// Offset of the counters inside a node block; [`COUNTER_SLOTS`] u64 words.
@@ -62,6 +67,7 @@ const H_SIGNAL_NS: u64 = 40;
 const H_BYTE_PS: u64 = 48;
 const H_READY: u64 = 56;
 const H_IRQ_NS: u64 = 64;
+const H_SLOTS: u64 = 72;
 
 /// Errors of the emulated hardware.
 #[derive(Debug, Error)]
@@ -203,6 +209,8 @@ pub struct HwConfig {
     pub hop_cost_ns: u64,
     /// Links declared broken (both directions of each pair).
     pub broken: Vec<(usize, usize)>,
+    /// Buffers per link (a power of two, 1..=[`MAX_SLOTS`]; 1 is 003_*'s hardware).
+    pub slots: usize,
 }
 
 impl HwConfig {
@@ -218,6 +226,7 @@ impl HwConfig {
             topology: Topology::Full,
             hop_cost_ns: 0,
             broken: Vec::new(),
+            slots: 1,
         }
     }
 }
@@ -247,6 +256,7 @@ pub struct Hw {
     n: usize,
     buf: usize,
     stride: u64,
+    slots: usize,
     mode: Mode,
     signal_ns: u64,
     byte_ps: u64,
@@ -257,9 +267,27 @@ fn stride_for(buf: usize) -> u64 {
     BUF_HDR + (buf as u64).div_ceil(64) * 64
 }
 
-/// Bytes a region of `nodes` nodes with `buf`-byte buffers needs.
-pub fn region_size(nodes: usize, buf: usize) -> u64 {
-    BUFFERS + (nodes * nodes) as u64 * stride_for(buf)
+/// Bytes a region of `nodes` nodes with `buf`-byte buffers, `slots` per link, needs.
+pub fn region_size(nodes: usize, buf: usize, slots: usize) -> u64 {
+    BUFFERS + (nodes * nodes * slots) as u64 * stride_for(buf)
+}
+
+fn slots_ok(k: usize) -> bool {
+    (1..=MAX_SLOTS).contains(&k) && k.is_power_of_two()
+}
+
+/// The sequence number slot `j` of a fresh link holds: that of the packet before the link's first one
+/// in that slot (packet q goes to slot q mod K and finds q - K there; the first packet is 1).
+fn initial_seq(j: usize, k: usize) -> u32 {
+    let j = if j == 0 { k } else { j };
+    (j as u32).wrapping_sub(k as u32) & SEQ_MASK
+}
+
+/// Of sequence numbers lying within a window of [`MAX_SLOTS`] (one per slot), the newest: the one from
+/// which every other is at most a window behind, counting modulo 2^24.
+fn newest(v: &[u32]) -> u32 {
+    let behind = |a: u32, b: u32| b.wrapping_sub(a) & SEQ_MASK;
+    v.iter().copied().find(|&c| v.iter().all(|&o| behind(o, c) < 1 << 23)).unwrap_or(0)
 }
 
 impl Hw {
@@ -278,6 +306,9 @@ impl Hw {
                 cfg.buffer_size
             )));
         }
+        if !slots_ok(cfg.slots) {
+            return Err(bad(format!("{} buffers per link is not a power of two in 1..={MAX_SLOTS}", cfg.slots)));
+        }
         for &(a, b) in &cfg.broken {
             if a >= cfg.nodes || b >= cfg.nodes {
                 return Err(bad(format!("broken link {a}-{b} names a node outside 0..{}", cfg.nodes)));
@@ -289,7 +320,7 @@ impl Hw {
             }
         }
         let _ = std::fs::remove_file(path);
-        let size = region_size(cfg.nodes, cfg.buffer_size);
+        let size = region_size(cfg.nodes, cfg.buffer_size, cfg.slots);
         let (seg, _) = Segment::open_or_create(path, size)?;
         let w = |off: u64, v: u64| -> Result<(), HwError> {
             seg.at::<AtomicU64>(off)?.store(v, Ordering::Relaxed);
@@ -302,6 +333,16 @@ impl Hw {
         w(H_SIGNAL_NS, cfg.signal_cost_ns)?;
         w(H_BYTE_PS, cfg.byte_cost_ps)?;
         w(H_IRQ_NS, cfg.irq_cost_ns)?;
+        w(H_SLOTS, cfg.slots as u64)?;
+        let stride = stride_for(cfg.buffer_size);
+        for t in 0..cfg.nodes {
+            for s in 0..cfg.nodes {
+                for j in 1..cfg.slots {
+                    let off = BUFFERS + ((t * cfg.nodes + s) * cfg.slots + j) as u64 * stride;
+                    w(off, (initial_seq(j, cfg.slots) as u64) << 8)?;
+                }
+            }
+        }
         for t in 0..cfg.nodes {
             for s in 0..cfg.nodes {
                 // At most a second per transfer (and never BROKEN by overflow).
@@ -340,14 +381,17 @@ impl Hw {
         }
         let n = r(H_NODES)? as usize;
         let buf = r(H_BUF)? as usize;
-        if !(2..=MAX_NODES).contains(&n) || buf == 0 || buf > MAX_BUFFER {
-            return Err(bad(format!("its geometry ({n} nodes, {buf}-byte buffers) is impossible")));
+        let slots = r(H_SLOTS)? as usize;
+        if !(2..=MAX_NODES).contains(&n) || buf == 0 || buf > MAX_BUFFER || !slots_ok(slots) {
+            return Err(bad(format!(
+                "its geometry ({n} nodes, {buf}-byte buffers, {slots} per link) is impossible"
+            )));
         }
-        if seg.len() < region_size(n, buf) {
+        if seg.len() < region_size(n, buf, slots) {
             return Err(bad(format!(
                 "it is {} bytes, short of the {} its geometry needs",
                 seg.len(),
-                region_size(n, buf)
+                region_size(n, buf, slots)
             )));
         }
         let mode = match r(H_MODE)? {
@@ -359,6 +403,7 @@ impl Hw {
             n,
             buf,
             stride: stride_for(buf),
+            slots,
             mode,
             signal_ns: r(H_SIGNAL_NS)?.min(MAX_COST_NS),
             byte_ps: r(H_BYTE_PS)?.min(MAX_COST_NS),
@@ -380,6 +425,11 @@ impl Hw {
     /// Acknowledgement scheme.
     pub fn mode(&self) -> Mode {
         self.mode
+    }
+
+    /// Buffers per link.
+    pub fn slots(&self) -> usize {
+        self.slots
     }
 
     /// Spin for the emulated cost of servicing one signal.
@@ -458,23 +508,28 @@ impl Hw {
             .store(cost, Ordering::Relaxed);
     }
 
-    fn buffer(&self, target: usize, source: usize) -> u64 {
-        BUFFERS + (target * self.n + source) as u64 * self.stride
+    fn buffer(&self, target: usize, source: usize, slot: usize) -> u64 {
+        BUFFERS + ((target * self.n + source) * self.slots + slot) as u64 * self.stride
     }
 
-    fn status(&self, target: usize, source: usize) -> &AtomicU64 {
-        self.word(self.buffer(target, source))
+    /// The slot packet `seq` of a link uses.
+    fn slot_of(&self, seq: u32) -> usize {
+        seq as usize & (self.slots - 1)
     }
 
-    /// The acknowledgement word for packets `source -> target`: in buffer source/target (the source's
-    /// memory), written by the target.
+    fn status(&self, target: usize, source: usize, slot: usize) -> &AtomicU64 {
+        self.word(self.buffer(target, source, slot))
+    }
+
+    /// The acknowledgement word for packets `source -> target` (the last one consumed): in the first
+    /// buffer of source/target (the source's memory), written by the target.
     fn ack(&self, target: usize, source: usize) -> &AtomicU64 {
-        self.word(self.buffer(source, target) + 8)
+        self.word(self.buffer(source, target, 0) + 8)
     }
 
-    fn data(&self, target: usize, source: usize) -> *mut u8 {
+    fn data(&self, target: usize, source: usize, slot: usize) -> *mut u8 {
         self.seg
-            .ptr(self.buffer(target, source) + BUF_HDR, self.buf as u64)
+            .ptr(self.buffer(target, source, slot) + BUF_HDR, self.buf as u64)
             .expect("buffer inside the validated region")
     }
 
@@ -484,12 +539,18 @@ impl Hw {
         if target == source || target >= self.n || source >= self.n {
             return false;
         }
-        let st = self.status(target, source).load(Ordering::Acquire);
+        let mut seqs = [0u32; MAX_SLOTS];
+        for (j, q) in seqs.iter_mut().enumerate().take(self.slots) {
+            *q = (self.status(target, source, j).load(Ordering::Acquire) >> 8) as u32 & SEQ_MASK;
+        }
+        let seqs = &seqs[..self.slots];
         match self.mode {
-            Mode::Bidirectional => st & FULL == 0,
+            Mode::Bidirectional => {
+                (0..self.slots).any(|j| self.status(target, source, j).load(Ordering::Acquire) & FULL == 0)
+            }
             Mode::Unidirectional => {
-                let a = self.ack(target, source).load(Ordering::Acquire);
-                (st >> 8) & SEQ_MASK as u64 == (a >> 8) & SEQ_MASK as u64
+                let a = (self.ack(target, source).load(Ordering::Acquire) >> 8) as u32 & SEQ_MASK;
+                (newest(seqs).wrapping_sub(a) & SEQ_MASK) < self.slots as u32
             }
         }
     }
@@ -517,20 +578,23 @@ impl Hw {
         // stopped; a fresh region starts at zero everywhere).
         let mut sent = vec![0u32; self.n];
         let mut seen = vec![0u32; self.n];
+        let seq_of = |st: u64| ((st >> 8) as u32) & SEQ_MASK;
         for p in 0..self.n {
             if p == me {
                 continue;
             }
-            sent[p] = ((self.status(p, me).load(Ordering::Acquire) >> 8) as u32) & SEQ_MASK;
+            let out: Vec<u32> = (0..self.slots).map(|j| seq_of(self.status(p, me, j).load(Ordering::Acquire))).collect();
+            sent[p] = newest(&out);
             seen[p] = match self.mode {
-                Mode::Unidirectional => ((self.ack(me, p).load(Ordering::Acquire) >> 8) as u32) & SEQ_MASK,
+                Mode::Unidirectional => seq_of(self.ack(me, p).load(Ordering::Acquire)),
                 Mode::Bidirectional => {
-                    let st = self.status(me, p).load(Ordering::Acquire);
-                    let seq = ((st >> 8) as u32) & SEQ_MASK;
-                    if st & FULL != 0 {
-                        seq.wrapping_sub(1) & SEQ_MASK
-                    } else {
-                        seq
+                    // The newest packet consumed: just before the oldest still full, else the newest.
+                    let st: Vec<u64> = (0..self.slots).map(|j| self.status(me, p, j).load(Ordering::Acquire)).collect();
+                    let full: Vec<u32> = st.iter().filter(|&&w| w & FULL != 0).map(|&w| seq_of(w)).collect();
+                    let all: Vec<u32> = st.iter().map(|&w| seq_of(w)).collect();
+                    match full.iter().copied().find(|&c| full.iter().all(|&o| o.wrapping_sub(c) & SEQ_MASK < 1 << 23)) {
+                        Some(oldest) => oldest.wrapping_sub(1) & SEQ_MASK,
+                        None => newest(&all),
                     }
                 }
             };
@@ -538,6 +602,7 @@ impl Hw {
         Ok(Port {
             hw: self.clone(),
             me,
+            held: vec![false; self.n],
             sent,
             seen,
             remote_reads: 0,
@@ -603,6 +668,9 @@ pub struct Port {
     /// Sequence number of the last packet consumed from each source.
     seen: Vec<u32>,
     remote_reads: u64,
+    /// Our buffer at each target held for a packet being written in place by a caller that does not
+    /// hold the engine meanwhile ([`Port::hold`]): busy to every other send until committed or let go.
+    held: Vec<bool>,
 }
 
 fn spin_for(ns: u64) {
@@ -645,6 +713,7 @@ impl Port {
             return Ok(Link::Broken);
         }
         let sent = self.sent[target];
+        let k = self.hw.slots as u32;
         let corrupt = |what, value| HwError::Corrupt {
             op: "check a buffer",
             source_node: self.me,
@@ -654,9 +723,12 @@ impl Port {
         };
         match self.hw.mode {
             Mode::Bidirectional => {
+                // The next packet's slot holds the packet K before it, consumed (free) or not (busy).
                 self.remote_reads += 1;
-                let st = self.hw.status(target, self.me).load(Ordering::Acquire);
-                if st & FLAGS & !(FULL | NO_FOREIGN) != 0 || ((st >> 8) as u32 & SEQ_MASK) != sent {
+                let next = (sent + 1) & SEQ_MASK;
+                let st = self.hw.status(target, self.me, self.hw.slot_of(next)).load(Ordering::Acquire);
+                let prev = next.wrapping_sub(k) & SEQ_MASK;
+                if st & FLAGS & !(FULL | NO_FOREIGN) != 0 || ((st >> 8) as u32 & SEQ_MASK) != prev {
                     return Err(corrupt("status word", st));
                 }
                 if st & FULL != 0 {
@@ -666,14 +738,16 @@ impl Port {
                 }
             }
             Mode::Unidirectional => {
+                // Free while fewer than K packets are unacknowledged.
                 let a = self.hw.ack(target, self.me).load(Ordering::Acquire);
                 let acked = (a >> 8) as u32 & SEQ_MASK;
                 if a & FLAGS & !NO_FOREIGN != 0 || a >> 32 != 0 {
                     return Err(corrupt("acknowledgement word", a));
                 }
-                if acked == sent {
+                let in_flight = sent.wrapping_sub(acked) & SEQ_MASK;
+                if in_flight < k {
                     Ok(Link::Free { foreign_ok: a & NO_FOREIGN == 0 })
-                } else if acked == sent.wrapping_sub(1) & SEQ_MASK {
+                } else if in_flight == k {
                     Ok(Link::Busy)
                 } else {
                     Err(corrupt("acknowledgement word", a))
@@ -697,9 +771,10 @@ impl Port {
                     target,
                 })
             }
+            Link::Free { .. } if self.held[target] => return Ok(false),
             Link::Free { .. } => {}
         }
-        let dst = self.hw.data(target, self.me);
+        let dst = self.hw.data(target, self.me, self.next_slot(target));
         let mut at = 0;
         for p in parts {
             // SAFETY: `dst` is our own buffer at `target` (len <= buffer size, checked above); only we write
@@ -715,9 +790,42 @@ impl Port {
     /// bytes). Nothing changes until [`Port::commit`]; dropping the reservation costs nothing.
     pub fn reserve(&mut self, target: usize) -> Result<Option<*mut u8>, HwError> {
         match self.link(target)? {
-            Link::Free { .. } => Ok(Some(self.hw.data(target, self.me))),
+            Link::Free { .. } if !self.held[target] => Ok(Some(self.hw.data(target, self.me, self.next_slot(target)))),
             _ => Ok(None),
         }
+    }
+
+    /// [`Port::reserve`], and the buffer stays ours until [`Port::commit`] or [`Port::let_go`] even for
+    /// sends made meanwhile through this port (they find it busy): for a caller that fills it without
+    /// holding the engine, which another thread may use meanwhile (the vnic reads a frame from its TAP
+    /// straight into the buffer while its receive thread forwards packets).
+    pub fn hold(&mut self, target: usize) -> Result<Option<*mut u8>, HwError> {
+        let r = self.reserve(target)?;
+        if r.is_some() {
+            self.held[target] = true;
+        }
+        Ok(r)
+    }
+
+    /// Give up a [`Port::hold`] without sending.
+    pub fn let_go(&mut self, target: usize) {
+        if let Some(h) = self.held.get_mut(target) {
+            *h = false;
+        }
+    }
+
+    /// Our held buffer at `target` (see [`Port::hold`]), if it is held.
+    pub fn held(&self, target: usize) -> Option<*mut u8> {
+        self.held
+            .get(target)
+            .copied()
+            .unwrap_or(false)
+            .then(|| self.hw.data(target, self.me, self.next_slot(target)))
+    }
+
+    /// The slot our next packet to `target` goes to.
+    fn next_slot(&self, target: usize) -> usize {
+        self.hw.slot_of((self.sent[target] + 1) & SEQ_MASK)
     }
 
     /// Mark our buffer at `target`, reserved and filled with `len` bytes, full (as [`Port::try_send`]
@@ -727,17 +835,19 @@ impl Port {
         if len > self.hw.buf {
             return Err(HwError::TooLarge { len, cap: self.hw.buf });
         }
-        let old = self.hw.status(target, self.me).load(Ordering::Relaxed);
+        let slot = self.next_slot(target);
+        let old = self.hw.status(target, self.me, slot).load(Ordering::Relaxed);
         let link = self.hw.link_cost(self.me, target).min(MAX_COST_NS);
         spin_for(link.saturating_add((len as u64).saturating_mul(self.hw.byte_ps) / 1000).min(MAX_COST_NS));
         let seq = (self.sent[target] + 1) & SEQ_MASK;
         self.sent[target] = seq;
+        self.held[target] = false;
         let keep = match self.hw.mode {
             Mode::Bidirectional => old & NO_FOREIGN,
             Mode::Unidirectional => 0,
         };
         self.hw
-            .status(target, self.me)
+            .status(target, self.me, slot)
             .store(FULL | keep | (seq as u64) << 8 | (len as u64) << 32, Ordering::Release);
         Ok(())
     }
@@ -751,12 +861,16 @@ impl Port {
     /// The packet waiting in our buffer from `source`, if any. Call [`Port::release`] when done with it.
     pub fn peek(&self, source: usize) -> Result<Option<&[u8]>, HwError> {
         self.check_peer(source)?;
-        let st = self.hw.status(self.me, source).load(Ordering::Acquire);
-        let seq = (st >> 8) as u32 & SEQ_MASK;
         let seen = self.seen[source];
+        let next = (seen + 1) & SEQ_MASK;
+        let slot = self.hw.slot_of(next);
+        let st = self.hw.status(self.me, source, slot).load(Ordering::Acquire);
+        let seq = (st >> 8) as u32 & SEQ_MASK;
+        // An empty slot holds the packet K before the next one, consumed.
+        let prev = next.wrapping_sub(self.hw.slots as u32) & SEQ_MASK;
         let full = match self.hw.mode {
             Mode::Bidirectional => st & FULL != 0,
-            Mode::Unidirectional => seq != seen,
+            Mode::Unidirectional => seq != prev,
         };
         let corrupt = |what, value| HwError::Corrupt {
             op: "receive",
@@ -766,18 +880,18 @@ impl Port {
             value,
         };
         if !full {
-            if self.hw.mode == Mode::Bidirectional && seq != seen {
+            if self.hw.mode == Mode::Bidirectional && seq != prev {
                 return Err(corrupt("status word", st));
             }
             return Ok(None);
         }
         let len = (st >> 32) as usize;
-        if st & FLAGS & !(FULL | NO_FOREIGN) != 0 || seq != (seen + 1) & SEQ_MASK || len > self.hw.buf {
+        if st & FLAGS & !(FULL | NO_FOREIGN) != 0 || seq != next || len > self.hw.buf {
             return Err(corrupt("status word", st));
         }
         // SAFETY: our own buffer from `source`, len <= buffer size (checked); the source does not write it
         // again until we release it (a misbehaving source can only change bytes, not bounds).
-        Ok(Some(unsafe { std::slice::from_raw_parts(self.hw.data(self.me, source), len) }))
+        Ok(Some(unsafe { std::slice::from_raw_parts(self.hw.data(self.me, source, slot), len) }))
     }
 
     /// Free our buffer from `source` after [`Port::peek`] returned a packet; `no_foreign` forbids the
@@ -790,7 +904,7 @@ impl Port {
         match self.hw.mode {
             Mode::Bidirectional => self
                 .hw
-                .status(self.me, source)
+                .status(self.me, source, self.hw.slot_of(seq))
                 .store(nf | (seq as u64) << 8, Ordering::Release),
             Mode::Unidirectional => self
                 .hw
@@ -805,11 +919,15 @@ impl Port {
         let nf = if allow { 0 } else { NO_FOREIGN };
         match self.hw.mode {
             Mode::Bidirectional => {
-                // Only while free: a source that filled it meanwhile keeps the old flag until our release.
-                let st = self.hw.status(self.me, source);
-                let cur = st.load(Ordering::Acquire);
-                if cur & FULL == 0 {
-                    let _ = st.compare_exchange(cur, nf | seq << 8, Ordering::AcqRel, Ordering::Relaxed);
+                // Every free buffer of the link (the source looks at the one it fills next). Only while
+                // free: a source that filled one meanwhile keeps the old flag there until our release.
+                let _ = seq;
+                for j in 0..self.hw.slots {
+                    let st = self.hw.status(self.me, source, j);
+                    let cur = st.load(Ordering::Acquire);
+                    if cur & FULL == 0 {
+                        let _ = st.compare_exchange(cur, nf | (cur & !FLAGS), Ordering::AcqRel, Ordering::Relaxed);
+                    }
                 }
             }
             Mode::Unidirectional => self.hw.ack(self.me, source).store(nf | seq << 8, Ordering::Release),
@@ -846,10 +964,68 @@ mod tests {
     }
 
     fn pair(mode: Mode, name: &str) -> (Arc<Hw>, std::path::PathBuf) {
+        slotted(mode, name, 1)
+    }
+
+    fn slotted(mode: Mode, name: &str, slots: usize) -> (Arc<Hw>, std::path::PathBuf) {
         let p = tmp(name);
         let mut c = HwConfig::new(3, 256);
         c.mode = mode;
+        c.slots = slots;
         (Hw::create(&p, &c).unwrap(), p)
+    }
+
+    #[test]
+    fn sequence_helpers() {
+        assert_eq!(initial_seq(0, 1), 0);
+        assert_eq!(initial_seq(0, 4), 0);
+        assert_eq!(initial_seq(1, 4), SEQ_MASK - 2);
+        assert_eq!(initial_seq(3, 4), SEQ_MASK);
+        assert_eq!(newest(&[5, 6, 7, 8]), 8);
+        assert_eq!(newest(&[SEQ_MASK - 1, SEQ_MASK, 0, 1]), 1, "across the wrap");
+        assert_eq!(newest(&[0, SEQ_MASK - 2, SEQ_MASK - 1, SEQ_MASK]), 0);
+        assert!(!slots_ok(0) && !slots_ok(3) && !slots_ok(32) && slots_ok(16));
+        assert!(Hw::create(&tmp("badslots"), &HwConfig { slots: 3, ..HwConfig::new(2, 64) }).is_err());
+    }
+
+    /// With K buffers per link a sender has up to K packets in flight; the target takes them in order,
+    /// and a node that re-attaches mid-stream continues its sequence numbers (both modes).
+    #[test]
+    fn k_packets_in_flight_in_order_and_resumed() {
+        for (mode, name) in [(Mode::Bidirectional, "kbi"), (Mode::Unidirectional, "kuni")] {
+            let (hw, p) = slotted(mode, name, 4);
+            let mut a = hw.port(0).unwrap();
+            let mut b = hw.port(1).unwrap();
+            for i in 0..4u8 {
+                assert!(a.try_send(1, &[&[i; 10]]).unwrap(), "packet {i} fits");
+            }
+            assert_eq!(a.link(1).unwrap(), Link::Busy, "K in flight: busy");
+            assert!(!a.try_send(1, &[b"x"]).unwrap());
+            assert_eq!(b.peek(0).unwrap().unwrap()[0], 0);
+            b.release(0, false);
+            assert!(a.try_send(1, &[&[4u8; 10]]).unwrap(), "a released slot takes the next");
+            // Re-attach both ends (a restarted node): the sequence carries on.
+            drop(a);
+            drop(b);
+            let mut a = hw.port(0).unwrap();
+            let mut b = hw.port(1).unwrap();
+            for want in 1..=4u8 {
+                let got = b.peek(0).unwrap().expect("still queued")[0];
+                assert_eq!(got, want);
+                b.release(0, false);
+            }
+            assert_eq!(b.peek(0).unwrap(), None);
+            for i in 5..12u8 {
+                assert!(a.try_send(1, &[&[i; 3]]).unwrap());
+                assert_eq!(b.peek(0).unwrap().unwrap()[0], i);
+                b.release(0, i % 2 == 0);
+            }
+            // A corrupt slot is an error, not a misread.
+            let next = (a.sent[1] + 1) & SEQ_MASK;
+            hw.status(1, 0, hw.slot_of(next)).store(FULL | (next.wrapping_add(8) as u64) << 8 | 4 << 32, Ordering::Release);
+            assert!(matches!(b.peek(0), Err(HwError::Corrupt { .. })));
+            std::fs::remove_file(p).unwrap();
+        }
     }
 
     #[test]
@@ -890,17 +1066,17 @@ mod tests {
             let mut a = hw.port(0).unwrap();
             let b = hw.port(1).unwrap();
             // A length beyond the buffer.
-            hw.status(1, 0).store(FULL | 1 << 8 | 4096 << 32, Ordering::Release);
+            hw.status(1, 0, 0).store(FULL | 1 << 8 | 4096 << 32, Ordering::Release);
             assert!(matches!(b.peek(0), Err(HwError::Corrupt { .. })));
             // A sequence number that skips.
-            hw.status(1, 0).store(FULL | 5 << 8 | 8 << 32, Ordering::Release);
+            hw.status(1, 0, 0).store(FULL | 5 << 8 | 8 << 32, Ordering::Release);
             assert!(matches!(b.peek(0), Err(HwError::Corrupt { .. })));
             // Unknown flag bits.
-            hw.status(1, 0).store(FULL | 0x80 | 1 << 8, Ordering::Release);
+            hw.status(1, 0, 0).store(FULL | 0x80 | 1 << 8, Ordering::Release);
             assert!(matches!(b.peek(0), Err(HwError::Corrupt { .. })));
             // The sender's view: an acknowledgement / status it cannot have produced.
             match mode {
-                Mode::Bidirectional => hw.status(1, 0).store(9 << 8, Ordering::Release),
+                Mode::Bidirectional => hw.status(1, 0, 0).store(9 << 8, Ordering::Release),
                 Mode::Unidirectional => hw.ack(1, 0).store(9 << 8, Ordering::Release),
             }
             assert!(matches!(a.link(1), Err(HwError::Corrupt { .. })));
@@ -950,8 +1126,13 @@ mod tests {
     /// both modes; every packet arrives once and in order per link.
     #[test]
     fn stress_all_to_all() {
-        for (mode, name) in [(Mode::Bidirectional, "sbi"), (Mode::Unidirectional, "suni")] {
-            let (hw, p) = pair(mode, name);
+        for (mode, name, k) in [
+            (Mode::Bidirectional, "sbi", 1),
+            (Mode::Unidirectional, "suni", 1),
+            (Mode::Bidirectional, "sbi4", 4),
+            (Mode::Unidirectional, "suni4", 4),
+        ] {
+            let (hw, p) = slotted(mode, name, k);
             const PER_LINK: u32 = 20_000;
             let hs: Vec<_> = (0..3)
                 .map(|me| {

@@ -170,6 +170,36 @@ pub struct Nic {
     /// The first link or packet error (peer, what): the vnic counts and goes on, a transport that needs
     /// every packet turns it into an error ([`Nic::take_error`]).
     error: Option<(usize, String)>,
+    /// Sources whose packet [`Nic::take_local`] handed out and [`Nic::finish_local`] has not released.
+    rx_held: Vec<bool>,
+    /// [`Nic::receive`]'s list of packets to deliver, kept between calls.
+    scratch: Vec<Local>,
+}
+
+/// A packet for this node handed out by [`Nic::take_local`]: it stays in the source's buffer (which the
+/// source does not write until released) until [`Nic::finish_local`].
+#[derive(Debug, Clone, Copy)]
+pub struct Local {
+    /// The node whose buffer holds it.
+    pub source: usize,
+    /// The node that sent it.
+    pub origin: usize,
+    /// Its number among the origin's packets to this node.
+    pub seq: u32,
+    ptr: *const u8,
+    len: usize,
+}
+
+// SAFETY: a pointer into the shared region, valid while the engine (which owns the mapping) lives and
+// until the packet is released; only read.
+unsafe impl Send for Local {}
+
+impl Local {
+    /// The payload.
+    pub fn payload(&self) -> &[u8] {
+        // SAFETY: see `Local`: the packet stays put until finish_local.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
 }
 
 impl Nic {
@@ -215,6 +245,8 @@ impl Nic {
             ctr: Counters::new(port.hw(), me),
             last_retry: Instant::now(),
             error: None,
+            rx_held: vec![false; n],
+            scratch: Vec::with_capacity(n),
             opts,
             port,
         };
@@ -381,16 +413,40 @@ impl Nic {
         }
     }
 
+    /// [`Nic::reserve`] for a caller that fills the room without holding the engine: until
+    /// [`Nic::commit`] or [`Nic::let_go`], every other send to `dest` (forwarded packets, the TxFIFO)
+    /// finds its buffer busy.
+    pub fn hold(&mut self, dest: usize) -> Option<*mut u8> {
+        if dest >= self.n || dest == self.me || !self.txq[dest].is_empty() || self.dead[dest] {
+            return None;
+        }
+        match self.port.hold(dest) {
+            // SAFETY: as in reserve.
+            Ok(Some(p)) => Some(unsafe { p.add(HEADER) }),
+            _ => None,
+        }
+    }
+
+    /// Give up a [`Nic::hold`] without sending.
+    pub fn let_go(&mut self, dest: usize) {
+        self.port.let_go(dest);
+    }
+
     /// Send the `len` bytes written at [`Nic::reserve`]'s room for `dest`.
     pub fn commit(&mut self, dest: usize, len: usize) -> Sent {
         if len > self.opts.mtu {
+            self.port.let_go(dest);
             self.counters().add(Slot::TxErrors, 1);
             return Sent::Dropped;
         }
         let hdr = self.own_header(dest, len);
         self.log("send", &hdr);
         // The header goes in front of the payload already in place.
-        match self.port.reserve(dest) {
+        let room = match self.port.held(dest) {
+            Some(p) => Ok(Some(p)),
+            None => self.port.reserve(dest),
+        };
+        match room {
             Ok(Some(p)) => {
                 // SAFETY: our own free buffer's first HEADER bytes.
                 unsafe { std::ptr::copy_nonoverlapping(hdr.encode().as_ptr(), p, HEADER) };
@@ -700,9 +756,39 @@ impl Nic {
     /// seq, payload)` (false = dropped by the stack, counted; `seq` numbers the origin's packets to this
     /// node, which VLB may deliver out of order), foreign ones are routed on. Returns packets taken.
     pub fn receive(&mut self, deliver: &mut dyn FnMut(usize, u32, &[u8]) -> bool) -> usize {
+        // A scratch list kept between calls: no allocation per poll.
+        let mut local = std::mem::take(&mut self.scratch);
+        let taken = self.take(&mut local);
+        for l in local.drain(..) {
+            let ok = deliver(l.origin, l.seq, l.payload());
+            self.finish_local(&l, ok);
+        }
+        self.scratch = local;
+        taken
+    }
+
+    /// Like [`Nic::receive`], but the packets for this node are handed out in `out` instead of delivered:
+    /// the caller delivers them without holding the engine (the vnic writes them to its TAP meanwhile,
+    /// while its transmit thread uses the engine), then calls [`Nic::finish_local`] for each. Foreign
+    /// packets are routed on here. Returns packets taken.
+    pub fn take_local(&mut self, out: &mut Vec<Local>) -> usize {
+        self.take(out)
+    }
+
+    /// The end of a packet [`Nic::take_local`] handed out: release its buffer; `delivered` false counts it
+    /// dropped by the stack.
+    pub fn finish_local(&mut self, l: &Local, delivered: bool) {
+        if !delivered {
+            self.ctr.add(Slot::RxDropped, 1);
+        }
+        self.rx_held[l.source] = false;
+        self.port.release(l.source, self.stopped[l.source]);
+    }
+
+    fn take(&mut self, out: &mut Vec<Local>) -> usize {
         let mut taken = 0;
         for s in 0..self.n {
-            if s == self.me || self.dead[s] {
+            if s == self.me || self.dead[s] || self.rx_held[s] {
                 continue;
             }
             let pkt = match self.port.peek(s) {
@@ -736,9 +822,10 @@ impl Nic {
                 c.add(Slot::RxBytes, h.len as u64);
                 c.max(Slot::VlbLongestRoute, h.hops as u64);
                 c.add(if h.hops == 0 { Slot::VlbRxDirect } else { Slot::VlbRxIndirect }, 1);
-                if !deliver(h.origin, h.seq, payload) {
-                    c.add(Slot::RxDropped, 1);
-                }
+                // Released by finish_local, once delivered.
+                self.rx_held[s] = true;
+                out.push(Local { source: s, origin: h.origin, seq: h.seq, ptr: payload.as_ptr(), len: payload.len() });
+                continue;
             } else if !self.opts.vlb || h.origin == self.me {
                 // Not for us and we do not forward: a misrouted packet.
                 c.add(Slot::RxErrors, 1);

@@ -1503,6 +1503,9 @@ fn mphw_transport_runs_programs_with_and_without_vlb() {
         ("plain", vec![]),
         ("vlb", vec![("VMF_MPHW_VLB", "1"), ("VMF_MPHW_BROKEN_LINKS", "0-3"), ("VMF_MPHW_VLB_RANDOMIZE", "1")]),
         ("vlb-unidirectional", vec![("VMF_MPHW_VLB", "1"), ("VMF_MPHW_BROKEN_LINKS", "0-3"), ("VMF_MPHW_UNIDIRECTIONAL", "1"), ("VMF_MPHW_BUFFER", "2048")]),
+        // Four buffers per link, both acknowledgement schemes: packets in flight stay in order.
+        ("vlb-slots4", vec![("VMF_MPHW_VLB", "1"), ("VMF_MPHW_BROKEN_LINKS", "0-3"), ("VMF_MPHW_SLOTS", "4")]),
+        ("vlb-unidirectional-slots4", vec![("VMF_MPHW_VLB", "1"), ("VMF_MPHW_BROKEN_LINKS", "0-3"), ("VMF_MPHW_UNIDIRECTIONAL", "1"), ("VMF_MPHW_SLOTS", "4")]),
     ] {
         for prog in ["p2p_order", "coll_all", "p2p_basic"] {
             let stats = dir.join(format!("{label}-{prog}.json"));

@@ -13,7 +13,7 @@
 //! `VMF_MPHW_BUFFER` (bytes per buffer, default 16384), `VMF_MPHW_VLB=1`, `VMF_MPHW_VLB_TIME_TO_LIVE`,
 //! `VMF_MPHW_VLB_RANDOMIZE=1`, `VMF_MPHW_VLB_MAX_EVADE_RATIO`, `VMF_MPHW_VLB_MAX_FOREIGNERS`,
 //! `VMF_MPHW_VLB_REDUCE_INTERRUPTS=1`, `VMF_MPHW_VLB_NEXT_HOPS` (`a,b,c`), `VMF_MPHW_VLB_EVADE_FREE_SLOT=1`,
-//! `VMF_MPHW_UNIDIRECTIONAL=1`, `VMF_MPHW_SIGNAL_COST_NS`, `VMF_MPHW_IRQ_COST_NS`, `VMF_MPHW_BYTE_COST_PS`, `VMF_MPHW_TOPOLOGY`
+//! `VMF_MPHW_UNIDIRECTIONAL=1`, `VMF_MPHW_SLOTS` (buffers per link, 1), `VMF_MPHW_SIGNAL_COST_NS`, `VMF_MPHW_IRQ_COST_NS`, `VMF_MPHW_BYTE_COST_PS`, `VMF_MPHW_TOPOLOGY`
 //! (`full`, `ring`, `mesh:W`), `VMF_MPHW_HOP_COST_NS`, `VMF_MPHW_BROKEN_LINKS` (`a-b,...`),
 //! `VMF_MPHW_STATS` (a file: rank 0 writes every node's performance values there as JSON at the end; `-`:
 //! a table on stderr).
@@ -65,6 +65,14 @@ pub fn hw_config_from_env(nodes: usize) -> Result<HwConfig, TransportError> {
     c.signal_cost_ns = num("VMF_MPHW_SIGNAL_COST_NS")?.unwrap_or(0);
     c.byte_cost_ps = num("VMF_MPHW_BYTE_COST_PS")?.unwrap_or(0);
     c.irq_cost_ns = num("VMF_MPHW_IRQ_COST_NS")?.unwrap_or(0);
+    c.slots = num("VMF_MPHW_SLOTS")?.unwrap_or(1) as usize;
+    if !(1..=vmf_mphw::hw::MAX_SLOTS as u64).contains(&(c.slots as u64)) || !c.slots.is_power_of_two() {
+        return Err(TransportError::Setup(format!(
+            "VMF_MPHW_SLOTS={} is not a power of two in 1..={}",
+            c.slots,
+            vmf_mphw::hw::MAX_SLOTS
+        )));
+    }
     c.hop_cost_ns = num("VMF_MPHW_HOP_COST_NS")?.unwrap_or(0);
     if let Some(t) = env("VMF_MPHW_TOPOLOGY") {
         c.topology = Topology::parse(&t).map_err(|e| TransportError::Setup(format!("VMF_MPHW_TOPOLOGY: {e}")))?;
@@ -148,7 +156,7 @@ impl MphwTransport {
         let cfg = hw_config_from_env(nodes)?;
         // The file is sparse and fills as buffers are used: a tmpfs smaller than it would kill a rank
         // with SIGBUS mid-run.
-        let need = vmf_mphw::hw::region_size(nodes, cfg.buffer_size);
+        let need = vmf_mphw::hw::region_size(nodes, cfg.buffer_size, cfg.slots);
         if let Some(avail) = path.parent().and_then(vmf_pal::fs_available) {
             if need > avail {
                 return Err(TransportError::Setup(format!(

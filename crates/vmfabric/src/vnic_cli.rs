@@ -64,6 +64,11 @@ pub struct UpArgs {
     /// Unidirectional status words (003_* §4.11, §6.2.4).
     #[arg(long)]
     pub unidirectional: bool,
+    /// Buffers per link (a power of two up to 16): a sender fills the next while its target still holds
+    /// the last packets, and a target woken once takes them all. 1 is 003_*'s hardware (every packet
+    /// waits for its target to free the one buffer). Default 8, fewer where the region would pass 256 MiB.
+    #[arg(long)]
+    pub slots: Option<usize>,
     /// Emulated cost of a signal, ns.
     #[arg(long, default_value_t = 0)]
     pub signal_cost_ns: u64,
@@ -135,11 +140,15 @@ impl UpArgs {
         }
         c.hw.mode = if self.unidirectional { Mode::Unidirectional } else { Mode::Bidirectional };
         c.hw.signal_cost_ns = self.signal_cost_ns;
+        c.hw.slots = self.slots.unwrap_or(1);
         c.hw.byte_cost_ps = self.byte_cost_ps;
         c.hw.irq_cost_ns = self.irq_cost_ns;
         c.hw.topology = Topology::parse(&self.topology).map_err(|e| format!("--topology: {e}"))?;
         c.hw.hop_cost_ns = self.hop_cost_ns;
         c.hw.broken = vmf_mphw::hw::parse_links(&self.broken_links).map_err(|e| format!("--broken-links: {e}"))?;
+        if self.slots.is_none() {
+            c.hw.slots = vmf_vnic::default_slots(&c);
+        }
         c.validate()?;
         Ok(c)
     }

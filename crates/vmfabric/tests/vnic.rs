@@ -199,6 +199,8 @@ fn bad_options_are_refused_clearly() {
         (vec!["vnic", "up", "--nodes", "3", "--broken-links", "0-7"], "outside 0..3"),
         (vec!["vnic", "up", "--nodes", "3", "--topology", "torus"], "--topology"),
         (vec!["vnic", "up", "--nodes", "3", "--vlb-next-hops", "5=1"], "outside 0..3"),
+        (vec!["vnic", "up", "--nodes", "3", "--slots", "3"], "--slots 3 is not a power of two"),
+        (vec!["vnic", "up", "--nodes", "3", "--slots", "32"], "--slots 32"),
     ] {
         let o = vmf(&args);
         assert!(!o.status.success(), "{args:?}");
