@@ -2663,7 +2663,7 @@ impl Engine {
             let t = if self
                 .shm
                 .as_ref()
-                .is_some_and(|s| !s.can_futex() && s.bell_fd().is_none())
+                .is_some_and(|s| !s.can_futex() && (s.bell_fd().is_none() || !s.remote_peers_ring()))
             {
                 *backoff
             } else {
@@ -2703,7 +2703,10 @@ impl Engine {
                     shm.cancel_sleep();
                     return Ok(Stage::Spin);
                 }
-                shm.sleep_bell(most);
+                // Long only when every peer in another VM rings: one that cannot is polled.
+                let t = if shm.remote_peers_ring() { most } else { *backoff };
+                shm.sleep_bell(t);
+                *backoff = (*backoff * 2).min(Duration::from_millis(1));
                 self.waiter.sleeps += 1;
                 Stage::Sleep
             }

@@ -107,6 +107,17 @@ pub struct MigCtx {
 /// A region opened and a slot claimed in it, or why not.
 type Opened = std::result::Result<(Arc<Region>, u32), String>;
 
+impl Drop for MigCtx {
+    /// A region prepared for a move that never came: leave the slot it claimed.
+    fn drop(&mut self) {
+        if let Some((_, t)) = self.standby.take() {
+            if let Ok(Ok((reg, idx))) = t.join() {
+                reg.detach(idx);
+            }
+        }
+    }
+}
+
 /// Open the region of a host and claim a slot in it (the first step of a move, which [`Engine::migrate_to`]
 /// does itself unless a `prepare` did it ahead).
 fn open_region(
@@ -378,6 +389,7 @@ impl Engine {
             }
         };
         mtrace!("{me}: region opened and attached");
+        let (claimed, claimed_idx) = (reg.clone(), idx);
         let prepared = (|| -> Result<(ShmTransport, Option<SocketAddr>)> {
             let ctx = self.mig_ctx.as_ref().unwrap();
             let uuid = reg.uuid;
@@ -418,10 +430,12 @@ impl Engine {
         let (new_shm, new_addr) = match prepared {
             Ok(x) => x,
             Err(e) => {
+                claimed.detach(claimed_idx);
                 back.restore();
                 return Err(e);
             }
         };
+        drop(claimed);
         let new_uuid = new_shm.region().uuid;
         let new_slot = new_shm.local_index();
         // 2. Tell every peer, on the current channel, and hold what follows.
@@ -722,7 +736,7 @@ impl Engine {
     }
 
     /// `prepare <host>`: open that host's region and claim a slot in it on a helper thread, while this
-    /// rank keeps working; the helper answers on the control socket (`ok prepared in T ms`), and the next
+    /// rank keeps working; the helper answers on the control socket (`prepare ok in T ms`), and the next
     /// `migrate <host>` starts from there. What the move costs in system calls and page faults (an
     /// ivshmem BAR or a region file mapped, its header checked) is then off the rank's switch.
     fn prepare_move(&mut self, h: &str, ctl: &std::os::unix::net::UnixStream) -> std::result::Result<(), String> {
@@ -745,9 +759,10 @@ impl Engine {
             .spawn(move || {
                 let t0 = Instant::now();
                 let r = open_region(&dir, &job, sizing, launcher, timeout, me);
+                // Tagged: a late answer must not be taken for the next request's.
                 let line = match &r {
-                    Ok(_) => format!("ok prepared in {:.1} ms\n", t0.elapsed().as_secs_f64() * 1e3),
-                    Err(e) => format!("error {e}\n"),
+                    Ok(_) => format!("prepare ok in {:.1} ms\n", t0.elapsed().as_secs_f64() * 1e3),
+                    Err(e) => format!("prepare error {e}\n"),
                 };
                 // Not through the stream's blocking mode: that is the descriptor's, shared with the rank's
                 // thread, which reads the socket without blocking.
@@ -796,7 +811,7 @@ impl Engine {
                 ["prepare", h] => match self.prepare_move(h, &ctl) {
                     // The helper thread answers once the region is open.
                     Ok(()) => continue,
-                    Err(e) => format!("error {e}"),
+                    Err(e) => format!("prepare error {e}"),
                 },
                 ["migrate", h] => match h.parse::<usize>() {
                     Ok(h) => match self.migrate_to(h) {

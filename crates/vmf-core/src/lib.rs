@@ -970,6 +970,25 @@ fn launcher_from_env() -> Option<ProcessId> {
 /// an eventfd the device's MSI-X vector signals). Elsewhere nothing happens.
 pub(crate) fn attach_vm_bell(t: &mut vmf_transport::shm::ShmTransport) {
     static OWN: std::sync::OnceLock<Option<(u16, std::os::fd::RawFd)>> = std::sync::OnceLock::new();
+    // Parsed once, whatever the region: the descriptor outlives every transport of this process (a rank
+    // that leaves and rejoins the region keeps its vector), and programs this rank starts must not get it.
+    let own = *OWN.get_or_init(|| {
+        let v = std::env::var("VMF_IVSHMEM_BELL").ok()?;
+        let (vec, fd) = v.split_once(':')?;
+        let (vec, fd) = (vec.parse::<u16>().ok()?, fd.parse::<i32>().ok()?);
+        // Only an inherited, nonblocking eventfd (a stale number reused by a pipe or socket would block
+        // the rank's sleeps or eat its data).
+        let link = std::fs::read_link(format!("/proc/self/fd/{fd}")).ok()?;
+        // SAFETY: F_GETFL only inspects the descriptor.
+        let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+        if link.as_os_str() != "anon_inode:[eventfd]" || fl < 0 || fl & libc::O_NONBLOCK == 0 {
+            eprintln!("vmfabric: VMF_IVSHMEM_BELL={v} does not name a nonblocking eventfd; ignored");
+            return None;
+        }
+        // SAFETY: mark the inherited descriptor close-on-exec.
+        unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+        Some((vec, fd))
+    });
     let path = t.region().path().to_owned();
     // Only a region in an ivshmem BAR has peers in other VMs (a guest's own region file does not).
     if !path.starts_with("/sys/") {
@@ -1001,18 +1020,5 @@ pub(crate) fn attach_vm_bell(t: &mut vmf_transport::shm::ShmTransport) {
         },
     };
     drop(cached);
-    // Parsed once: the descriptor outlives every transport of this process (a rank that leaves and
-    // rejoins the region keeps its vector).
-    let own = *OWN.get_or_init(|| {
-        let v = std::env::var("VMF_IVSHMEM_BELL").ok()?;
-        let (vec, fd) = v.split_once(':')?;
-        let (vec, fd) = (vec.parse::<u16>().ok()?, fd.parse::<i32>().ok()?);
-        // SAFETY: F_GETFD only inspects the descriptor number.
-        (fd >= 0 && unsafe { libc::fcntl(fd, libc::F_GETFD) } >= 0).then(|| {
-            // SAFETY: mark the inherited descriptor close-on-exec: programs this rank starts do not get it.
-            unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
-            (vec, fd)
-        })
-    });
     t.enable_vm_bell(regs, own);
 }

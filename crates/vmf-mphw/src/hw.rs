@@ -277,7 +277,8 @@ fn slots_ok(k: usize) -> bool {
 }
 
 /// The sequence number slot `j` of a fresh link holds: that of the packet before the link's first one
-/// in that slot (packet q goes to slot q mod K and finds q - K there; the first packet is 1).
+/// in that slot (packet q goes to slot q mod K and finds q - K there; the first packet is 1). Status
+/// words store sequence numbers relative to it, so a fresh (zeroed, sparse) region needs no writes.
 fn initial_seq(j: usize, k: usize) -> u32 {
     let j = if j == 0 { k } else { j };
     (j as u32).wrapping_sub(k as u32) & SEQ_MASK
@@ -334,15 +335,6 @@ impl Hw {
         w(H_BYTE_PS, cfg.byte_cost_ps)?;
         w(H_IRQ_NS, cfg.irq_cost_ns)?;
         w(H_SLOTS, cfg.slots as u64)?;
-        let stride = stride_for(cfg.buffer_size);
-        for t in 0..cfg.nodes {
-            for s in 0..cfg.nodes {
-                for j in 1..cfg.slots {
-                    let off = BUFFERS + ((t * cfg.nodes + s) * cfg.slots + j) as u64 * stride;
-                    w(off, (initial_seq(j, cfg.slots) as u64) << 8)?;
-                }
-            }
-        }
         for t in 0..cfg.nodes {
             for s in 0..cfg.nodes {
                 // At most a second per transfer (and never BROKEN by overflow).
@@ -517,6 +509,17 @@ impl Hw {
         seq as usize & (self.slots - 1)
     }
 
+    /// The sequence number in status word `st` of buffer `slot` (stored relative to the slot's initial
+    /// one: see [`initial_seq`]).
+    fn seq_in(&self, st: u64, slot: usize) -> u32 {
+        ((st >> 8) as u32).wrapping_add(initial_seq(slot, self.slots)) & SEQ_MASK
+    }
+
+    /// Sequence number `seq` as buffer `slot`'s status word stores it (bits 8-31).
+    fn seq_bits(&self, seq: u32, slot: usize) -> u64 {
+        ((seq.wrapping_sub(initial_seq(slot, self.slots)) & SEQ_MASK) as u64) << 8
+    }
+
     fn status(&self, target: usize, source: usize, slot: usize) -> &AtomicU64 {
         self.word(self.buffer(target, source, slot))
     }
@@ -541,7 +544,7 @@ impl Hw {
         }
         let mut seqs = [0u32; MAX_SLOTS];
         for (j, q) in seqs.iter_mut().enumerate().take(self.slots) {
-            *q = (self.status(target, source, j).load(Ordering::Acquire) >> 8) as u32 & SEQ_MASK;
+            *q = self.seq_in(self.status(target, source, j).load(Ordering::Acquire), j);
         }
         let seqs = &seqs[..self.slots];
         match self.mode {
@@ -583,15 +586,16 @@ impl Hw {
             if p == me {
                 continue;
             }
-            let out: Vec<u32> = (0..self.slots).map(|j| seq_of(self.status(p, me, j).load(Ordering::Acquire))).collect();
+            let out: Vec<u32> = (0..self.slots).map(|j| self.seq_in(self.status(p, me, j).load(Ordering::Acquire), j)).collect();
             sent[p] = newest(&out);
             seen[p] = match self.mode {
                 Mode::Unidirectional => seq_of(self.ack(me, p).load(Ordering::Acquire)),
                 Mode::Bidirectional => {
                     // The newest packet consumed: just before the oldest still full, else the newest.
                     let st: Vec<u64> = (0..self.slots).map(|j| self.status(me, p, j).load(Ordering::Acquire)).collect();
-                    let full: Vec<u32> = st.iter().filter(|&&w| w & FULL != 0).map(|&w| seq_of(w)).collect();
-                    let all: Vec<u32> = st.iter().map(|&w| seq_of(w)).collect();
+                    let full: Vec<u32> =
+                        st.iter().enumerate().filter(|(_, &w)| w & FULL != 0).map(|(j, &w)| self.seq_in(w, j)).collect();
+                    let all: Vec<u32> = st.iter().enumerate().map(|(j, &w)| self.seq_in(w, j)).collect();
                     match full.iter().copied().find(|&c| full.iter().all(|&o| o.wrapping_sub(c) & SEQ_MASK < 1 << 23)) {
                         Some(oldest) => oldest.wrapping_sub(1) & SEQ_MASK,
                         None => newest(&all),
@@ -603,6 +607,7 @@ impl Hw {
             hw: self.clone(),
             me,
             held: vec![false; self.n],
+            foreign_off: vec![false; self.n],
             sent,
             seen,
             remote_reads: 0,
@@ -671,6 +676,8 @@ pub struct Port {
     /// Our buffer at each target held for a packet being written in place by a caller that does not
     /// hold the engine meanwhile ([`Port::hold`]): busy to every other send until committed or let go.
     held: Vec<bool>,
+    /// Whether we last told each source to pass us no forwarded packets.
+    foreign_off: Vec<bool>,
 }
 
 fn spin_for(ns: u64) {
@@ -726,9 +733,10 @@ impl Port {
                 // The next packet's slot holds the packet K before it, consumed (free) or not (busy).
                 self.remote_reads += 1;
                 let next = (sent + 1) & SEQ_MASK;
-                let st = self.hw.status(target, self.me, self.hw.slot_of(next)).load(Ordering::Acquire);
+                let slot = self.hw.slot_of(next);
+                let st = self.hw.status(target, self.me, slot).load(Ordering::Acquire);
                 let prev = next.wrapping_sub(k) & SEQ_MASK;
-                if st & FLAGS & !(FULL | NO_FOREIGN) != 0 || ((st >> 8) as u32 & SEQ_MASK) != prev {
+                if st & FLAGS & !(FULL | NO_FOREIGN) != 0 || self.hw.seq_in(st, slot) != prev {
                     return Err(corrupt("status word", st));
                 }
                 if st & FULL != 0 {
@@ -836,9 +844,10 @@ impl Port {
             return Err(HwError::TooLarge { len, cap: self.hw.buf });
         }
         let slot = self.next_slot(target);
-        let old = self.hw.status(target, self.me, slot).load(Ordering::Relaxed);
         let link = self.hw.link_cost(self.me, target).min(MAX_COST_NS);
         spin_for(link.saturating_add((len as u64).saturating_mul(self.hw.byte_ps) / 1000).min(MAX_COST_NS));
+        // Read after the emulated transfer: a no-foreign flag the target set meanwhile is kept.
+        let old = self.hw.status(target, self.me, slot).load(Ordering::Acquire);
         let seq = (self.sent[target] + 1) & SEQ_MASK;
         self.sent[target] = seq;
         self.held[target] = false;
@@ -848,7 +857,7 @@ impl Port {
         };
         self.hw
             .status(target, self.me, slot)
-            .store(FULL | keep | (seq as u64) << 8 | (len as u64) << 32, Ordering::Release);
+            .store(FULL | keep | self.hw.seq_bits(seq, slot) | (len as u64) << 32, Ordering::Release);
         Ok(())
     }
 
@@ -865,7 +874,7 @@ impl Port {
         let next = (seen + 1) & SEQ_MASK;
         let slot = self.hw.slot_of(next);
         let st = self.hw.status(self.me, source, slot).load(Ordering::Acquire);
-        let seq = (st >> 8) as u32 & SEQ_MASK;
+        let seq = self.hw.seq_in(st, slot);
         // An empty slot holds the packet K before the next one, consumed.
         let prev = next.wrapping_sub(self.hw.slots as u32) & SEQ_MASK;
         let full = match self.hw.mode {
@@ -902,10 +911,18 @@ impl Port {
         self.seen[source] = seq;
         let nf = if no_foreign { NO_FOREIGN } else { 0 };
         match self.hw.mode {
-            Mode::Bidirectional => self
-                .hw
-                .status(self.me, source, self.hw.slot_of(seq))
-                .store(nf | (seq as u64) << 8, Ordering::Release),
+            Mode::Bidirectional => {
+                let slot = self.hw.slot_of(seq);
+                self.hw
+                    .status(self.me, source, slot)
+                    .store(nf | self.hw.seq_bits(seq, slot), Ordering::Release);
+                // The source looks for the flag in the buffer it fills next, which with K > 1 is another
+                // one: a change goes to every free buffer of the link.
+                if self.hw.slots > 1 && self.foreign_off[source] != no_foreign {
+                    self.set_foreign_flag(source, nf);
+                }
+                self.foreign_off[source] = no_foreign;
+            }
             Mode::Unidirectional => self
                 .hw
                 .ack(self.me, source)
@@ -917,20 +934,23 @@ impl Port {
     pub fn allow_foreign(&mut self, source: usize, allow: bool) {
         let seq = self.seen[source] as u64;
         let nf = if allow { 0 } else { NO_FOREIGN };
+        self.foreign_off[source] = !allow;
         match self.hw.mode {
-            Mode::Bidirectional => {
-                // Every free buffer of the link (the source looks at the one it fills next). Only while
-                // free: a source that filled one meanwhile keeps the old flag there until our release.
-                let _ = seq;
-                for j in 0..self.hw.slots {
-                    let st = self.hw.status(self.me, source, j);
-                    let cur = st.load(Ordering::Acquire);
-                    if cur & FULL == 0 {
-                        let _ = st.compare_exchange(cur, nf | (cur & !FLAGS), Ordering::AcqRel, Ordering::Relaxed);
-                    }
-                }
-            }
+            Mode::Bidirectional => self.set_foreign_flag(source, nf),
             Mode::Unidirectional => self.hw.ack(self.me, source).store(nf | seq << 8, Ordering::Release),
+        }
+    }
+
+    /// Put flag `nf` (NO_FOREIGN or 0) on every free buffer of the link from `source` (the source looks
+    /// at the one it fills next). Only while free: a source that filled one meanwhile keeps the old flag
+    /// there until our release.
+    fn set_foreign_flag(&self, source: usize, nf: u64) {
+        for j in 0..self.hw.slots {
+            let st = self.hw.status(self.me, source, j);
+            let cur = st.load(Ordering::Acquire);
+            if cur & FULL == 0 {
+                let _ = st.compare_exchange(cur, nf | (cur & !FLAGS), Ordering::AcqRel, Ordering::Relaxed);
+            }
         }
     }
 
@@ -986,6 +1006,15 @@ mod tests {
         assert_eq!(newest(&[0, SEQ_MASK - 2, SEQ_MASK - 1, SEQ_MASK]), 0);
         assert!(!slots_ok(0) && !slots_ok(3) && !slots_ok(32) && slots_ok(16));
         assert!(Hw::create(&tmp("badslots"), &HwConfig { slots: 3, ..HwConfig::new(2, 64) }).is_err());
+        // A fresh region is written only in its header and tables: 64 nodes with 16 buffers per link of
+        // 64 KiB each is 4 GiB of which nothing but those pages is touched.
+        let p = tmp("sparse");
+        let hw = Hw::create(&p, &HwConfig { slots: 16, ..HwConfig::new(64, 65536) }).unwrap();
+        use std::os::unix::fs::MetadataExt;
+        let used = std::fs::metadata(&p).unwrap().blocks() * 512;
+        assert!(used < 1 << 20, "a fresh region occupies {used} bytes");
+        drop(hw);
+        std::fs::remove_file(p).unwrap();
     }
 
     /// With K buffers per link a sender has up to K packets in flight; the target takes them in order,
@@ -1019,6 +1048,15 @@ mod tests {
                 assert!(a.try_send(1, &[&[i; 3]]).unwrap());
                 assert_eq!(b.peek(0).unwrap().unwrap()[0], i);
                 b.release(0, i % 2 == 0);
+            }
+            // "No forwarded packets" reaches the buffer the sender fills next, whichever was released.
+            if mode == Mode::Bidirectional {
+                assert!(a.try_send(1, &[b"f"]).unwrap());
+                b.peek(0).unwrap().unwrap();
+                b.release(0, true);
+                assert_eq!(a.link(1).unwrap(), Link::Free { foreign_ok: false });
+                b.allow_foreign(0, true);
+                assert_eq!(a.link(1).unwrap(), Link::Free { foreign_ok: true });
             }
             // A corrupt slot is an error, not a misread.
             let next = (a.sent[1] + 1) & SEQ_MASK;

@@ -177,8 +177,9 @@ pub struct Nic {
 }
 
 /// A packet for this node handed out by [`Nic::take_local`]: it stays in the source's buffer (which the
-/// source does not write until released) until [`Nic::finish_local`].
-#[derive(Debug, Clone, Copy)]
+/// source does not write until released) until [`Nic::finish_local`], which takes it (so it cannot be
+/// read after).
+#[derive(Debug)]
 pub struct Local {
     /// The node whose buffer holds it.
     pub source: usize,
@@ -761,7 +762,7 @@ impl Nic {
         let taken = self.take(&mut local);
         for l in local.drain(..) {
             let ok = deliver(l.origin, l.seq, l.payload());
-            self.finish_local(&l, ok);
+            self.finish_local(l, ok);
         }
         self.scratch = local;
         taken
@@ -777,7 +778,7 @@ impl Nic {
 
     /// The end of a packet [`Nic::take_local`] handed out: release its buffer; `delivered` false counts it
     /// dropped by the stack.
-    pub fn finish_local(&mut self, l: &Local, delivered: bool) {
+    pub fn finish_local(&mut self, l: Local, delivered: bool) {
         if !delivered {
             self.ctr.add(Slot::RxDropped, 1);
         }

@@ -95,7 +95,15 @@ pub struct Agent {
 }
 
 /// The agent thread held off the heap (see [`Agent::quiesce`]); released when dropped.
-pub struct Quiet<'a>(#[allow(dead_code)] &'a Agent);
+pub struct Quiet<'a> {
+    _agent: &'a Agent,
+    /// One quiescer at a time (threads of an MPI_THREAD_MULTIPLE program may create or free windows at
+    /// once): the first to finish must not let the agent go while another is still moving memory. A
+    /// static, like HOLD, off the heap.
+    _one: std::sync::MutexGuard<'static, ()>,
+}
+
+static QUIESCERS: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 impl Drop for Quiet<'_> {
     fn drop(&mut self) {
@@ -232,6 +240,7 @@ impl Agent {
     /// writes the mutex word, on the heap, and a page being moved in place could carry the write's
     /// older copy (a contended flag lost: the unlock then woke nobody, and the agent slept forever).
     pub fn quiesce(&self) -> Quiet<'_> {
+        let turn = QUIESCERS.lock().unwrap_or_else(|e| e.into_inner());
         HOLD.store(1, Ordering::SeqCst);
         vmf_pal::futex::wake(&INLINE, 1);
         let one = 1u64.to_ne_bytes();
@@ -240,7 +249,7 @@ impl Agent {
         while PARKED.load(Ordering::SeqCst) == 0 && !self.thread.as_ref().is_none_or(|t| t.is_finished()) {
             vmf_pal::yield_now();
         }
-        Quiet(self)
+        Quiet { _agent: self, _one: turn }
     }
 
     /// A new window id (registered later with [`Agent::register`]).

@@ -50,6 +50,13 @@ fn with_host_files<T>(f: impl FnOnce() -> T) -> Result<T, String> {
     Ok(r)
 }
 
+/// An absolute path naming a file by its plain components (no `..`), as staging wants them.
+fn stage_path_ok(p: &str) -> bool {
+    use std::path::Component;
+    let p = std::path::Path::new(p);
+    p.is_absolute() && p.components().skip(1).all(|c| matches!(c, Component::Normal(_))) && p.components().count() > 1
+}
+
 /// Copy `files` (pairs of absolute paths: the host's file, where it goes in this guest) in from the
 /// host's files; one already there with the host's size and modification time is kept.
 fn stage(files: &[(String, String)]) -> Result<(), String> {
@@ -182,7 +189,12 @@ fn move_ranks(host: usize) -> Result<Vec<(u32, String)>, String> {
         }
         // SAFETY: as above.
         unsafe { libc::kill(pid, libc::SIGUSR2) };
-        let reply = read_line(sock, 120);
+        // A prepare answer that came after its wait is not this request's.
+        let mut reply = read_line(sock, 120);
+        while reply.starts_with("prepare ") {
+            prepared.insert(rank, reply);
+            reply = read_line(sock, 120);
+        }
         if !reply.starts_with("ok") && still(pid) {
             bad.get_or_insert(format!("rank {rank}: {reply}"));
         }
@@ -339,7 +351,7 @@ fn serve(s: TcpStream, children: &Reaped, name: &str) -> Result<(), VmError> {
                 .map(|a| {
                     a.iter()
                         .filter_map(|x| Some((x.get("from")?.as_str()?.to_owned(), x.get("to")?.as_str()?.to_owned())))
-                        .filter(|(f, t)| f.starts_with('/') && t.starts_with('/') && !f.contains("/../") && !t.contains("/../"))
+                        .filter(|(f, t)| stage_path_ok(f) && stage_path_ok(t) && !t.starts_with(&format!("{HOST_RW}/")))
                         .collect()
                 })
                 .unwrap_or_default();
@@ -499,8 +511,9 @@ fn run_ranks(
         let ctl_fd = ctl.as_ref().map(|c| std::os::fd::AsRawFd::as_raw_fd(&c.1));
         // A doorbell vector of its own, when this guest takes its device's interrupts.
         let mut bell = if failover { crate::bell::lend() } else { None };
-        if let Some((v, fd)) = &bell {
-            extra.push(("VMF_IVSHMEM_BELL".into(), format!("{v}:{}", std::os::fd::AsRawFd::as_raw_fd(fd))));
+        let bell_fd = bell.as_ref().map(|(_, fd)| std::os::fd::AsRawFd::as_raw_fd(fd));
+        if let (Some((v, _)), Some(fd)) = (&bell, bell_fd) {
+            extra.push(("VMF_IVSHMEM_BELL".into(), format!("{v}:{fd}")));
         }
         let mut cmd = Command::new(&spec.argv[0]);
         cmd.args(&spec.argv[1..])
@@ -516,8 +529,12 @@ fn run_ranks(
             cmd.pre_exec(move || {
                 // Its own process group, so kill reaches what it starts.
                 libc::setpgid(0, 0);
-                // The control socket survives exec.
+                // The control socket and the doorbell's eventfd survive exec (in this child only: they
+                // are close-on-exec, so ranks other threads start meanwhile do not get them).
                 if let Some(fd) = ctl_fd {
+                    libc::fcntl(fd, libc::F_SETFD, 0);
+                }
+                if let Some(fd) = bell_fd {
                     libc::fcntl(fd, libc::F_SETFD, 0);
                 }
                 Ok(())
@@ -572,6 +589,9 @@ fn run_ranks(
             }
             Err(e) => {
                 drop(map);
+                if let Some((v, _)) = bell.take() {
+                    crate::bell::unlend(v);
+                }
                 send(Frame::SpawnFailed(spec.rank, format!("cannot start {} ({e})", spec.argv[0])));
             }
         }
@@ -625,4 +645,19 @@ fn run_ranks(
         let _ = std::fs::remove_dir_all(LOCAL_DIR);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn staged_paths_are_plain_absolute_paths() {
+        assert!(stage_path_ok("/usr/lib/x86_64-linux-gnu/libc.so.6"));
+        assert!(stage_path_ok("/tmp/prog"));
+        // (`.` and doubled slashes are what Path ignores: "/./x" is "/x".)
+        for bad in ["", "/", "relative/path", "/usr/../etc/shadow", "/usr/lib/.."] {
+            assert!(!stage_path_ok(bad), "{bad:?}");
+        }
+    }
 }

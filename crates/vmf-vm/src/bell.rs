@@ -83,31 +83,47 @@ pub fn describe() -> serde_json::Value {
     }
 }
 
-/// A vector and a descriptor of its eventfd (inheritable, the caller closes it after the spawn) for a
-/// rank about to start; None without interrupts or when every vector is lent.
+/// A vector and a descriptor of its eventfd (close-on-exec: the caller clears that in the rank's child
+/// only, and closes it after the spawn) for a rank about to start; None without interrupts or when every
+/// vector is lent. The vector is reserved at once (two jobs may start ranks at the same moment); confirm
+/// with [`lent_to`] or give it back with [`unlend`].
 pub fn lend() -> Option<(u16, OwnedFd)> {
     let mut g = lock();
     let b = g.as_mut()?;
     b.vfio.as_ref()?;
     let v = (0..b.eventfds.len() as u16).find(|v| !b.lent.values().any(|x| x == v))?;
     let fd = b.eventfds[v as usize].as_raw_fd();
-    // Drain what an earlier rank left; the child gets a descriptor without close-on-exec.
+    // Drain what an earlier rank left.
     let mut buf = [0u8; 8];
     // SAFETY: reading 8 bytes from our nonblocking eventfd.
     unsafe { libc::read(fd, buf.as_mut_ptr().cast(), 8) };
-    // SAFETY: dup of our descriptor; the copy is owned by the caller.
-    let d = unsafe { libc::dup(fd) };
+    // SAFETY: dup of our descriptor (close-on-exec); the copy is owned by the caller.
+    let d = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) };
     if d < 0 {
         return None;
     }
+    b.lent.insert(reservation(v), v);
     // SAFETY: a fresh descriptor.
     Some((v, unsafe { OwnedFd::from_raw_fd(d) }))
 }
 
-/// Record that `pid` holds vector `v`.
+/// The key a vector is reserved under between [`lend`] and [`lent_to`] (no pid is negative).
+fn reservation(v: u16) -> i32 {
+    -1 - i32::from(v)
+}
+
+/// Record that `pid` holds vector `v` (lent to it by [`lend`]).
 pub fn lent_to(pid: i32, v: u16) {
     if let Some(b) = lock().as_mut() {
+        b.lent.remove(&reservation(v));
         b.lent.insert(pid, v);
+    }
+}
+
+/// A rank that did not start: its vector is free again.
+pub fn unlend(v: u16) {
+    if let Some(b) = lock().as_mut() {
+        b.lent.remove(&reservation(v));
     }
 }
 

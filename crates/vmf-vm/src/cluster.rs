@@ -505,7 +505,10 @@ impl Cluster {
                 "boot_s": g.boot_s, "vcpus": g.vcpus, "mem_mb": g.mem_mb, "generation": g.generation,
             })).collect::<Vec<_>>(),
         });
-        std::fs::write(Self::state_file(&self.dir), format!("{v:#}\n"))
+        // Through a new file: a job watching the state (a migrated guest's new pid) never reads half of it.
+        let tmp = self.dir.join(format!(".state.json.{}", std::process::id()));
+        std::fs::write(&tmp, format!("{v:#}\n"))
+            .and_then(|()| std::fs::rename(&tmp, Self::state_file(&self.dir)))
             .map_err(|e| VmError::Setup(format!("cannot write {} ({e})", self.dir.display())))
     }
 
@@ -716,6 +719,8 @@ impl Cluster {
             (Some(i), Some(a)) => (i.clone(), a.clone()),
             _ => return Err(VmError::Setup("the state file does not say what the guests booted".into())),
         };
+        // One boot, teardown or migration at a time (the state file, taps).
+        let _lock = global_lock()?;
         let t_all = Instant::now();
         // 1. Leave the host group first (a guest on another host shares no memory with this one's).
         let g = self.guests[gi].clone();
@@ -724,6 +729,14 @@ impl Cluster {
                 .as_array()
                 .is_some_and(|a| !a.is_empty());
         let unplug = if has_region { Some(self.unplug(name)?) } else { None };
+        // From here an error leaves the guest off its host group: say how to bring it back.
+        let off = |e: VmError| -> VmError {
+            if has_region {
+                VmError::Io(format!("{e} ({name} stays off its host group: `vmfabric vm plug {name}` returns it)"))
+            } else {
+                e
+            }
+        };
         // 2. The destination: a second QEMU process waiting for the guest's state.
         let generation = g.generation + 1;
         let tap = net::tap_gen(g.index, generation);
@@ -748,7 +761,7 @@ impl Cluster {
                 unsafe { libc::kill(p, libc::SIGKILL) };
             }
             net::del_tap(&tap);
-            why
+            off(why)
         };
         let qemu_bin = qemu::binary()?;
         let log = std::fs::File::create(spec.log())
@@ -803,20 +816,8 @@ impl Cluster {
             std::thread::sleep(Duration::from_millis(20));
         };
         let migrate_ms = t1.elapsed().as_secs_f64() * 1e3;
-        // 4. The destination resumes by itself (started without -S). Record it before the source goes,
-        // so that a job watching the guest's QEMU finds the new one.
-        let mut dst = qemu::Qmp::connect(&spec.qmp()).map_err(|e| undo(e, Some(new_pid)))?;
-        let t2 = Instant::now();
-        loop {
-            let st = dst.execute("query-status", serde_json::json!({}))?;
-            if st.get("status").and_then(|v| v.as_str()) == Some("running") {
-                break;
-            }
-            if t2.elapsed() > Duration::from_secs(30) {
-                return Err(VmError::Io(format!("the destination of {name} did not resume: {st}")));
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        // 4. The guest is the destination's now (the source is stopped for good): record it at once, so
+        // that a job watching the guest's QEMU finds the new one and `vm down` stops it whatever follows.
         std::mem::forget(child);
         let old_pid = g.pid;
         let old_tap = net::tap_gen(g.index, g.generation);
@@ -826,8 +827,24 @@ impl Cluster {
             m.generation = generation;
             m.group = None;
         }
-        self.save()?;
-        // 5. The source quits; its tap goes.
+        let saved = self.save();
+        // The destination resumes by itself (started without -S).
+        let resumed = (|| -> Result<(), VmError> {
+            let mut dst = qemu::Qmp::connect(&spec.qmp())?;
+            let t2 = Instant::now();
+            loop {
+                let st = dst.execute("query-status", serde_json::json!({}))?;
+                if st.get("status").and_then(|v| v.as_str()) == Some("running") {
+                    return Ok(());
+                }
+                if t2.elapsed() > Duration::from_secs(30) {
+                    return Err(VmError::Io(format!("the destination did not resume: {st}")));
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        })();
+        // 5. The source quits (whatever the destination did: its state was sent, it cannot go on); its
+        // tap goes.
         let _ = src.execute("quit", serde_json::json!({}));
         let t3 = Instant::now();
         while qemu_alive(old_pid) {
@@ -839,6 +856,12 @@ impl Cluster {
             std::thread::sleep(Duration::from_millis(10));
         }
         net::del_tap(&old_tap);
+        saved?;
+        if let Err(e) = resumed {
+            return Err(VmError::Io(format!(
+                "{name} migrated to QEMU pid {new_pid}, which does not run it ({e}); `vmfabric vm down` cleans up"
+            )));
+        }
         // 6. Its agent answers from the new process.
         let t4 = Instant::now();
         while request(&g.ip, &serde_json::json!({"cmd": "info"}), Duration::from_secs(2)).is_err() {

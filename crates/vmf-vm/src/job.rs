@@ -129,7 +129,7 @@ fn stage_list(c: &Cluster, prog: &str, cwd: &str, env: &[(String, String)]) -> R
     let Some(path) = path.filter(|p| p.is_file()) else {
         return Ok(Vec::new());
     };
-    let path = path.canonicalize().unwrap_or(path);
+    // Where the rank will look for it (the path as found: `python3`, not what its link names).
     let mut files = vec![path.clone()];
     files.extend(crate::image::shared_libraries(&path, &get("LD_LIBRARY_PATH"))?);
     let agent = c.agent.as_ref().map(|a| a.canonicalize().unwrap_or_else(|_| a.clone()));

@@ -642,7 +642,7 @@ pub fn run_node(index: usize) -> Result<(), String> {
         let queued = {
             let mut nic = nic.lock().unwrap();
             for (l, ok) in local.drain(..).zip(done.drain(..)) {
-                nic.finish_local(&l, ok);
+                nic.finish_local(l, ok);
             }
             nic.poll_tx();
             nic.queued()

@@ -90,8 +90,10 @@ const SLEEP_FUTEX: u32 = 1;
 const SLEEP_SOCKET: u32 = 2;
 /// Asleep in `poll` on the eventfd of its doorbell vector: ring it through the ivshmem device.
 const SLEEP_BELL: u32 = 3;
-/// `Slot::bell` when set.
+/// `Slot::bell`: the owner can be rung (IVPosition and vector below are valid).
 const BELL_VALID: u64 = 1 << 32;
+/// `Slot::bell`: the owner rings sleepers in other VMs (its doorbell register is mapped).
+const BELL_RINGS: u64 = 1 << 33;
 
 fn doorbell_name(job: u64, rank: usize) -> String {
     format!("vmf-{job:016x}-{rank}")
@@ -146,13 +148,28 @@ impl ShmTransport {
     /// in this rank's slot as `1 << 32 | IVPosition << 16 | vector`.
     pub fn enable_vm_bell(&mut self, regs: Arc<vmf_pal::pci::IvshmemRegs>, own: Option<(u16, std::os::fd::RawFd)>) {
         let pos = regs.position();
-        if let (Some((v, _)), Ok(s), true) = (own, self.region.slot(self.me_local), pos <= 0xffff) {
-            s.bell.store(BELL_VALID | u64::from(pos) << 16 | u64::from(v), Ordering::Release);
+        if let Ok(s) = self.region.slot(self.me_local) {
+            let word = match own {
+                Some((v, _)) if pos <= 0xffff => BELL_RINGS | BELL_VALID | u64::from(pos) << 16 | u64::from(v),
+                _ => BELL_RINGS,
+            };
+            s.bell.store(word, Ordering::Release);
         }
         self.vm_bell = Some(VmBell {
             regs,
             own: own.filter(|_| pos <= 0xffff).map(|(_, fd)| fd),
         });
+    }
+
+    /// True when every peer on another kernel says it rings sleepers through its doorbell (a peer whose
+    /// registers could not be mapped does not): only then may a sleep on [`ShmTransport::bell_fd`] be
+    /// long; otherwise it stays in bounded steps, as without a doorbell.
+    pub fn remote_peers_ring(&self) -> bool {
+        self.peers.iter().flatten().filter(|p| !p.same_kernel).all(|p| {
+            self.region
+                .slot(p.local)
+                .is_ok_and(|s| s.bell.load(Ordering::Acquire) & BELL_RINGS != 0)
+        })
     }
 
     /// The eventfd this rank sleeps on when peers in other VMs must wake it (see
@@ -177,7 +194,8 @@ impl ShmTransport {
     }
 
     /// After [`ShmTransport::prepare_sleep_bell`] and a last look: sleep until the doorbell rings or
-    /// `timeout` passes, then clear `sleeping` and consume the count.
+    /// `timeout` passes (keep it short unless [`ShmTransport::remote_peers_ring`]), then clear
+    /// `sleeping` and consume the count.
     pub fn sleep_bell(&self, timeout: Duration) {
         if let Some(fd) = self.bell_fd() {
             vmf_pal::wait_readable(fd, timeout);
@@ -651,7 +669,7 @@ impl ShmTransport {
     #[cold]
     fn ring_bell(&self, s: &region::Slot) {
         let v = s.bell.load(Ordering::Acquire);
-        if let (Some(b), true) = (&self.vm_bell, v & !0xffff_ffff == BELL_VALID) {
+        if let (Some(b), true) = (&self.vm_bell, v & !0xffff_ffff & !BELL_RINGS == BELL_VALID) {
             b.regs.ring((v >> 16) as u16, v as u16);
         }
     }
