@@ -399,30 +399,16 @@ impl Nic {
         Ok(sent)
     }
 
-    /// Room for a packet to `dest` written in place (no copy through the caller's memory): with its
-    /// TxFIFO empty and its buffer free, a pointer to `mtu` writable bytes; finish with
-    /// [`Nic::commit`]. The room stays ours until then (nobody reads an uncommitted buffer), and a
-    /// reservation that is not committed costs nothing.
-    pub fn reserve(&mut self, dest: usize) -> Option<*mut u8> {
-        if dest >= self.n || dest == self.me || !self.txq[dest].is_empty() || self.dead[dest] {
-            return None;
-        }
-        match self.port.reserve(dest) {
-            // SAFETY: the data area holds buffer_size >= mtu + HEADER bytes (checked in Nic::new).
-            Ok(Some(p)) => Some(unsafe { p.add(HEADER) }),
-            _ => None,
-        }
-    }
-
-    /// [`Nic::reserve`] for a caller that fills the room without holding the engine: until
-    /// [`Nic::commit`] or [`Nic::let_go`], every other send to `dest` (forwarded packets, the TxFIFO)
-    /// finds its buffer busy.
+    /// Room for a packet to `dest` written in place (no copy through the caller's memory), by a caller
+    /// that may let go of the engine meanwhile: with its TxFIFO empty and its buffer free, a pointer to
+    /// `mtu` writable bytes. Until [`Nic::commit`] or [`Nic::let_go`] the room is ours: nobody reads an
+    /// uncommitted buffer, and every other send to `dest` (forwarded packets, the TxFIFO) finds it busy.
     pub fn hold(&mut self, dest: usize) -> Option<*mut u8> {
         if dest >= self.n || dest == self.me || !self.txq[dest].is_empty() || self.dead[dest] {
             return None;
         }
         match self.port.hold(dest) {
-            // SAFETY: as in reserve.
+            // SAFETY: the data area holds buffer_size >= mtu + HEADER bytes (checked in Nic::new).
             Ok(Some(p)) => Some(unsafe { p.add(HEADER) }),
             _ => None,
         }
@@ -433,7 +419,7 @@ impl Nic {
         self.port.let_go(dest);
     }
 
-    /// Send the `len` bytes written at [`Nic::reserve`]'s room for `dest`.
+    /// Send the `len` bytes written at [`Nic::hold`]'s room for `dest`.
     pub fn commit(&mut self, dest: usize, len: usize) -> Sent {
         if len > self.opts.mtu {
             self.port.let_go(dest);

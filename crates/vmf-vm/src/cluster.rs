@@ -156,6 +156,26 @@ fn global_lock() -> Result<std::fs::File, VmError> {
     Ok(f)
 }
 
+/// Prepare `cmd` (a QEMU or an ivshmem server) to run beside us: its output to `log`, and either in a
+/// session of its own, outliving this process (`persistent`: guests of `vm up`), or killed when this
+/// process ends (a `vm run` that booted guests for its own job).
+fn background(cmd: &mut std::process::Command, log: &Path, persistent: bool) -> Result<(), VmError> {
+    let f = std::fs::File::create(log).map_err(|e| VmError::Setup(format!("cannot create {} ({e})", log.display())))?;
+    cmd.stdout(f.try_clone().map_err(|e| VmError::Setup(e.to_string()))?).stderr(f);
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            if persistent {
+                libc::setsid();
+            } else {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            }
+            Ok(())
+        });
+    }
+    Ok(())
+}
+
 /// True while `pid` is one of our ivshmem servers (checked by its command line).
 fn server_alive(pid: i32) -> bool {
     std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
@@ -350,24 +370,8 @@ impl Cluster {
                 incoming: None,
             };
             let _ = std::fs::remove_file(spec.console());
-            let log = std::fs::File::create(spec.log())
-                .map_err(|e| VmError::Setup(format!("cannot create {} ({e})", spec.log().display())))?;
             let mut cmd = qemu::command(qemu, img, self.accel, &spec);
-            cmd.stdout(log.try_clone().map_err(|e| VmError::Setup(e.to_string()))?)
-                .stderr(log);
-            let persistent = o.persistent;
-            // SAFETY: only async-signal-safe calls between fork and exec.
-            unsafe {
-                cmd.pre_exec(move || {
-                    if persistent {
-                        libc::setsid();
-                    } else {
-                        // QEMU must not outlive the command that booted it for one job.
-                        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                    }
-                    Ok(())
-                });
-            }
+            background(&mut cmd, &spec.log(), o.persistent)?;
             let child = cmd
                 .spawn()
                 .map_err(|e| VmError::Setup(format!("cannot start QEMU {} ({e})", qemu.display())))?;
@@ -450,21 +454,7 @@ impl Cluster {
                 .args(["--vectors", &qemu::DOORBELL_VECTORS.to_string()])
                 .stdin(std::process::Stdio::null());
             // Its messages go to a log beside the guests' (not to our output, which it would hold open).
-            let log = std::fs::File::create(self.dir.join(format!("g{k}.ivs.log")))
-                .map_err(|e| VmError::Setup(format!("cannot create the ivshmem server's log ({e})")))?;
-            cmd.stdout(log.try_clone().map_err(|e| VmError::Setup(e.to_string()))?).stderr(log);
-            let persistent = self.persistent;
-            // SAFETY: only async-signal-safe calls between fork and exec.
-            unsafe {
-                cmd.pre_exec(move || {
-                    if persistent {
-                        libc::setsid();
-                    } else {
-                        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                    }
-                    Ok(())
-                });
-            }
+            background(&mut cmd, &self.dir.join(format!("g{k}.ivs.log")), self.persistent)?;
             let mut child = cmd
                 .spawn()
                 .map_err(|e| VmError::Setup(format!("cannot start the ivshmem server of group {k} ({e})")))?;
@@ -764,17 +754,9 @@ impl Cluster {
             off(why)
         };
         let qemu_bin = qemu::binary()?;
-        let log = std::fs::File::create(spec.log())
-            .map_err(|e| VmError::Setup(format!("cannot create {} ({e})", spec.log().display())))?;
         let mut cmd = qemu::command(&qemu_bin, &img, self.accel, &spec);
-        cmd.stdout(log.try_clone().map_err(|e| VmError::Setup(e.to_string()))?).stderr(log);
-        // SAFETY: only async-signal-safe calls between fork and exec.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::setsid();
-                Ok(())
-            });
-        }
+        // It outlives this command, as the guests of `vm up` do.
+        background(&mut cmd, &spec.log(), true).map_err(|e| undo(e, None))?;
         let mut child = cmd
             .spawn()
             .map_err(|e| undo(VmError::Setup(format!("cannot start QEMU {} ({e})", qemu_bin.display())), None))?;
