@@ -90,6 +90,11 @@ if [ "${BENCH_SKIP_MPICH:-0}" != 1 ]; then
 fi
 if [ "${BENCH_SKIP_OPENMPI:-0}" != 1 ]; then
     { need mpicc.openmpi openmpi-bin libopenmpi-dev && need mpirun.openmpi openmpi-bin; } || HAVE_OPENMPI=0
+    # openmpi-bin alone (installed with slurm-wlm's or scalapack's dependencies) has mpicc.openmpi but no
+    # mpi.h: the compiler wrapper then fails on every program.
+    if [ "$HAVE_OPENMPI" = 1 ] && ! echo 'int main(void){return 0;}' | mpicc.openmpi -x c -include mpi.h -o /dev/null - >/dev/null 2>&1; then
+        apt_install libopenmpi-dev || warn "could not install libopenmpi-dev (Open MPI's headers)"
+    fi
 fi
 command -v timeout >/dev/null 2>&1 || need timeout coreutils || true
 
