@@ -12,13 +12,14 @@
 #   - Open MPI's TCP between the same guests (bench/c/mpi_pingpong.c built with mpicc.openmpi; mpirun in
 #     vm0 reaches vm1 through `vmfabric vm rsh` as its plm_rsh_agent).
 # Then BENCH_VM_CYCLES (default 10) unplug/plug cycles of vm0 while 4 ranks (2 per guest) run
-# mpi/tests/migstress.c (every message checked): per cycle the time the ranks of vm0 took to move off the
-# region and back (each rank's switch, from the request until every peer answered).
+# mpi/tests/migstress.c (every message checked), and as many with 2 ranks (one per guest, so no two ranks
+# share a vCPU): per cycle the time the ranks of vm0 took to move off the region and back (each rank's
+# switch, from the request until every peer answered, and its phases).
 # Writes $BENCH_RESULTS_DIR/vm.json: {"accel": "tcg"|"kvm", "accel_why": .., "boot_s": [..],
 # "rounds": [{"ivshmem_lat8": us, "tcp_lat8": us, "host_lat8": us, "ivshmem_bw4m": MB/s, "tcp_bw4m": ..,
 # "host_bw4m": .., "ompi_tcp_lat8": .., "ompi_tcp_bw4m": .., "ivshmem_wake2_us": .., "ivshmem_wake2_cpu": ..,
-# "host_wake2_us": .., (and _wake20_)}], "failover": {"leave_ms": [..], "join_ms": [..], "rank_ms": [..], "device_del_ms": [..],
-# "migstress": "PASS ..."}}.
+# "host_wake2_us": .., (and _wake20_)}], "failover": {"ranks": 4, "leave_ms": [..], "join_ms": [..], "rank_ms": [..], "phases_ms": {"settle": [..], ..},
+# "device_del_ms": [..], "migstress": "PASS ..."}, "failover_one_per_guest": {the same with 2 ranks}}.
 #
 # Called by bench/run.sh (BENCH_VM=0 skips it), or alone after a release build: bash bench/vm.sh.
 # Needs root, qemu-system-x86_64, a guest kernel (linux-image-amd64) and busybox-static (`make deps`).
@@ -85,18 +86,23 @@ for r in $(seq 1 "$ROUNDS"); do
         one "r$r-omb.json" "$VMF" vm run -n 1 --quiet ./ompi.sh ./pp.ompi bw --sizes 4194304 --window 8 --iters 10
     fi
 done
-echo "vm bench: $CYCLES unplug/plug cycles under migstress"
-rm -f stop
-"$VMF" vm run -n 4 --ranks-per-vm 2 --quiet "$TMP/migstress" "$TMP/stop" 900 no-rma > migstress.out 2>&1 &
-MS=$!
-sleep 3
-: > cycles.txt
-for c in $(seq 1 "$CYCLES"); do
-    "$VMF" vm unplug vm0 >> cycles.txt
-    "$VMF" vm plug vm0 >> cycles.txt
-done
-touch stop
-wait $MS || { cat migstress.out >&2; echo "vm bench: migstress failed" >&2; exit 1; }
+cycles() { # cycles <ranks> <suffix>: CYCLES unplug/plug cycles of vm0 while <ranks> ranks run migstress
+    echo "vm bench: $CYCLES unplug/plug cycles under migstress, $1 ranks"
+    rm -f stop
+    "$VMF" vm run -n "$1" --ranks-per-vm $(($1 / 2)) --quiet "$TMP/migstress" "$TMP/stop" 900 no-rma > "migstress$2.out" 2>&1 &
+    MS=$!
+    sleep 3
+    : > "cycles$2.txt"
+    for c in $(seq 1 "$CYCLES"); do
+        "$VMF" vm unplug vm0 >> "cycles$2.txt"
+        "$VMF" vm plug vm0 >> "cycles$2.txt"
+    done
+    touch stop
+    wait $MS || { cat "migstress$2.out" >&2; echo "vm bench: migstress ($1 ranks) failed" >&2; exit 1; }
+}
+# 2 ranks per guest (the ranks of a guest share its one vCPU), then one rank per guest.
+cycles 4 ""
+cycles 2 "-1"
 "$PY" - "$ROUNDS" "$OUT/vm.json" <<'PYEOF'
 import json, re, sys
 rounds, out = int(sys.argv[1]), sys.argv[2]
@@ -125,18 +131,26 @@ for r in range(1, rounds + 1):
 ls = json.load(open("ls.json"))
 up = open("up.txt").read()
 m = re.search(r"\((tcg|kvm): (.*)\), booted in", up)
-cyc = open("cycles.txt").read()
-leave = [float(x) for x in re.findall(r"ranks off the region in ([0-9.]+) ms", cyc)]
-join = [float(x) for x in re.findall(r"ranks back on the region in ([0-9.]+) ms", cyc)]
-rank = [float(x) for x in re.findall(r"ok ([0-9.]+) ms", cyc)]
-dele = [float(x) for x in re.findall(r"device removed after ([0-9.]+) ms", cyc)]
-ms = open("migstress.out").read().strip().splitlines()
+def failover(sfx, ranks):
+    cyc = open("cycles%s.txt" % sfx).read()
+    ms = open("migstress%s.out" % sfx).read().strip().splitlines()
+    phases = {}
+    for m in re.finditer(r"ok [0-9.]+ ms \(([^)]*)\)", cyc):
+        for name, v in re.findall(r"([a-z]+) ([0-9.]+)", m.group(1)):
+            phases.setdefault(name, []).append(float(v))
+    return {"ranks": ranks,
+            "leave_ms": [float(x) for x in re.findall(r"ranks off the region in ([0-9.]+) ms", cyc)],
+            "join_ms": [float(x) for x in re.findall(r"ranks back on the region in ([0-9.]+) ms", cyc)],
+            "rank_ms": [float(x) for x in re.findall(r"ok ([0-9.]+) ms", cyc)],
+            "phases_ms": phases,
+            "device_del_ms": [float(x) for x in re.findall(r"device removed after ([0-9.]+) ms", cyc)],
+            "migstress": next((l for l in ms if "PASS" in l), "FAIL")}
 json.dump({
     "accel": m.group(1) if m else "?", "accel_why": m.group(2) if m else "",
     "boot_s": [g["boot_s"] for g in ls["guests"]],
     "rounds": R,
-    "failover": {"leave_ms": leave, "join_ms": join, "rank_ms": rank, "device_del_ms": dele,
-                 "migstress": next((l for l in ms if "PASS" in l), "FAIL")},
+    "failover": failover("", 4),
+    "failover_one_per_guest": failover("-1", 2),
 }, open(out, "w"), indent=1)
 print("vm bench: wrote", out)
 PYEOF
