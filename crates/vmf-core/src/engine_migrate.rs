@@ -105,13 +105,13 @@ pub struct MigCtx {
 }
 
 /// A region opened and a slot claimed in it, or why not.
-type Opened = std::result::Result<(Arc<Region>, u32), String>;
+type Opened = std::result::Result<(Arc<Region>, u32, crate::VmBellSetup), String>;
 
 impl Drop for MigCtx {
     /// A region prepared for a move that never came: leave the slot it claimed.
     fn drop(&mut self) {
         if let Some((_, t)) = self.standby.take() {
-            if let Ok(Ok((reg, idx))) = t.join() {
+            if let Ok(Ok((reg, idx, _))) = t.join() {
                 reg.detach(idx);
             }
         }
@@ -131,7 +131,8 @@ fn open_region(
     let source = region_source(dir)?;
     let reg = Arc::new(Region::open(&source, job, sizing, launcher, timeout).map_err(|e| e.to_string())?);
     let idx = reg.attach(me as u32).map_err(|e| e.to_string())?;
-    Ok((reg, idx))
+    let bell = crate::vm_bell_for(reg.path());
+    Ok((reg, idx, bell))
 }
 
 /// CLOCK_MONOTONIC in nanoseconds.
@@ -367,7 +368,7 @@ impl Engine {
             Some((h, t)) if h == host => Some(t.join().unwrap_or_else(|_| Err("the thread preparing the move failed".into()))),
             Some((_, t)) => {
                 // Prepared for another host: leave what it claimed.
-                if let Ok(Ok((reg, idx))) = t.join() {
+                if let Ok(Ok((reg, idx, _))) = t.join() {
                     reg.detach(idx);
                 }
                 None
@@ -381,7 +382,7 @@ impl Engine {
                 open_region(&spec.dir, &ctx.job, ctx.sizing, ctx.launcher, ctx.timeout, me)
             }
         };
-        let (reg, idx) = match opened {
+        let (reg, idx, bell) = match opened {
             Ok(x) => x,
             Err(e) => {
                 back.restore();
@@ -405,7 +406,9 @@ impl Engine {
                 self.cfg.wait,
                 WaitPolicy::Block | WaitPolicy::Adaptive
             ));
-            crate::attach_vm_bell(&mut t);
+            if let Some((regs, own)) = bell {
+                t.enable_vm_bell(regs, own);
+            }
             let mut addr = None;
             if let Some(tcp) = self.tcp.as_mut() {
                 let job = vmf_transport::shm::region::job_hash(&ctx.job);
@@ -747,7 +750,7 @@ impl Engine {
             return Err(format!("no move to host {host} to prepare"));
         }
         if let Some((_, t)) = ctx.standby.take() {
-            if let Ok(Ok((reg, idx))) = t.join() {
+            if let Ok(Ok((reg, idx, _))) = t.join() {
                 reg.detach(idx);
             }
         }

@@ -969,6 +969,18 @@ fn launcher_from_env() -> Option<ProcessId> {
 /// or an interrupts-only one beside it): let `t` ring sleeping peers through the device, and sleep on the doorbell vector the guest's agent lent this rank (`VMF_IVSHMEM_BELL=<vector>:<fd>`,
 /// an eventfd the device's MSI-X vector signals). Elsewhere nothing happens.
 pub(crate) fn attach_vm_bell(t: &mut vmf_transport::shm::ShmTransport) {
+    if let Some((regs, own)) = vm_bell_for(t.region().path()) {
+        t.enable_vm_bell(regs, own);
+    }
+}
+
+/// What [`attach_vm_bell`] needs for a region at `path`: the doorbell registers and this rank's vector,
+/// found by scanning the guest's PCI devices (milliseconds of emulated file reads under TCG, so a move's
+/// `prepare` does it ahead, on its helper thread). None where the region has no peers in other VMs or
+/// no doorbell device rings them.
+pub(crate) type VmBellSetup = Option<(std::sync::Arc<vmf_pal::pci::IvshmemRegs>, Option<(u16, std::os::fd::RawFd)>)>;
+
+pub(crate) fn vm_bell_for(path: &std::path::Path) -> VmBellSetup {
     static OWN: std::sync::OnceLock<Option<(u16, std::os::fd::RawFd)>> = std::sync::OnceLock::new();
     // Parsed once, whatever the region: the descriptor outlives every transport of this process (a rank
     // that leaves and rejoins the region keeps its vector), and programs this rank starts must not get it.
@@ -989,18 +1001,15 @@ pub(crate) fn attach_vm_bell(t: &mut vmf_transport::shm::ShmTransport) {
         unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
         Some((vec, fd))
     });
-    let path = t.region().path().to_owned();
     // Only a region in an ivshmem BAR has peers in other VMs (a guest's own region file does not).
     if !path.starts_with("/sys/") {
-        return;
+        return None;
     }
     let devs = vmf_pal::pci::ivshmem_devices();
     if !devs.iter().any(|d| d.bar2 == path) {
-        return;
+        return None;
     }
-    let Some(dev) = vmf_pal::pci::doorbell_device_of(&devs) else {
-        return;
-    };
+    let dev = vmf_pal::pci::doorbell_device_of(&devs)?;
     // The registers are mapped once per device: a rank that leaves and rejoins the region keeps them
     // (the doorbell device stays while the region's device comes and goes).
     static REGS: std::sync::Mutex<Option<(String, std::sync::Arc<vmf_pal::pci::IvshmemRegs>)>> = std::sync::Mutex::new(None);
@@ -1015,10 +1024,10 @@ pub(crate) fn attach_vm_bell(t: &mut vmf_transport::shm::ShmTransport) {
             }
             Err(e) => {
                 eprintln!("vmfabric: cannot map the doorbell registers of {} ({e}); peers in other VMs are polled", dev.address);
-                return;
+                return None;
             }
         },
     };
     drop(cached);
-    t.enable_vm_bell(regs, own);
+    Some((regs, own))
 }

@@ -73,15 +73,20 @@ pub fn set_parent_death_signal(sig: i32) -> io::Result<()> {
 /// A 64-bit hash of this kernel's boot id: two processes with the same value run on the same kernel (so
 /// futexes and membarrier reach across them); 0 if unknown.
 pub fn kernel_id() -> u64 {
-    let Ok(s) = std::fs::read_to_string("/proc/sys/kernel/random/boot_id") else {
-        return 0;
-    };
-    let mut h: u64 = 0xcbf29ce484222325;
-    for b in s.trim().bytes() {
-        h ^= b as u64;
-        h = h.wrapping_mul(0x100000001b3);
-    }
-    h.max(1)
+    // Read once: a process never changes kernels (a live-migrated VM keeps its own), and each read is a
+    // file open that costs hundreds of microseconds in an emulated guest, on a migrating rank's switch.
+    static ID: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *ID.get_or_init(|| {
+        let Ok(s) = std::fs::read_to_string("/proc/sys/kernel/random/boot_id") else {
+            return 0;
+        };
+        let mut h: u64 = 0xcbf29ce484222325;
+        for b in s.trim().bytes() {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x100000001b3);
+        }
+        h.max(1)
+    })
 }
 
 /// Pin the calling thread (and the process, if single-threaded) to one CPU.
