@@ -100,6 +100,8 @@ pub struct MigCtx {
     pauses: Vec<(u64, f64)>,
     /// Where the last switch of this rank spent its time: (phase, ms).
     phases: Vec<(&'static str, f64)>,
+    /// Each peer's answer after the tell in the last migration (see [`Engine::migrate_to`]).
+    answer_times: String,
     /// A region opened ahead of a move (`prepare <host>`): the host, and the helper thread opening it.
     standby: Option<(usize, std::thread::JoinHandle<Opened>)>,
 }
@@ -167,6 +169,7 @@ impl MigCtx {
             moved_t0: Vec::new(),
             pauses: Vec::new(),
             phases: Vec::new(),
+            answer_times: String::new(),
             standby: None,
         }
     }
@@ -211,6 +214,10 @@ pub struct Moving {
     /// The new shared-memory transport is in place (answers arriving earlier are deferred until then).
     swapped: bool,
     early_acks: Vec<usize>,
+    /// When the Moved packets were out, and each answer's arrival after that (peer, ms): reported with
+    /// the phases, so a slow switch names the peer it waited for.
+    told: Instant,
+    acked: Vec<(usize, f64)>,
 }
 
 fn mig_err(rank: usize, why: impl std::fmt::Display) -> Error {
@@ -482,6 +489,8 @@ impl Engine {
             old_routes,
             swapped: false,
             early_acks: Vec::new(),
+            told: Instant::now(),
+            acked: Vec::with_capacity(acks),
         });
         self.wait_until(Op::Progress, |e| {
             e.peers.iter().all(|p| p.pending.is_empty())
@@ -511,6 +520,9 @@ impl Engine {
             e.mig.as_ref().is_some_and(|m| m.acks_left == 0)
         })?;
         phase("answers");
+        // Each peer's answer after the tell: "[1@0.4 3@2.1 2@6.8]" (no letters: parsers of the phase list
+        // read `name value` pairs).
+        let by_peer: Vec<String> = self.mig.as_ref().unwrap().acked.iter().map(|(p, ms)| format!("{p}@{ms:.1}")).collect();
         // 4. Leave the old region.
         let m = self.mig.take().unwrap();
         if let Some(old) = m.old_shm {
@@ -536,6 +548,7 @@ impl Engine {
         let ctx = self.mig_ctx.as_mut().unwrap();
         ctx.current = host;
         ctx.phases = phases;
+        ctx.answer_times = by_peer.join(" ");
         drop(back.0.take()); // stay in the new namespace
         mtrace!("{me}: migrate to host {host} done");
         Ok(t0.elapsed())
@@ -640,6 +653,7 @@ impl Engine {
                 }
                 mtrace!("{}: MovedAck from {peer} swapped={}", self.me, self.mig.as_ref().unwrap().swapped);
                 let m = self.mig.as_mut().unwrap();
+                m.acked.push((peer, m.told.elapsed().as_secs_f64() * 1e3));
                 // The peer's last packet on a TCP connection, which it closes after: retire it now, even
                 // when the answer itself must wait for the new transport, or its end would read as a
                 // lost connection.
@@ -819,12 +833,13 @@ impl Engine {
                 ["migrate", h] => match h.parse::<usize>() {
                     Ok(h) => match self.migrate_to(h) {
                         Ok(d) => {
-                            let ph: Vec<String> = self
+                            let (ph, at): (Vec<String>, &str) = self
                                 .mig_ctx
                                 .as_ref()
-                                .map(|c| c.phases.iter().map(|(n, ms)| format!("{n} {ms:.1}")).collect())
+                                .map(|c| (c.phases.iter().map(|(n, ms)| format!("{n} {ms:.1}")).collect(), c.answer_times.as_str()))
                                 .unwrap_or_default();
-                            format!("ok {:.3} ms ({})", d.as_secs_f64() * 1e3, ph.join(", "))
+                            let at = if at.is_empty() { String::new() } else { format!(" [{at}]") };
+                            format!("ok {:.3} ms ({}){at}", d.as_secs_f64() * 1e3, ph.join(", "))
                         }
                         Err(e) => format!("error {e}"),
                     },
