@@ -100,8 +100,8 @@ pub struct MigCtx {
     pauses: Vec<(u64, f64)>,
     /// Where the last switch of this rank spent its time: (phase, ms).
     phases: Vec<(&'static str, f64)>,
-    /// Each peer's answer after the tell in the last migration (see [`Engine::migrate_to`]).
-    answer_times: String,
+    /// When each peer answered after the tell in the last switch: (peer, ms).
+    acked: Vec<(usize, f64)>,
     /// A region opened ahead of a move (`prepare <host>`): the host, and the helper thread opening it.
     standby: Option<(usize, std::thread::JoinHandle<Opened>)>,
 }
@@ -169,7 +169,7 @@ impl MigCtx {
             moved_t0: Vec::new(),
             pauses: Vec::new(),
             phases: Vec::new(),
-            answer_times: String::new(),
+            acked: Vec::new(),
             standby: None,
         }
     }
@@ -520,11 +520,9 @@ impl Engine {
             e.mig.as_ref().is_some_and(|m| m.acks_left == 0)
         })?;
         phase("answers");
-        // Each peer's answer after the tell: "[1@0.4 3@2.1 2@6.8]" (no letters: parsers of the phase list
-        // read `name value` pairs).
-        let by_peer: Vec<String> = self.mig.as_ref().unwrap().acked.iter().map(|(p, ms)| format!("{p}@{ms:.1}")).collect();
         // 4. Leave the old region.
-        let m = self.mig.take().unwrap();
+        let mut m = self.mig.take().unwrap();
+        let acked = std::mem::take(&mut m.acked);
         if let Some(old) = m.old_shm {
             old.region().detach(old.local_index());
             // Unmapping the old region (256 MiB of an ivshmem BAR, say) takes milliseconds in a TCG
@@ -548,7 +546,7 @@ impl Engine {
         let ctx = self.mig_ctx.as_mut().unwrap();
         ctx.current = host;
         ctx.phases = phases;
-        ctx.answer_times = by_peer.join(" ");
+        ctx.acked = acked;
         drop(back.0.take()); // stay in the new namespace
         mtrace!("{me}: migrate to host {host} done");
         Ok(t0.elapsed())
@@ -833,12 +831,17 @@ impl Engine {
                 ["migrate", h] => match h.parse::<usize>() {
                     Ok(h) => match self.migrate_to(h) {
                         Ok(d) => {
-                            let (ph, at): (Vec<String>, &str) = self
+                            let (ph, at): (Vec<String>, Vec<String>) = self
                                 .mig_ctx
                                 .as_ref()
-                                .map(|c| (c.phases.iter().map(|(n, ms)| format!("{n} {ms:.1}")).collect(), c.answer_times.as_str()))
+                                .map(|c| {
+                                    (c.phases.iter().map(|(n, ms)| format!("{n} {ms:.1}")).collect(),
+                                     c.acked.iter().map(|(p, ms)| format!("{p}@{ms:.1}")).collect())
+                                })
                                 .unwrap_or_default();
-                            let at = if at.is_empty() { String::new() } else { format!(" [{at}]") };
+                            // Each peer's answer after the tell, "[1@0.4 3@2.1]": no letters, since
+                            // readers of the phase list take `name value` pairs.
+                            let at = if at.is_empty() { String::new() } else { format!(" [{}]", at.join(" ")) };
                             format!("ok {:.3} ms ({}){at}", d.as_secs_f64() * 1e3, ph.join(", "))
                         }
                         Err(e) => format!("error {e}"),
