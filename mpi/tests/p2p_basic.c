@@ -77,6 +77,25 @@ int main(int argc, char **argv)
     CHECK(pr[0] == MPI_REQUEST_NULL && pr[1] == MPI_REQUEST_NULL);
     CHECK(sts[1].MPI_SOURCE == MPI_PROC_NULL);
 
+    /* MPI_REQUEST_NULL gives the empty status, MPI_ERROR = MPI_SUCCESS included, whatever the status held
+     * before (MPICH's rqstatus reads an uninitialised one). */
+    {
+        MPI_Request nr = MPI_REQUEST_NULL;
+        int f = 0;
+        memset(&st, 0x5a, sizeof st);
+        MPI_Request_get_status(MPI_REQUEST_NULL, &f, &st);
+        CHECK(f == 1 && st.MPI_SOURCE == MPI_ANY_SOURCE && st.MPI_TAG == MPI_ANY_TAG && st.MPI_ERROR == MPI_SUCCESS);
+        MPI_Get_count(&st, MPI_BYTE, &count);
+        CHECK(count == 0);
+        memset(&st, 0x5a, sizeof st);
+        MPI_Wait(&nr, &st);
+        CHECK(st.MPI_SOURCE == MPI_ANY_SOURCE && st.MPI_TAG == MPI_ANY_TAG && st.MPI_ERROR == MPI_SUCCESS);
+        memset(&st, 0x5a, sizeof st);
+        f = 0;
+        MPI_Test(&nr, &f, &st);
+        CHECK(f == 1 && st.MPI_SOURCE == MPI_ANY_SOURCE && st.MPI_ERROR == MPI_SUCCESS);
+    }
+
     /* Self messages on MPI_COMM_WORLD and MPI_COMM_SELF, unexpected first. */
     int x = 42 + rank, y = 0, srank, ssize;
     MPI_Send(&x, 1, MPI_INT, rank, 3, MPI_COMM_WORLD);

@@ -352,7 +352,9 @@ impl St {
         cancelled: false,
     };
 
-    /// Write into a C status unless it is MPI_STATUS_IGNORE (MPI_ERROR is left alone).
+    /// Write into a C status unless it is MPI_STATUS_IGNORE. MPI_ERROR is left alone, except in the
+    /// empty status (MPI_REQUEST_NULL, an inactive request), which the standard defines with
+    /// MPI_ERROR = MPI_SUCCESS (MPICH's `rqstatus` checks it on an uninitialised status).
     #[inline]
     pub unsafe fn write(&self, s: *mut MPI_Status) {
         if s.is_null() || s as usize == 1 {
@@ -363,6 +365,9 @@ impl St {
         s.MPI_TAG = self.tag;
         set_count(s, self.bytes as i64);
         s.count_hi_and_cancelled = (s.count_hi_and_cancelled & !1) | self.cancelled as c_int;
+        if *self == St::EMPTY {
+            s.MPI_ERROR = MPI_SUCCESS;
+        }
     }
 }
 
