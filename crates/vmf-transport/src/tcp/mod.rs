@@ -56,6 +56,8 @@ pub const TCP_VERSION: u32 = 1;
 const RX_BUF: usize = 256 << 10;
 /// How long our own connection attempt may wait for the peer's answer (a peer that is slow to start).
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a connect may take before the peer counts as unreachable (as a blocking connect's timeout did).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Default limit for an incoming connection to authenticate (`VMF_TCP_HANDSHAKE_MS`).
 pub const DEFAULT_ACCEPT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Default bound on incoming connections still authenticating (`VMF_TCP_PENDING_MAX`).
@@ -122,6 +124,8 @@ pub fn nonce() -> [u8; 16] {
 
 #[allow(clippy::enum_variant_names)] // each state is what the handshake waits for
 enum HsState {
+    /// Outgoing: nonblocking connect in progress; `buf` holds the HELLO to send once it completes.
+    Connecting,
     /// Outgoing: HELLO sent, waiting for REPLY.
     WaitReply,
     /// Incoming: waiting for HELLO.
@@ -441,14 +445,15 @@ impl TcpTransport {
             peer,
             transport: "tcp",
         })?;
-        let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).map_err(|e| {
-            TransportError::ConnectionLost {
-                peer,
-                why: format!("cannot connect to {addr}: {e}"),
-            }
+        // Nonblocking: the handshake completes in `progress` (`HsState::Connecting`), so a rank does not
+        // stall for the round trip. Between TCG guests a blocking connect took 3-14 ms (up to 260 ms), and
+        // a rank moving off its region waited for one per peer before it read the next answer.
+        let (stream, connected) = connect_nonblocking(&addr).map_err(|e| TransportError::ConnectionLost {
+            peer,
+            why: format!("cannot connect to {addr}: {e}"),
         })?;
         stream.set_nodelay(true).map_err(setup)?;
-        ttrace!("{}: connect to {peer} at {addr}", self.me);
+        ttrace!("{}: connect to {peer} at {addr} (done at once: {connected})", self.me);
         let nc = nonce();
         let (secret, dst) = self.cred(peer);
         let mut hello = Vec::with_capacity(HELLO_LEN);
@@ -470,15 +475,20 @@ impl TcpTransport {
             &[0; 16],
         );
         hello.extend_from_slice(&mh.to_le_bytes());
-        send_all(stream.as_raw_fd(), &hello).map_err(|e| TransportError::ConnectionLost {
-            peer,
-            why: e.to_string(),
-        })?;
-        stream.set_nonblocking(true).map_err(setup)?;
+        let state = if connected {
+            send_all(stream.as_raw_fd(), &hello).map_err(|e| TransportError::ConnectionLost {
+                peer,
+                why: e.to_string(),
+            })?;
+            hello.clear();
+            HsState::WaitReply
+        } else {
+            HsState::Connecting
+        };
         self.outgoing[peer] = Some(Handshake {
             stream,
-            state: HsState::WaitReply,
-            buf: Vec::new(),
+            state,
+            buf: hello,
             peer: Some(peer),
             nonce_c: nc,
             nonce_a: [0; 16],
@@ -741,6 +751,29 @@ impl TcpTransport {
                 self.epoll_dirty = true;
                 continue;
             }
+            if let HsState::Connecting = h.state {
+                match connect_result(h.stream.as_raw_fd()) {
+                    None => {
+                        if h.started.elapsed() > CONNECT_TIMEOUT {
+                            return Err(lost(format!("cannot connect to {}: timed out", h.from)));
+                        }
+                        continue;
+                    }
+                    Some(Err(e)) => return Err(lost(format!("cannot connect to {}: {e}", h.from))),
+                    Some(Ok(())) => {
+                        send_all(h.stream.as_raw_fd(), &h.buf).map_err(|e| lost(e.to_string()))?;
+                        h.buf.clear();
+                        h.state = HsState::WaitReply;
+                        n += 1;
+                    }
+                }
+                ttrace!("{}: connected to {peer}", self.me);
+                // Writable no longer matters: from now on the handshake waits for the REPLY.
+                self.epoll_dirty = true;
+            }
+            let Some(h) = self.outgoing[peer].as_mut() else {
+                continue;
+            };
             match Self::hs_fill(h, REPLY_LEN) {
                 Ok(false) => {
                     if h.started.elapsed() > HANDSHAKE_TIMEOUT {
@@ -1229,7 +1262,13 @@ impl TcpTransport {
             add(fd, inn, TAG_EXTRA);
         }
         for h in self.incoming.iter().chain(self.outgoing.iter().flatten()) {
-            add(h.stream.as_raw_fd(), inn, TAG_HANDSHAKE);
+            // A connect in progress finishes when its socket becomes writable.
+            let ev = if matches!(h.state, HsState::Connecting) {
+                inn | libc::EPOLLOUT as u32
+            } else {
+                inn
+            };
+            add(h.stream.as_raw_fd(), ev, TAG_HANDSHAKE);
         }
         for (peer, c) in self.conns.iter().enumerate() {
             if let Some(c) = c {
@@ -1313,6 +1352,92 @@ fn recv(fd: RawFd, buf: &mut [u8]) -> std::io::Result<usize> {
 }
 
 /// Write all of `buf` (a handshake message: small, into an empty socket buffer) without SIGPIPE.
+/// Start a nonblocking connection to `addr`: the stream, and whether it is already established (a
+/// loopback connect may complete at once); otherwise [`connect_result`] says when it is.
+fn connect_nonblocking(addr: &SocketAddr) -> std::io::Result<(TcpStream, bool)> {
+    let (family, sa, len) = sockaddr_of(addr);
+    // SAFETY: a fresh socket; its descriptor is owned by the TcpStream below (closed on every path).
+    let fd = unsafe { libc::socket(family, libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: we own fd.
+    let stream = unsafe { <TcpStream as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    loop {
+        // SAFETY: sa is a valid sockaddr of `len` bytes.
+        let r = unsafe { libc::connect(fd, (&sa as *const libc::sockaddr_storage).cast(), len) };
+        if r == 0 {
+            return Ok((stream, true));
+        }
+        let e = std::io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EINTR) => continue,
+            Some(libc::EINPROGRESS) => return Ok((stream, false)),
+            _ => return Err(e),
+        }
+    }
+}
+
+/// Whether a nonblocking connect on `fd` has finished: None while in progress, then its outcome.
+fn connect_result(fd: RawFd) -> Option<std::io::Result<()>> {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLOUT,
+        revents: 0,
+    };
+    // SAFETY: one pollfd, no waiting.
+    if unsafe { libc::poll(&mut p, 1, 0) } <= 0 {
+        return None;
+    }
+    let mut err: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: SO_ERROR into an int of the size given.
+    let r = unsafe {
+        libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_ERROR, (&mut err as *mut libc::c_int).cast(), &mut len)
+    };
+    Some(if r != 0 {
+        Err(std::io::Error::last_os_error())
+    } else if err != 0 {
+        Err(std::io::Error::from_raw_os_error(err))
+    } else {
+        Ok(())
+    })
+}
+
+fn sockaddr_of(addr: &SocketAddr) -> (libc::c_int, libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: all-zero is a valid sockaddr_storage.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    match addr {
+        SocketAddr::V4(a) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: a.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(a.ip().octets()),
+                },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: sockaddr_in fits in sockaddr_storage.
+            unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin) };
+            (libc::AF_INET, ss, std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t)
+        }
+        SocketAddr::V6(a) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: a.port().to_be(),
+                sin6_flowinfo: a.flowinfo(),
+                sin6_addr: libc::in6_addr {
+                    s6_addr: a.ip().octets(),
+                },
+                sin6_scope_id: a.scope_id(),
+            };
+            // SAFETY: sockaddr_in6 fits in sockaddr_storage.
+            unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin6) };
+            (libc::AF_INET6, ss, std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t)
+        }
+    }
+}
+
 fn send_all(fd: RawFd, mut buf: &[u8]) -> std::io::Result<()> {
     while !buf.is_empty() {
         // SAFETY: a live buffer of buf.len() bytes.
@@ -1541,6 +1666,63 @@ mod tests {
             other.progress().unwrap();
         }
         panic!("send never went through");
+    }
+
+    #[test]
+    fn connect_to_a_port_nobody_listens_on_names_it_fails() {
+        let mut a = TcpTransport::new(0, 2, cfg(7)).unwrap();
+        let gone = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = gone.local_addr().unwrap();
+        drop(gone);
+        a.set_peer_addr(1, addr);
+        let h = PktHeader::new(Kind::Eager, 0, 1, 0, 0, 1);
+        let mut err = None;
+        for _ in 0..100_000 {
+            match a.try_send(1, &h, &[], b"x") {
+                Ok(false) => {}
+                Ok(true) => panic!("a send to nobody went through"),
+                Err(e) => {
+                    err = Some(e);
+                    break;
+                }
+            }
+        }
+        match err {
+            Some(TransportError::ConnectionLost { peer: 1, why }) => {
+                assert!(why.contains(&format!("cannot connect to {addr}")), "{why}")
+            }
+            e => panic!("expected a lost connection to rank 1, got {e:?}"),
+        }
+    }
+
+    #[test]
+    fn a_connect_that_gets_no_answer_does_not_hold_up_the_sender_works() {
+        // A listener whose accept queue is full: the kernel drops further SYNs, so a connect to it stays
+        // in progress (a blocking connect sat in the kernel's retries for up to its 5 s timeout).
+        // SAFETY: a plain socket of our own, bound to loopback and listening with backlog 0.
+        let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+        assert!(fd >= 0);
+        let (_, sa, len) = sockaddr_of(&"127.0.0.1:0".parse().unwrap());
+        // SAFETY: a valid sockaddr of `len` bytes; fd is ours.
+        unsafe {
+            assert_eq!(libc::bind(fd, (&sa as *const libc::sockaddr_storage).cast(), len), 0);
+            assert_eq!(libc::listen(fd, 0), 0);
+        }
+        // SAFETY: we own fd; the listener closes it.
+        let l = unsafe { <TcpListener as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        let addr = l.local_addr().unwrap();
+        // Fill the queue (never accepted).
+        let fillers: Vec<TcpStream> = (0..2).filter_map(|_| TcpStream::connect_timeout(&addr, Duration::from_millis(300)).ok()).collect();
+        let mut a = TcpTransport::new(0, 2, cfg(7)).unwrap();
+        a.set_peer_addr(1, addr);
+        let h = PktHeader::new(Kind::Eager, 0, 1, 0, 0, 1);
+        let t = Instant::now();
+        for _ in 0..10 {
+            // Nobody ever answers the handshake: the frame must wait, and the call must not.
+            assert!(!a.try_send(1, &h, &[], b"x").unwrap());
+        }
+        assert!(t.elapsed() < Duration::from_secs(1), "10 sends took {:?}", t.elapsed());
+        drop(fillers);
     }
 
     #[test]
