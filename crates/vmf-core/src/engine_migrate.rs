@@ -769,6 +769,8 @@ impl Engine {
         let answer = ctl.try_clone().map_err(|e| e.to_string())?;
         let (dir, job, sizing, launcher, timeout) =
             (ctx.hosts[host].dir.clone(), ctx.job.clone(), ctx.sizing, ctx.launcher, ctx.timeout);
+        let netns = &ctx.hosts[host].netns;
+        let same_ns = netns.as_os_str() == "-" || netns.as_os_str().is_empty();
         let t = std::thread::Builder::new()
             .name("vmf-prepare".into())
             .spawn(move || {
@@ -801,7 +803,23 @@ impl Engine {
                 r
             })
             .map_err(|e| e.to_string())?;
-        ctx.standby = Some((host, t));
+        if same_ns {
+            // A move that keeps this rank's network (a VM leaving its ivshmem region, or joining it): the
+            // peers it will reach over TCP after the switch are those it has no connection to yet; connect
+            // now, while the region opens, instead of after each peer's answer (a connect between TCG
+            // guests takes milliseconds). A peer that stays on shared memory just keeps an idle connection.
+            if let Some(tcp) = self.tcp.as_mut() {
+                for p in 0..self.n {
+                    if p != me && self.peers[p].route != Route::None {
+                        if let Some(a) = self.locs[p].addr {
+                            tcp.set_peer_addr(p, a);
+                            tcp.connect_ahead(p);
+                        }
+                    }
+                }
+            }
+        }
+        self.mig_ctx.as_mut().unwrap().standby = Some((host, t));
         Ok(())
     }
 

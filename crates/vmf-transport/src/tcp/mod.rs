@@ -425,6 +425,23 @@ impl TcpTransport {
         }
     }
 
+    /// Start connecting to `peer` (at the address [`TcpTransport::set_peer_addr`] gave) unless a
+    /// connection exists or is being made either way: a rank about to move makes the connections its new
+    /// routes need while it still works (the handshake completes in `progress`). A failure here is not
+    /// reported: the first send to `peer` connects again and reports it.
+    pub fn connect_ahead(&mut self, peer: usize) {
+        if peer >= self.world
+            || peer == self.me
+            || self.addrs.get(peer).is_none_or(|a| a.is_none())
+            || self.conns[peer].is_some()
+            || self.outgoing[peer].is_some()
+            || self.incoming.iter().any(|h| h.peer == Some(peer))
+        {
+            return;
+        }
+        let _ = self.start_connect(peer);
+    }
+
     /// True if a connection to `peer` is established.
     pub fn connected(&self, peer: usize) -> bool {
         self.conns.get(peer).is_some_and(|c| c.is_some())
@@ -1666,6 +1683,29 @@ mod tests {
             other.progress().unwrap();
         }
         panic!("send never went through");
+    }
+
+    #[test]
+    fn connect_ahead_makes_the_connection_before_the_first_send_works() {
+        let (mut a, mut b) = pair();
+        a.connect_ahead(1);
+        a.connect_ahead(1); // a second call while connecting starts nothing new
+        for _ in 0..100_000 {
+            if a.connected(1) && b.connected(0) {
+                break;
+            }
+            a.progress().unwrap();
+            b.progress().unwrap();
+        }
+        assert!(a.connected(1) && b.connected(0), "no connection came up");
+        a.connect_ahead(1); // connected: nothing to do
+        // The first frame goes straight out on the connection made ahead.
+        let h = PktHeader::new(Kind::Eager, 0, 9, 0, 0, 2);
+        assert!(a.try_send(1, &h, &[], b"hi").unwrap());
+        assert_eq!(recv_one(&mut b).1, b"hi");
+        // Unknown or own peers are ignored.
+        a.connect_ahead(0);
+        a.connect_ahead(5);
     }
 
     #[test]
