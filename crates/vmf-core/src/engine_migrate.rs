@@ -78,6 +78,14 @@ pub struct HostSpec {
     pub ip: IpAddr,
 }
 
+impl HostSpec {
+    /// True for a host without a namespace of its own ("-" or empty): moving there keeps the rank's
+    /// network (a VM leaving its ivshmem region for its own memory, or joining it again).
+    pub fn keeps_network(&self) -> bool {
+        self.netns.as_os_str() == "-" || self.netns.as_os_str().is_empty()
+    }
+}
+
 /// What a rank needs to know to move.
 pub struct MigCtx {
     /// Job key (region file name).
@@ -177,7 +185,7 @@ impl MigCtx {
     /// True when every host keeps this network namespace (a VM moving between its ivshmem region and its
     /// own memory): ranks may use the region's pool, and must give it back before they leave.
     pub fn keeps_pool(&self) -> bool {
-        self.hosts.iter().all(|h| h.netns.as_os_str() == "-" || h.netns.as_os_str().is_empty())
+        self.hosts.iter().all(HostSpec::keeps_network)
     }
 
     /// Parse `VMF_HOSTS_TABLE` (`i=netns_path,region_dir,ip;...`; netns `-`: none, region `ivshmem`:
@@ -343,7 +351,7 @@ impl Engine {
         // 1. The new home; undone on any failure. A host without a namespace ("-": a VM leaving its
         // ivshmem region for its own memory, or joining it again) keeps the network it has.
         let mut back = NsGuard(None);
-        let same_ns = spec.netns.as_os_str() == "-" || spec.netns.as_os_str().is_empty();
+        let same_ns = spec.keeps_network();
         if !same_ns {
             back = NsGuard(Some(
                 std::fs::File::open("/proc/self/ns/net").map_err(|e| mig_err(me, e))?,
@@ -769,8 +777,7 @@ impl Engine {
         let answer = ctl.try_clone().map_err(|e| e.to_string())?;
         let (dir, job, sizing, launcher, timeout) =
             (ctx.hosts[host].dir.clone(), ctx.job.clone(), ctx.sizing, ctx.launcher, ctx.timeout);
-        let netns = &ctx.hosts[host].netns;
-        let same_ns = netns.as_os_str() == "-" || netns.as_os_str().is_empty();
+        let same_ns = ctx.hosts[host].keeps_network();
         let t = std::thread::Builder::new()
             .name("vmf-prepare".into())
             .spawn(move || {

@@ -434,12 +434,16 @@ impl TcpTransport {
             || peer == self.me
             || self.addrs.get(peer).is_none_or(|a| a.is_none())
             || self.conns[peer].is_some()
-            || self.outgoing[peer].is_some()
-            || self.incoming.iter().any(|h| h.peer == Some(peer))
+            || self.handshake_under_way(peer)
         {
             return;
         }
         let _ = self.start_connect(peer);
+    }
+
+    /// A connection with `peer` is being made, by us or by it.
+    fn handshake_under_way(&self, peer: usize) -> bool {
+        self.outgoing[peer].is_some() || self.incoming.iter().any(|h| h.peer == Some(peer))
     }
 
     /// True if a connection to `peer` is established.
@@ -919,8 +923,7 @@ impl TcpTransport {
             });
         }
         if self.conns[peer].is_none() {
-            if self.outgoing[peer].is_none() && !self.incoming.iter().any(|h| h.peer == Some(peer))
-            {
+            if !self.handshake_under_way(peer) {
                 self.start_connect(peer)?;
             }
             self.progress()?;
@@ -1368,7 +1371,6 @@ fn recv(fd: RawFd, buf: &mut [u8]) -> std::io::Result<usize> {
     }
 }
 
-/// Write all of `buf` (a handshake message: small, into an empty socket buffer) without SIGPIPE.
 /// Start a nonblocking connection to `addr`: the stream, and whether it is already established (a
 /// loopback connect may complete at once); otherwise [`connect_result`] says when it is.
 fn connect_nonblocking(addr: &SocketAddr) -> std::io::Result<(TcpStream, bool)> {
@@ -1455,6 +1457,7 @@ fn sockaddr_of(addr: &SocketAddr) -> (libc::c_int, libc::sockaddr_storage, libc:
     }
 }
 
+/// Write all of `buf` (a handshake message: small, into an empty socket buffer) without SIGPIPE.
 fn send_all(fd: RawFd, mut buf: &[u8]) -> std::io::Result<()> {
     while !buf.is_empty() {
         // SAFETY: a live buffer of buf.len() bytes.
