@@ -61,7 +61,9 @@ ip addr add "$vmf_ip" dev eth0 || fail "no eth0 (virtio-net) for $vmf_ip"
 ip link set eth0 up
 hostname "$vmf_name"
 echo "vmfabric-guest: $vmf_name up at $(cut -d' ' -f1 /proc/uptime) s, starting $vmf_agent"
-exec switch_root /newroot "$vmf_agent" vm agent --port "$vmf_port" --name "$vmf_name"
+# The agent runs through the uncached mount: run from the cached one, it would pin its path's dentry
+# there, and a vmfabric rebuilt on the host while the guest is up would reach the ranks half old, half new.
+exec switch_root /newroot "/run/host$vmf_agent" vm agent --port "$vmf_port" --name "$vmf_name"
 "#;
 
 /// A bootable guest: kernel and initramfs.
