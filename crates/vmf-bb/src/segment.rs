@@ -119,8 +119,46 @@ impl Segment {
         Self::map(file, path, len)
     }
 
+    /// Map `len` bytes at `offset` (a multiple of the page size) of an existing file or device, which
+    /// must hold them: a structure that lives inside another's segment (the emulated hardware in a
+    /// window of an ivshmem BAR's region) gets a mapping of its own, bounded to its window, so an offset
+    /// it computes can never reach the structure around it.
+    pub fn open_window(path: &Path, offset: u64, len: u64) -> Result<Segment, SegmentError> {
+        let map_err = |why: String| SegmentError::Map {
+            path: path.to_owned(),
+            source: std::io::Error::other(why),
+        };
+        if len == 0 || offset % 4096 != 0 {
+            return Err(map_err(format!("a window of {len} bytes at {offset} is empty or not page-aligned")));
+        }
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(|source| SegmentError::Open {
+                path: path.to_owned(),
+                source,
+            })?;
+        let size = file
+            .metadata()
+            .map_err(|source| SegmentError::Map {
+                path: path.to_owned(),
+                source,
+            })?
+            .len();
+        if offset.checked_add(len).is_none_or(|end| end > size) {
+            return Err(map_err(format!("a window of {len} bytes at {offset} overruns its {size} bytes")));
+        }
+        Self::map_at(file, path, offset, len)
+    }
+
     fn map(file: File, path: &Path, len: u64) -> Result<Segment, SegmentError> {
+        Self::map_at(file, path, 0, len)
+    }
+
+    fn map_at(file: File, path: &Path, offset: u64, len: u64) -> Result<Segment, SegmentError> {
         let map = memmap2::MmapOptions::new()
+            .offset(offset)
             .len(len as usize)
             .map_raw(&file)
             .map_err(|source| SegmentError::Map {
@@ -230,6 +268,23 @@ mod tests {
         assert!(a.at::<AtomicU64>(4092).is_err());
         assert!(a.at::<AtomicU64>(3).is_err());
         assert!(a.ptr(u64::MAX - 2, 8).is_err());
+        std::fs::remove_file(&p).unwrap();
+    }
+
+    #[test]
+    fn a_window_sees_its_part_of_the_file_and_nothing_beyond_works() {
+        let p = tmp("win");
+        let (whole, _) = Segment::open_or_create(&p, 4 * 4096).unwrap();
+        let w = Segment::open_window(&p, 2 * 4096, 4096).unwrap();
+        assert_eq!(w.len(), 4096);
+        w.at::<AtomicU64>(8).unwrap().store(7, Ordering::Release);
+        assert_eq!(whole.at::<AtomicU64>(2 * 4096 + 8).unwrap().load(Ordering::Acquire), 7);
+        assert!(w.at::<AtomicU64>(4096).is_err());
+        // Past the end, unaligned, empty: refused.
+        assert!(Segment::open_window(&p, 3 * 4096, 8192).is_err());
+        assert!(Segment::open_window(&p, 100, 4096).is_err());
+        assert!(Segment::open_window(&p, 0, 0).is_err());
+        assert!(Segment::open_window(&p, u64::MAX - 4095, 4096).is_err());
         std::fs::remove_file(&p).unwrap();
     }
 

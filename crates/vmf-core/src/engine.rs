@@ -2623,10 +2623,21 @@ impl Engine {
             if m.has_incoming() {
                 return Ok(Stage::Spin);
             }
+            // Peers in other VMs ring our ivshmem doorbell vector (long sleeps, as on shm); one that
+            // cannot is polled in bounded exponential steps (1 us .. 1 ms).
+            let t = match m.sleep_kind() {
+                vmf_transport::mphw::SleepKind::Futex => most.min(Duration::from_millis(10)),
+                vmf_transport::mphw::SleepKind::Doorbell => most,
+                vmf_transport::mphw::SleepKind::Poll => {
+                    let t = *backoff;
+                    *backoff = (*backoff * 2).min(Duration::from_millis(1));
+                    t
+                }
+            };
             if done(self) {
                 return Ok(Stage::Spin);
             }
-            self.mphw.as_mut().unwrap().wait(bell, most.min(Duration::from_millis(10)));
+            self.mphw.as_mut().unwrap().wait(bell, t);
             self.waiter.sleeps += 1;
             if self.last_liveness.elapsed() >= live_every {
                 self.check_liveness(op)?;

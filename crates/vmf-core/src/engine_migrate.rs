@@ -848,6 +848,11 @@ impl Engine {
         }
         for req in line.lines() {
             let reply = match req.split_whitespace().collect::<Vec<_>>().as_slice() {
+                // The emulated hardware lives in the region being left; its nodes have nowhere to go.
+                [op @ ("prepare" | "migrate"), _] if self.mphw.is_some() => {
+                    let p = if *op == "prepare" { "prepare " } else { "" };
+                    format!("{p}error rank {} cannot move: its channels are on the emulated hardware (VMF_TRANSPORT=mphw), which lives in the region it would leave", self.me)
+                }
                 ["prepare", h] => match self.prepare_move(h, &ctl) {
                     // The helper thread answers once the region is open.
                     Ok(()) => continue,

@@ -251,6 +251,16 @@ impl Fabric {
             let launcher = launcher_from_env();
             let timeout = Duration::from_secs(cfg.init_timeout_s);
             let mut sizing = cfg.region_sizing(size);
+            // VMF_TRANSPORT=mphw in a device (an ivshmem BAR that VMs share): the emulated hardware takes
+            // a window of the region's heap, which its rings (unused then) would otherwise fill.
+            let mphw_len = match (&src, cfg.mphw) {
+                (RegionSource::Device(_), true) => {
+                    let l = vmf_transport::mphw::MphwTransport::window_size(size).map_err(|e| setup(rank, e))?;
+                    sizing.heap += l + 4096;
+                    Some(l)
+                }
+                _ => None,
+            };
             if let RegionSource::Dir(d) = &src {
                 // The pool is touched only as it is used, but a tmpfs smaller than the region would
                 // kill a rank with SIGBUS when it does: keep the pool within half the free space.
@@ -274,12 +284,35 @@ impl Fabric {
                 .and_then(|h| parse_secret(&h));
             // VMF_TRANSPORT=mphw: rank 0 makes the emulated hardware now; everyone attaches after the fence.
             let mphw_path = std::path::Path::new(&cfg.region_dir).join(format!("vmf-mphw-{job}"));
+            let mut mphw_win = None;
             if cfg.mphw {
-                if std::env::var_os("VMF_HOSTS_TABLE").is_some() || cfg.region_device().is_some() {
-                    return Err(setup(rank, "VMF_TRANSPORT=mphw emulates hardware on one host: no emulated hosts, no VMF_REGION_PATH"));
+                // In VMs (a device region) the guests' agents set a hosts table for failover; elsewhere one
+                // means emulated hosts, which share no region.
+                if std::env::var_os("VMF_HOSTS_TABLE").is_some() && mphw_len.is_none() {
+                    return Err(setup(rank, "VMF_TRANSPORT=mphw emulates hardware in one shared region: no emulated hosts"));
                 }
-                if rank == 0 {
-                    vmf_transport::mphw::MphwTransport::create(&mphw_path, size).map_err(|e| setup(rank, e))?;
+                match mphw_len {
+                    // In the device's region: rank 0 takes the window and tells the others where it is.
+                    Some(len) if rank == 0 => {
+                        let off = reg
+                            .alloc(len + 4096)
+                            .map_err(|_| {
+                                setup(rank, format!(
+                                    "the emulated hardware for {size} ranks needs {len} bytes of the region {}, which has no room for them (lower VMF_MPHW_BUFFER or VMF_MPHW_SLOTS, or give a larger device)",
+                                    reg.path().display()
+                                ))
+                            })?
+                            .div_ceil(4096)
+                            * 4096;
+                        vmf_transport::mphw::MphwTransport::create_window(reg.path(), off, len, size)
+                            .map_err(|e| setup(rank, e))?;
+                        mphw_win = Some((off, len));
+                    }
+                    Some(_) => {}
+                    None if rank == 0 => {
+                        vmf_transport::mphw::MphwTransport::create(&mphw_path, size).map_err(|e| setup(rank, e))?;
+                    }
+                    None => {}
                 }
             }
             if cfg.tcp && !cfg.mphw {
@@ -303,6 +336,9 @@ impl Fabric {
             });
             p.put(&key(rank), &format!("{}:{idx},{addr}", reg.uuid_hex()))
                 .map_err(|e| setup(rank, e))?;
+            if let Some((off, len)) = mphw_win {
+                p.put("vmf-mphw-win", &format!("{off}:{len}")).map_err(|e| setup(rank, e))?;
+            }
             if rank == 0 && secret_env.is_none() && tcp.is_some() {
                 // Started by another launcher: rank 0 makes the job secret, shared through PMI.
                 let mut s = [0u8; 16];
@@ -358,6 +394,11 @@ impl Fabric {
                     Some(tcp_part.parse().map_err(|_| bad())?)
                 };
                 let u = parse_uuid(uuid).ok_or_else(bad)?;
+                if mphw_len.is_some() && uuid != reg.uuid_hex() {
+                    return Err(setup(rank, format!(
+                        "VMF_TRANSPORT=mphw needs every rank in one shared region, and rank {r} is in another (VMs of different host groups)"
+                    )));
+                }
                 locs.push(engine::migrate::Loc {
                     uuid: u,
                     slot: li,
@@ -424,10 +465,28 @@ impl Fabric {
             }
             shm = Some(t);
             if cfg.mphw {
-                let t = vmf_transport::mphw::MphwTransport::attach(&mphw_path, rank).map_err(|e| setup(rank, e))?;
-                // Once everyone has it mapped, the file goes: nothing is left behind, whatever happens later.
+                let t = match mphw_len {
+                    Some(len) => {
+                        let win = p.get("vmf-mphw-win").map_err(|e| setup(rank, e))?;
+                        let off = win
+                            .split_once(':')
+                            .filter(|(_, l)| l.parse() == Ok(len))
+                            .and_then(|(o, _)| o.parse::<u64>().ok())
+                            .ok_or_else(|| setup(rank, format!("bad mphw window {win:?} from rank 0 (its VMF_MPHW_* settings differ from ours?)")))?;
+                        let t = vmf_transport::mphw::MphwTransport::attach_window(reg.path(), off, len, rank)
+                            .map_err(|e| setup(rank, e))?;
+                        // Nodes in other VMs wake us, and we them, through the ivshmem doorbell.
+                        if let Some((regs, own)) = vm_bell_for(reg.path()) {
+                            t.enable_vm_bell(regs, own);
+                        }
+                        t
+                    }
+                    None => vmf_transport::mphw::MphwTransport::attach(&mphw_path, rank).map_err(|e| setup(rank, e))?,
+                };
+                // Once everyone has it mapped (and has published how to ring it), the file goes: nothing
+                // is left behind, whatever happens later.
                 p.fence().map_err(|e| setup(rank, e))?;
-                if rank == 0 {
+                if rank == 0 && mphw_len.is_none() {
                     let _ = std::fs::remove_file(&mphw_path);
                 }
                 mphw = Some(t);

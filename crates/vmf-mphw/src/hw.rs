@@ -6,7 +6,8 @@
 //!
 //! ```text
 //! 0       header (magic, version, nodes, buffer size, mode, signal and byte costs, slots)
-//! 4096    node blocks, 512 bytes each: doorbell, sleepers, owner pid, performance counters
+//! 4096    node blocks, 512 bytes each: doorbell, sleepers, owner pid, forwarding doorbell, owner's
+//!         kernel, its ivshmem doorbell address, performance counters
 //! 36864   link table: N*N words, the emulated cost of a transfer target<-source in ns (u64::MAX = broken)
 //! 69632   buffers: ((target*N + source)*K + slot) * stride; each a 64-byte header (status, ack) and data
 //! ```
@@ -20,6 +21,12 @@
 //!   consumed into the `ack` word of the reverse buffer S/T, which lives in the source's memory. No word is
 //!   written by two nodes and the source never reads the target's memory to find a free buffer.
 //!
+//! **Signals.** A node that sleeps announces it in its block; a sender that fills a buffer moves the
+//! target's doorbell word on and, if it sleeps, wakes it: with a futex when both run under one kernel,
+//! and through the ivshmem doorbell (a store to the sender's BAR 0, an MSI-X interrupt in the target's
+//! VM, an eventfd the target sleeps on) when the region is an ivshmem BAR shared by VMs
+//! ([`Hw::enable_vm_bell`]).
+//!
 //! Everything read from the region is validated: a length above the buffer size, a sequence number that
 //! is not the next one, unknown flag bits or an acknowledgement of a packet never sent are
 //! [`HwError::Corrupt`], never an out-of-bounds access.
@@ -29,6 +36,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use thiserror::Error;
 use vmf_bb::segment::{Segment, SegmentError};
+
+/// Node block word: the kernel the node's owner runs under ([`vmf_pal::process::kernel_id`]).
+const NB_KERNEL: u64 = 24;
+/// Node block word: how to ring the node from another VM, `BELL_VALID | IVPosition << 16 | vector`.
+const NB_VM_BELL: u64 = 32;
+const BELL_VALID: u64 = 1 << 32;
 
 /// Most nodes a region holds.
 pub const MAX_NODES: usize = 64;
@@ -261,6 +274,17 @@ pub struct Hw {
     signal_ns: u64,
     byte_ps: u64,
     irq_ns: u64,
+    /// Set once in a VM whose ivshmem device has a doorbell ([`Hw::enable_vm_bell`]).
+    vm: std::sync::OnceLock<VmBell>,
+    /// Futexes work on the region's words (not in a PCI BAR, where every futex call fails).
+    futex_ok: bool,
+}
+
+/// A node's use of its VM's ivshmem doorbell: the registers through which it rings nodes in other
+/// VMs, and the eventfd its own vector signals (None: it cannot be rung, and sleeps in bounded steps).
+struct VmBell {
+    regs: Arc<vmf_pal::pci::IvshmemRegs>,
+    own: Option<std::os::fd::RawFd>,
 }
 
 fn stride_for(buf: usize) -> u64 {
@@ -294,6 +318,14 @@ fn newest(v: &[u32]) -> u32 {
 impl Hw {
     /// Create (or re-initialise) the region at `path`.
     pub fn create(path: &Path, cfg: &HwConfig) -> Result<Arc<Hw>, HwError> {
+        Self::check_config(path, cfg)?;
+        let _ = std::fs::remove_file(path);
+        let size = region_size(cfg.nodes, cfg.buffer_size, cfg.slots);
+        let (seg, _) = Segment::open_or_create(path, size)?;
+        Self::initialise(seg, path, cfg)
+    }
+
+    fn check_config(path: &Path, cfg: &HwConfig) -> Result<(), HwError> {
         let bad = |why: String| HwError::BadRegion {
             path: path.display().to_string(),
             why,
@@ -320,9 +352,34 @@ impl Hw {
                 return Err(bad(format!("a mesh {width} wide is wider than {} nodes", cfg.nodes)));
             }
         }
-        let _ = std::fs::remove_file(path);
-        let size = region_size(cfg.nodes, cfg.buffer_size, cfg.slots);
-        let (seg, _) = Segment::open_or_create(path, size)?;
+        Ok(())
+    }
+
+    /// Create the hardware in `len` bytes at `offset` (page-aligned) of an existing file or device, such
+    /// as a window of the region in an ivshmem BAR that VMs share. The window is zeroed first (a device
+    /// holds whatever its last user left).
+    pub fn create_window(path: &Path, offset: u64, len: u64, cfg: &HwConfig) -> Result<Arc<Hw>, HwError> {
+        Self::check_config(path, cfg)?;
+        let need = region_size(cfg.nodes, cfg.buffer_size, cfg.slots);
+        if len < need {
+            return Err(HwError::BadRegion {
+                path: path.display().to_string(),
+                why: format!("its window of {len} bytes is short of the {need} the hardware needs"),
+            });
+        }
+        let seg = Segment::open_window(path, offset, len)?;
+        // SAFETY: our own fresh mapping of `len` bytes; nobody attaches before the header is written.
+        unsafe { std::ptr::write_bytes(seg.ptr(0, len)?, 0, len as usize) };
+        Self::initialise(seg, path, cfg)
+    }
+
+    /// Map the hardware another node created in a window (see [`Hw::create_window`]), validating it.
+    pub fn open_window(path: &Path, offset: u64, len: u64) -> Result<Arc<Hw>, HwError> {
+        let seg = Segment::open_window(path, offset, len)?;
+        Self::from_segment(seg, path)
+    }
+
+    fn initialise(seg: Segment, path: &Path, cfg: &HwConfig) -> Result<Arc<Hw>, HwError> {
         let w = |off: u64, v: u64| -> Result<(), HwError> {
             seg.at::<AtomicU64>(off)?.store(v, Ordering::Relaxed);
             Ok(())
@@ -400,7 +457,9 @@ impl Hw {
             signal_ns: r(H_SIGNAL_NS)?.min(MAX_COST_NS),
             byte_ps: r(H_BYTE_PS)?.min(MAX_COST_NS),
             irq_ns: r(H_IRQ_NS)?.min(MAX_COST_NS),
+            futex_ok: vmf_pal::futex::usable(seg.at::<AtomicU32>(NODE_BLOCKS)?),
             seg,
+            vm: std::sync::OnceLock::new(),
         }))
     }
 
@@ -565,9 +624,12 @@ impl Hw {
         }
         let pid = std::process::id() as u64;
         let owner = self.owner(me);
+        let kernel = self.word::<AtomicU64>(self.node_block(me) + NB_KERNEL);
         loop {
             let cur = owner.load(Ordering::Acquire);
-            if cur != 0 && cur != pid && (vmf_pal::process::ProcessId { pid: cur as i32, start_time: 0 }).is_alive() {
+            // An owner under another kernel (another VM) cannot be seen to be dead: it holds the node.
+            let foreign = kernel.load(Ordering::Acquire) != vmf_pal::process::kernel_id() && kernel.load(Ordering::Acquire) != 0;
+            if cur != 0 && cur != pid && (foreign || (vmf_pal::process::ProcessId { pid: cur as i32, start_time: 0 }).is_alive()) {
                 return Err(HwError::NodeBusy { node: me, pid: cur });
             }
             if owner
@@ -577,6 +639,7 @@ impl Hw {
                 break;
             }
         }
+        kernel.store(vmf_pal::process::kernel_id(), Ordering::Release);
         // Resume the link sequence numbers from the region (a restarted node continues where the last one
         // stopped; a fresh region starts at zero everywhere).
         let mut sent = vec![0u32; self.n];
@@ -620,18 +683,118 @@ impl Hw {
     }
 
     /// Sleep until node `i`'s doorbell moves past `seen` or `timeout` passes. Returns whether it moved.
+    /// Node `i` sleeps on its ivshmem doorbell vector instead of the futex when nodes under other
+    /// kernels (VMs) may ring it ([`Hw::enable_vm_bell`]).
     pub fn wait_doorbell(&self, i: usize, seen: u32, timeout: Duration) -> bool {
-        wait_bell(self.bell(i), self.sleepers(i), seen, timeout)
+        match self.vm.get().and_then(|v| v.own) {
+            Some(fd) if !self.futex_ok || self.has_remote_nodes() => {
+                let (bell, sleepers) = (self.bell(i), self.sleepers(i));
+                sleepers.fetch_add(1, Ordering::SeqCst);
+                if bell.load(Ordering::SeqCst) == seen {
+                    vmf_pal::wait_readable(fd, timeout);
+                }
+                sleepers.fetch_sub(1, Ordering::SeqCst);
+                // Consume the interrupt's count (a ring that came while we were not asleep only cuts
+                // the next sleep short).
+                let mut b = [0u8; 8];
+                // SAFETY: reading 8 bytes from a nonblocking eventfd.
+                unsafe { libc::read(fd, b.as_mut_ptr().cast(), 8) };
+                bell.load(Ordering::SeqCst) != seen
+            }
+            None if !self.futex_ok => {
+                // Nobody can wake us (a BAR without a doorbell): the caller keeps `timeout` short.
+                std::thread::sleep(timeout);
+                self.bell(i).load(Ordering::SeqCst) != seen
+            }
+            _ => wait_bell(self.bell(i), self.sleepers(i), seen, timeout),
+        }
     }
 
     /// Ring node `target`'s doorbell (no emulated cost).
     pub fn ring(&self, target: usize) {
-        ring_bell(self.bell(target), self.sleepers(target));
+        let (bell, sleepers) = (self.bell(target), self.sleepers(target));
+        bell.fetch_add(1, Ordering::SeqCst);
+        if sleepers.load(Ordering::SeqCst) != 0 {
+            self.wake(target, bell);
+        }
+    }
+
+    /// Wake node `target`, asleep on `bell`: by futex under our kernel, else (another VM, or a region in a
+    /// PCI BAR, where futexes fail) through the ivshmem doorbell.
+    #[cold]
+    fn wake(&self, target: usize, bell: &AtomicU32) {
+        if self.futex_ok && self.kernel_of(target) == vmf_pal::process::kernel_id() {
+            vmf_pal::futex::wake(bell, u32::MAX);
+            return;
+        }
+        // A value from shared memory: only a well-formed one is used; a bad one at worst rings a wrong
+        // vector, which wakes nobody harmfully.
+        let v = self.word::<AtomicU64>(self.node_block(target) + NB_VM_BELL).load(Ordering::Acquire);
+        if let (Some(b), true) = (self.vm.get(), v & !0xffff_ffff == BELL_VALID) {
+            b.regs.ring((v >> 16) as u16, v as u16);
+        }
+    }
+
+    /// The kernel node `i`'s owner runs under (0: not attached yet).
+    fn kernel_of(&self, i: usize) -> u64 {
+        self.word::<AtomicU64>(self.node_block(i) + NB_KERNEL).load(Ordering::Acquire)
+    }
+
+    /// Whether node `i`'s owner runs under this process's kernel (false until it has attached).
+    pub fn same_kernel(&self, i: usize) -> bool {
+        self.kernel_of(i) == vmf_pal::process::kernel_id()
+    }
+
+    /// Whether some attached node runs under another kernel (a VM sharing the region).
+    pub fn has_remote_nodes(&self) -> bool {
+        let me = vmf_pal::process::kernel_id();
+        (0..self.n).any(|i| matches!(self.kernel_of(i), k if k != 0 && k != me))
+    }
+
+    /// Whether futexes wake nodes of this kernel here (false in a PCI BAR).
+    pub fn futex_ok(&self) -> bool {
+        self.futex_ok
+    }
+
+    /// Whether every attached node that cannot wake us by futex (one under another kernel; any, in a
+    /// PCI BAR) rings through its doorbell (then a sleep on ours may be long; otherwise nodes wait in
+    /// bounded steps, polling).
+    pub fn remote_nodes_ring(&self) -> bool {
+        let me = vmf_pal::process::kernel_id();
+        (0..self.n).all(|i| {
+            let k = self.kernel_of(i);
+            k == 0
+                || (k == me && self.futex_ok)
+                || self.word::<AtomicU64>(self.node_block(i) + NB_VM_BELL).load(Ordering::Acquire) & BELL_VALID != 0
+        })
+    }
+
+    /// The eventfd this process sleeps on for its ivshmem doorbell vector, if [`Hw::enable_vm_bell`] gave one.
+    pub fn vm_bell_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.vm.get().and_then(|v| v.own)
+    }
+
+    /// In a VM whose ivshmem device has a doorbell: node `me` rings nodes in other VMs through `regs`, and
+    /// with `own` (its vector and the eventfd the guest's agent routes that MSI-X vector to) sleeps on it
+    /// and publishes `BELL_VALID | IVPosition << 16 | vector` in its node block so they can ring it. Once
+    /// per region; later calls change nothing.
+    pub fn enable_vm_bell(&self, me: usize, regs: Arc<vmf_pal::pci::IvshmemRegs>, own: Option<(u16, std::os::fd::RawFd)>) {
+        if me >= self.n {
+            return;
+        }
+        let pos = regs.position();
+        let own = own.filter(|_| pos <= 0xffff);
+        if self.vm.set(VmBell { regs, own: own.map(|(_, fd)| fd) }).is_ok() {
+            if let Some((v, _)) = own {
+                self.word::<AtomicU64>(self.node_block(me) + NB_VM_BELL)
+                    .store(BELL_VALID | u64::from(pos) << 16 | u64::from(v), Ordering::Release);
+            }
+        }
     }
 }
 
 /// Sleep while `bell` holds `seen` (at most `timeout`), announced in `sleepers`; whether it moved. The
-/// SeqCst increment of `sleepers` before the last look pairs with [`ring_bell`]'s SeqCst load after its
+/// SeqCst increment of `sleepers` before the last look pairs with [`Hw::ring`]'s SeqCst load after its
 /// increment: either the ringer sees the sleeper or the sleeper sees the new value.
 fn wait_bell(bell: &AtomicU32, sleepers: &AtomicU32, seen: u32, timeout: Duration) -> bool {
     sleepers.fetch_add(1, Ordering::SeqCst);
@@ -642,7 +805,7 @@ fn wait_bell(bell: &AtomicU32, sleepers: &AtomicU32, seen: u32, timeout: Duratio
     bell.load(Ordering::SeqCst) != seen
 }
 
-/// Move `bell` on and wake whoever sleeps on it.
+/// Move `bell` on and wake whoever sleeps on it (under this kernel).
 fn ring_bell(bell: &AtomicU32, sleepers: &AtomicU32) {
     bell.fetch_add(1, Ordering::SeqCst);
     if sleepers.load(Ordering::SeqCst) != 0 {
@@ -1095,6 +1258,48 @@ mod tests {
             }
             std::fs::remove_file(p).unwrap();
         }
+    }
+
+    /// The hardware in a window of a larger file (as in an ivshmem BAR's region): zeroed over whatever
+    /// the file held, seen by a second mapping, bounded to its window; a window without the hardware,
+    /// or too short for the geometry its header claims, is refused.
+    #[test]
+    fn hardware_in_a_window_of_a_device_works() {
+        let p = tmp("window");
+        let len = region_size(3, 256, 2).div_ceil(4096) * 4096;
+        let f = std::fs::File::create(&p).unwrap();
+        f.set_len(3 * 4096 + len).unwrap();
+        // Leftovers of an earlier user.
+        std::fs::write(&p, vec![0xa5u8; (3 * 4096 + len) as usize]).unwrap();
+        let c = HwConfig { slots: 2, ..HwConfig::new(3, 256) };
+        assert!(Hw::create_window(&p, 3 * 4096, len - 8192, &c).is_err(), "too short for the geometry");
+        let hw = Hw::create_window(&p, 3 * 4096, len, &c).unwrap();
+        let other = Hw::open_window(&p, 3 * 4096, len).unwrap();
+        assert_eq!((other.nodes(), other.slots()), (3, 2));
+        let mut a = hw.port(0).unwrap();
+        let mut b = other.port(2).unwrap();
+        assert!(hw.same_kernel(a.me()) && !hw.has_remote_nodes() && hw.remote_nodes_ring());
+        for i in 0..5u8 {
+            assert!(a.try_send(2, &[&[i; 100]]).unwrap());
+            assert_eq!(b.peek(0).unwrap().unwrap(), &[i; 100][..]);
+            b.release(0, false);
+        }
+        // The bytes before the window are untouched.
+        let raw = std::fs::read(&p).unwrap();
+        assert!(raw[..3 * 4096].iter().all(|&x| x == 0xa5));
+        assert!(matches!(Hw::open_window(&p, 0, 4096 * 20), Err(HwError::BadRegion { .. })));
+        assert!(matches!(Hw::open_window(&p, 3 * 4096, len - 8192), Err(HwError::BadRegion { .. })));
+        assert!(Hw::open_window(&p, 3 * 4096, len + 4096).is_err(), "past the end of the file");
+        // A node under another kernel (a VM) cannot be woken by futex: it counts as remote, and without
+        // a doorbell address it cannot be rung.
+        hw.word::<AtomicU64>(hw.node_block(1) + NB_KERNEL).store(12345, Ordering::Release);
+        assert!(hw.has_remote_nodes() && !hw.remote_nodes_ring() && !hw.same_kernel(1));
+        hw.word::<AtomicU64>(hw.node_block(1) + NB_VM_BELL).store(BELL_VALID | 3 << 16 | 1, Ordering::Release);
+        assert!(hw.remote_nodes_ring());
+        hw.word::<AtomicU64>(hw.node_block(1) + 8).store(1, Ordering::Release);
+        assert!(matches!(hw.port(1), Err(HwError::NodeBusy { .. })), "an owner in another VM holds its node");
+        drop((a, b));
+        std::fs::remove_file(&p).unwrap();
     }
 
     #[test]

@@ -73,6 +73,14 @@ pub fn wake(word: &AtomicU32, n: u32) -> usize {
     }
 }
 
+/// Whether futexes work on `word`'s memory: not in a PCI BAR (an ivshmem region in a VM), where the
+/// kernel cannot pin the page and every futex call fails with EFAULT, so a wait would return at once.
+pub fn usable(word: &AtomicU32) -> bool {
+    // SAFETY: as in `wake`; waking nobody (n = 0) only resolves the word's futex key.
+    let r = unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, 0, 0usize, 0usize, 0u32) };
+    r >= 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EFAULT)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -119,6 +119,17 @@ pub fn nic_options_from_env(buffer: usize) -> Result<NicOptions, TransportError>
     Ok(o)
 }
 
+/// How a rank waiting on the emulated hardware may sleep ([`MphwTransport::sleep_kind`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SleepKind {
+    /// Every node runs under this kernel: a futex on the doorbell word.
+    Futex,
+    /// Nodes in other VMs (or in one VM's PCI BAR), and every one rings this rank's doorbell vector.
+    Doorbell,
+    /// A node in another VM cannot wake this rank: sleep in short, bounded steps.
+    Poll,
+}
+
 /// The mphw transport of one rank.
 pub struct MphwTransport {
     inner: Arc<Mutex<Inner>>,
@@ -171,10 +182,42 @@ impl MphwTransport {
             .map_err(|e| TransportError::Setup(e.to_string()))
     }
 
+    /// Bytes (whole pages) the hardware for `nodes` ranks takes inside another region, as configured by
+    /// the environment (every rank computes the same).
+    pub fn window_size(nodes: usize) -> Result<u64, TransportError> {
+        if nodes > vmf_mphw::hw::MAX_NODES {
+            return Err(TransportError::Setup(format!(
+                "the mphw transport emulates at most {} nodes; this job has {nodes} ranks",
+                vmf_mphw::hw::MAX_NODES
+            )));
+        }
+        let cfg = hw_config_from_env(nodes)?;
+        Ok(vmf_mphw::hw::region_size(nodes, cfg.buffer_size, cfg.slots).div_ceil(4096) * 4096)
+    }
+
+    /// Create the hardware for `nodes` ranks in `len` bytes at `offset` of the region at `path` (an
+    /// ivshmem BAR that VMs share; rank 0, before the others attach).
+    pub fn create_window(path: &Path, offset: u64, len: u64, nodes: usize) -> Result<(), TransportError> {
+        let cfg = hw_config_from_env(nodes)?;
+        Hw::create_window(path, offset, len, &cfg)
+            .map(|_| ())
+            .map_err(|e| TransportError::Setup(e.to_string()))
+    }
+
+    /// Attach rank `me` to the hardware in the window `offset`, `len` of the region at `path`.
+    pub fn attach_window(path: &Path, offset: u64, len: u64, me: usize) -> Result<MphwTransport, TransportError> {
+        let hw = Hw::open_window(path, offset, len).map_err(|e| TransportError::Setup(e.to_string()))?;
+        Self::attach_hw(hw, me)
+    }
+
     /// Attach rank `me` to the region at `path`.
     pub fn attach(path: &Path, me: usize) -> Result<MphwTransport, TransportError> {
+        let hw = Hw::open(path).map_err(|e| TransportError::Setup(e.to_string()))?;
+        Self::attach_hw(hw, me)
+    }
+
+    fn attach_hw(hw: Arc<Hw>, me: usize) -> Result<MphwTransport, TransportError> {
         let setup = |e: vmf_mphw::HwError| TransportError::Setup(e.to_string());
-        let hw = Hw::open(path).map_err(setup)?;
         let mut opts = nic_options_from_env(hw.buffer_size())?;
         opts.forward_bell = opts.vlb;
         let vlb = opts.vlb;
@@ -227,6 +270,25 @@ impl MphwTransport {
             || (0..self.hw.nodes()).any(|s| s != self.me && !i.nic.is_dead(s) && !self.hw.peer_buffer_free(self.me, s))
     }
 
+    /// In a VM whose ivshmem device has a doorbell: ring nodes in other VMs through it, and sleep on this
+    /// rank's vector (`own`) when they are to wake it (see [`vmf_mphw::Hw::enable_vm_bell`]).
+    pub fn enable_vm_bell(&self, regs: Arc<vmf_pal::pci::IvshmemRegs>, own: Option<(u16, std::os::fd::RawFd)>) {
+        self.hw.enable_vm_bell(self.me, regs, own);
+    }
+
+    /// How a wait for a peer may sleep: every node under this kernel (a futex wakes us), nodes that all
+    /// ring our doorbell vector (in other VMs, or any in a PCI BAR, where futexes fail), or some node
+    /// that cannot wake us (poll in short steps).
+    pub fn sleep_kind(&self) -> SleepKind {
+        if self.hw.futex_ok() && !self.hw.has_remote_nodes() {
+            SleepKind::Futex
+        } else if self.hw.remote_nodes_ring() && self.hw.vm_bell_fd().is_some() {
+            SleepKind::Doorbell
+        } else {
+            SleepKind::Poll
+        }
+    }
+
     /// Sleep on the doorbell until it moves past `seen` or `timeout` passes; a wake-up counts as an
     /// interrupt for VLB_AveragePacketsPerIRQ.
     pub fn wait(&mut self, seen: u32, timeout: Duration) {
@@ -235,9 +297,10 @@ impl MphwTransport {
         }
     }
 
-    /// A peer whose process died without detaching (pid), if any.
+    /// A peer whose process died without detaching (pid), if any. Only peers under this kernel: a pid
+    /// in another VM says nothing here (the launcher's agents report ranks that die there).
     pub fn find_dead_peer(&self) -> Option<(usize, i32)> {
-        (0..self.hw.nodes()).filter(|&p| p != self.me).find_map(|p| {
+        (0..self.hw.nodes()).filter(|&p| p != self.me && self.hw.same_kernel(p)).find_map(|p| {
             let pid = self.hw.owner_pid(p) as i32;
             let dead = pid > 0 && !(vmf_pal::process::ProcessId { pid, start_time: 0 }).is_alive();
             dead.then_some((p, pid))
@@ -333,6 +396,13 @@ fn forward_agent(inner: &Mutex<Inner>, hw: &Hw, me: usize, stop: &AtomicBool) {
         };
         if queued > 0 {
             std::thread::sleep(Duration::from_micros(50));
+        } else if !hw.futex_ok() {
+            // In a PCI BAR futexes fail, and the one doorbell vector the guest lends this rank is its
+            // main thread's (which forwards too, when it is in the engine): look every millisecond.
+            std::thread::sleep(Duration::from_millis(1));
+        } else if hw.has_remote_nodes() {
+            // Nodes in other VMs cannot reach this futex: look every millisecond.
+            hw.wait_forward(me, seen, Duration::from_millis(1));
         } else {
             hw.wait_forward(me, seen, Duration::from_millis(20));
         }
