@@ -9,6 +9,8 @@
 #   - the same two benchmarks between two processes on the host (`vmfabric run -n 2`), for reference;
 #   - `bench wakeup` (a rank asleep in a blocking receive, woken by its peer after 2 and 20 ms) between
 #     the guests, woken through the ivshmem doorbell, and between two host processes (futex);
+#   - issue 26's emulated hardware (VMF_TRANSPORT=mphw) in the guests' shared BAR: 8-byte latency and the
+#     wake-up after 20 ms, its sleeping node rung through the doorbell (mphw_lat8, mphw_wake20_us/_cpu);
 #   - Open MPI's TCP between the same guests (bench/c/mpi_pingpong.c built with mpicc.openmpi; mpirun in
 #     vm0 reaches vm1 through `vmfabric vm rsh` as its plm_rsh_agent).
 # Then BENCH_VM_CYCLES (default 10) unplug/plug cycles of vm0 while 4 ranks (2 per guest) run
@@ -77,6 +79,9 @@ for r in $(seq 1 "$ROUNDS"); do
     one "r$r-ivb.json" "$VMF" vm run -n 2 --quiet vmfabric bench bw --sizes 4M --window 8 --iters 20
     one "r$r-tcb.json" env VMF_SHM=0 "$VMF" vm run -n 2 --quiet vmfabric bench bw --sizes 4M --window 8 --iters 10
     one "r$r-hob.json" "$VMF" run --quiet -n 2 "$VMF" bench bw --sizes 4M --window 8 --iters 50
+    # Issue 26's emulated hardware in the guests' shared BAR, its nodes signalled through the doorbell.
+    one "r$r-mpl.json" env VMF_TRANSPORT=mphw "$VMF" vm run -n 2 --quiet vmfabric bench latency --sizes 8 --iters 20000
+    one "r$r-mpw20.json" env VMF_TRANSPORT=mphw "$VMF" vm run -n 2 --quiet vmfabric bench wakeup --iters 60 --gap-ms 20
     for gap in 2 20; do
         one "r$r-ivw$gap.json" "$VMF" vm run -n 2 --quiet vmfabric bench wakeup --iters 60 --gap-ms $gap
         one "r$r-how$gap.json" "$VMF" run --quiet -n 2 "$VMF" bench wakeup --iters 60 --gap-ms $gap
@@ -117,6 +122,9 @@ for r in range(1, rounds + 1):
         "ivshmem_bw4m": first("r%d-ivb.json" % r, "mb_per_s"),
         "tcp_bw4m": first("r%d-tcb.json" % r, "mb_per_s"),
         "host_bw4m": first("r%d-hob.json" % r, "mb_per_s"),
+        "mphw_lat8": first("r%d-mpl.json" % r, "latency_us"),
+        "mphw_wake20_us": first("r%d-mpw20.json" % r, "latency_us"),
+        "mphw_wake20_cpu": json.load(open("r%d-mpw20.json" % r))["cpu_fraction"],
     })
     for gap in (2, 20):
         for k, f in (("ivshmem", "ivw"), ("host", "how")):
