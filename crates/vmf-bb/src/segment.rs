@@ -93,21 +93,7 @@ impl Segment {
     /// Map an existing file or device as it is (no creation, no resizing). The size is taken from the file's
     /// metadata (for a sysfs PCI resource file, the BAR size).
     pub fn open_existing(path: &Path) -> Result<Segment, SegmentError> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(path)
-            .map_err(|source| SegmentError::Open {
-                path: path.to_owned(),
-                source,
-            })?;
-        let len = file
-            .metadata()
-            .map_err(|source| SegmentError::Map {
-                path: path.to_owned(),
-                source,
-            })?
-            .len();
+        let (file, len) = Self::existing(path)?;
         if len == 0 {
             return Err(SegmentError::Map {
                 path: path.to_owned(),
@@ -131,6 +117,15 @@ impl Segment {
         if len == 0 || offset % 4096 != 0 {
             return Err(map_err(format!("a window of {len} bytes at {offset} is empty or not page-aligned")));
         }
+        let (file, size) = Self::existing(path)?;
+        if offset.checked_add(len).is_none_or(|end| end > size) {
+            return Err(map_err(format!("a window of {len} bytes at {offset} overruns its {size} bytes")));
+        }
+        Self::map_at(file, path, offset, len)
+    }
+
+    /// An existing file or device opened read-write, and its size (a BAR's, for a sysfs resource file).
+    fn existing(path: &Path) -> Result<(File, u64), SegmentError> {
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -139,17 +134,14 @@ impl Segment {
                 path: path.to_owned(),
                 source,
             })?;
-        let size = file
+        let len = file
             .metadata()
             .map_err(|source| SegmentError::Map {
                 path: path.to_owned(),
                 source,
             })?
             .len();
-        if offset.checked_add(len).is_none_or(|end| end > size) {
-            return Err(map_err(format!("a window of {len} bytes at {offset} overruns its {size} bytes")));
-        }
-        Self::map_at(file, path, offset, len)
+        Ok((file, len))
     }
 
     fn map(file: File, path: &Path, len: u64) -> Result<Segment, SegmentError> {

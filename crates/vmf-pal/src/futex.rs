@@ -97,6 +97,22 @@ mod tests {
     }
 
     #[test]
+    fn usable_on_ordinary_and_shared_memory_works() {
+        assert!(usable(&AtomicU32::new(0)));
+        let p = std::env::temp_dir().join(format!("vmf-futex-usable-{}", std::process::id()));
+        let f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&p).unwrap();
+        f.set_len(4096).unwrap();
+        // SAFETY: a fresh shared mapping of the file's one page, unmapped below.
+        let m = unsafe { libc::mmap(std::ptr::null_mut(), 4096, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, std::os::fd::AsRawFd::as_raw_fd(&f), 0) };
+        assert_ne!(m, libc::MAP_FAILED);
+        // SAFETY: the page is mapped and 4-byte aligned.
+        assert!(usable(unsafe { &*(m as *const AtomicU32) }));
+        // SAFETY: our mapping.
+        unsafe { libc::munmap(m, 4096) };
+        std::fs::remove_file(&p).unwrap();
+    }
+
+    #[test]
     fn wait_times_out() {
         let w = AtomicU32::new(0);
         assert_eq!(
