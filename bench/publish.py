@@ -384,6 +384,12 @@ if vmj and _json.loads(vmj).get("rounds"):
                             gap, _qmed(lambda r: r["ivshmem_wake%d_us" % gap])[0], 100 * _qmed(lambda r: r["ivshmem_wake%d_cpu" % gap])[0],
                             _qmed(lambda r: r["host_wake%d_us" % gap])[0], 100 * _qmed(lambda r: r["host_wake%d_cpu" % gap])[0],
                             _qmed(lambda r: r["ivshmem_wake%d_us" % gap] / r["host_wake%d_us" % gap])[0]))
+    if all("mphw_lat8" in r for r in VR):
+        rows.append("| issue 26's emulated hardware (VMF_TRANSPORT=mphw) in the guests' BAR: 8-byte latency, us | %.3f (ivshmem rings: %.3f) | | | %.2fx ivshmem rings | reported |" % (
+            _qmed(lambda r: r["mphw_lat8"])[0], _qmed(lambda r: r["ivshmem_lat8"])[0], _qmed(lambda r: r["mphw_lat8"] / r["ivshmem_lat8"])[0]))
+        rows.append("| the same, wake-up of a node asleep 20 ms (round trip), us | %.0f (doorbell), waiting CPU %.0f %% | | | %.1fx the rings' doorbell wake-up | reported |" % (
+            _qmed(lambda r: r["mphw_wake20_us"])[0], 100 * _qmed(lambda r: r["mphw_wake20_cpu"])[0],
+            _qmed(lambda r: r["mphw_wake20_us"] / r["ivshmem_wake20_us"])[0]))
     for key, who in (("failover", "4 ranks, 2 per guest (sharing its vCPU)"),
                      ("failover_one_per_guest", "2 ranks, one per guest")):
         F = VJ.get(key) or {}
