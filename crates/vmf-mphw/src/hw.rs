@@ -527,7 +527,10 @@ impl Hw {
 
     /// Ring node `target`'s forwarding doorbell.
     pub fn ring_forward(&self, target: usize) {
-        ring_bell(self.fwd_bell(target), self.fwd_sleepers(target));
+        let bell = self.fwd_bell(target);
+        ring_bell(bell, self.fwd_sleepers(target), || {
+            vmf_pal::futex::wake(bell, u32::MAX);
+        });
     }
 
     fn owner(&self, i: usize) -> &AtomicU64 {
@@ -628,7 +631,8 @@ impl Hw {
         loop {
             let cur = owner.load(Ordering::Acquire);
             // An owner under another kernel (another VM) cannot be seen to be dead: it holds the node.
-            let foreign = kernel.load(Ordering::Acquire) != vmf_pal::process::kernel_id() && kernel.load(Ordering::Acquire) != 0;
+            let k = kernel.load(Ordering::Acquire);
+            let foreign = k != 0 && k != vmf_pal::process::kernel_id();
             if cur != 0 && cur != pid && (foreign || (vmf_pal::process::ProcessId { pid: cur as i32, start_time: 0 }).is_alive()) {
                 return Err(HwError::NodeBusy { node: me, pid: cur });
             }
@@ -696,9 +700,7 @@ impl Hw {
                 sleepers.fetch_sub(1, Ordering::SeqCst);
                 // Consume the interrupt's count (a ring that came while we were not asleep only cuts
                 // the next sleep short).
-                let mut b = [0u8; 8];
-                // SAFETY: reading 8 bytes from a nonblocking eventfd.
-                unsafe { libc::read(fd, b.as_mut_ptr().cast(), 8) };
+                vmf_pal::drain_eventfd(fd);
                 bell.load(Ordering::SeqCst) != seen
             }
             None if !self.futex_ok => {
@@ -712,11 +714,8 @@ impl Hw {
 
     /// Ring node `target`'s doorbell (no emulated cost).
     pub fn ring(&self, target: usize) {
-        let (bell, sleepers) = (self.bell(target), self.sleepers(target));
-        bell.fetch_add(1, Ordering::SeqCst);
-        if sleepers.load(Ordering::SeqCst) != 0 {
-            self.wake(target, bell);
-        }
+        let bell = self.bell(target);
+        ring_bell(bell, self.sleepers(target), || self.wake(target, bell));
     }
 
     /// Wake node `target`, asleep on `bell`: by futex under our kernel, else (another VM, or a region in a
@@ -805,11 +804,11 @@ fn wait_bell(bell: &AtomicU32, sleepers: &AtomicU32, seen: u32, timeout: Duratio
     bell.load(Ordering::SeqCst) != seen
 }
 
-/// Move `bell` on and wake whoever sleeps on it (under this kernel).
-fn ring_bell(bell: &AtomicU32, sleepers: &AtomicU32) {
+/// Move `bell` on and, if someone sleeps on it, `wake` them.
+fn ring_bell(bell: &AtomicU32, sleepers: &AtomicU32, wake: impl FnOnce()) {
     bell.fetch_add(1, Ordering::SeqCst);
     if sleepers.load(Ordering::SeqCst) != 0 {
-        vmf_pal::futex::wake(bell, u32::MAX);
+        wake();
     }
 }
 

@@ -34,6 +34,14 @@ pub fn wait_readable(fd: std::os::fd::RawFd, timeout: std::time::Duration) {
     unsafe { libc::poll(&mut p, 1, timeout.as_millis().min(i32::MAX as u128) as i32) };
 }
 
+/// Consume the count of a nonblocking eventfd (after a sleep on it, or before lending it out); a zero
+/// count is left as it is.
+pub fn drain_eventfd(fd: std::os::fd::RawFd) {
+    let mut b = [0u8; 8];
+    // SAFETY: reading 8 bytes into a local buffer; a nonblocking eventfd never blocks here.
+    unsafe { libc::read(fd, b.as_mut_ptr().cast(), 8) };
+}
+
 /// Give the CPU to another runnable thread (`sched_yield`).
 #[inline]
 pub fn yield_now() {

@@ -156,15 +156,21 @@ struct Inner {
 }
 
 impl MphwTransport {
-    /// Create the region for `nodes` ranks at `path` (rank 0, before the others attach).
-    pub fn create(path: &Path, nodes: usize) -> Result<(), TransportError> {
+    /// The hardware configuration for a job of `nodes` ranks (the environment's), if the hardware can
+    /// have that many nodes.
+    fn config_for(nodes: usize) -> Result<HwConfig, TransportError> {
         if nodes > vmf_mphw::hw::MAX_NODES {
             return Err(TransportError::Setup(format!(
                 "the mphw transport emulates at most {} nodes; this job has {nodes} ranks",
                 vmf_mphw::hw::MAX_NODES
             )));
         }
-        let cfg = hw_config_from_env(nodes)?;
+        hw_config_from_env(nodes)
+    }
+
+    /// Create the region for `nodes` ranks at `path` (rank 0, before the others attach).
+    pub fn create(path: &Path, nodes: usize) -> Result<(), TransportError> {
+        let cfg = Self::config_for(nodes)?;
         // The file is sparse and fills as buffers are used: a tmpfs smaller than it would kill a rank
         // with SIGBUS mid-run.
         let need = vmf_mphw::hw::region_size(nodes, cfg.buffer_size, cfg.slots);
@@ -185,20 +191,14 @@ impl MphwTransport {
     /// Bytes (whole pages) the hardware for `nodes` ranks takes inside another region, as configured by
     /// the environment (every rank computes the same).
     pub fn window_size(nodes: usize) -> Result<u64, TransportError> {
-        if nodes > vmf_mphw::hw::MAX_NODES {
-            return Err(TransportError::Setup(format!(
-                "the mphw transport emulates at most {} nodes; this job has {nodes} ranks",
-                vmf_mphw::hw::MAX_NODES
-            )));
-        }
-        let cfg = hw_config_from_env(nodes)?;
+        let cfg = Self::config_for(nodes)?;
         Ok(vmf_mphw::hw::region_size(nodes, cfg.buffer_size, cfg.slots).div_ceil(4096) * 4096)
     }
 
     /// Create the hardware for `nodes` ranks in `len` bytes at `offset` of the region at `path` (an
     /// ivshmem BAR that VMs share; rank 0, before the others attach).
     pub fn create_window(path: &Path, offset: u64, len: u64, nodes: usize) -> Result<(), TransportError> {
-        let cfg = hw_config_from_env(nodes)?;
+        let cfg = Self::config_for(nodes)?;
         Hw::create_window(path, offset, len, &cfg)
             .map(|_| ())
             .map_err(|e| TransportError::Setup(e.to_string()))

@@ -94,9 +94,7 @@ pub fn lend() -> Option<(u16, OwnedFd)> {
     let v = (0..b.eventfds.len() as u16).find(|v| !b.lent.values().any(|x| x == v))?;
     let fd = b.eventfds[v as usize].as_raw_fd();
     // Drain what an earlier rank left.
-    let mut buf = [0u8; 8];
-    // SAFETY: reading 8 bytes from our nonblocking eventfd.
-    unsafe { libc::read(fd, buf.as_mut_ptr().cast(), 8) };
+    vmf_pal::drain_eventfd(fd);
     // SAFETY: dup of our descriptor (close-on-exec); the copy is owned by the caller.
     let d = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) };
     if d < 0 {

@@ -207,9 +207,7 @@ impl ShmTransport {
     /// Consume the doorbell's count after a sleep.
     pub fn drain_bell(&self) {
         if let Some(fd) = self.vm_bell.as_ref().and_then(|b| b.own) {
-            let mut b = [0u8; 8];
-            // SAFETY: reading 8 bytes from a nonblocking eventfd.
-            unsafe { libc::read(fd, b.as_mut_ptr().cast(), 8) };
+            vmf_pal::drain_eventfd(fd);
         }
     }
 
