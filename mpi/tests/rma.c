@@ -458,6 +458,95 @@ static void test_create_in_place(int with_thread)
         printf("create in place (%s) ok\n", with_thread ? "with a thread" : "alone");
 }
 
+/* Large puts and gets (the sizes a helper thread shares with the origin and may still be copying when
+ * MPI_Put returns; complete at the next flush, unlock or fence): several back to back into overlapping
+ * ranges (the last one wins), to the right neighbour and to self, checked after every kind of completion;
+ * the origin buffer is reused right after MPI_Win_flush_local. */
+static unsigned char bigpat(int who, int k, size_t i) { return (unsigned char)(who * 13 + k * 29 + i % 251 + 3); }
+
+static void test_large_copies(void)
+{
+    const size_t cap = 4u << 20;
+    const size_t sizes[] = {65536, 100000, (1u << 20) + 12345, cap - 4096};
+    const size_t nsz = sizeof sizes / sizeof *sizes;
+    unsigned char *mem, *buf = malloc(cap), *got = malloc(cap);
+    CHECK(buf && got);
+    MPI_Win w;
+    CHECK(MPI_Win_allocate((MPI_Aint)cap, 1, MPI_INFO_NULL, MPI_COMM_WORLD, &mem, &w) == MPI_SUCCESS);
+    int right = (rank + 1) % size, left = (rank + size - 1) % size;
+    for (int round = 0; round < 3; round++) {
+        /* Puts of every size into the start of the right neighbour's window, then one to self: the
+         * largest is last, so it is what both windows hold. */
+        memset(mem, 0, cap);
+        MPI_Barrier(MPI_COMM_WORLD);
+        if (round == 0)
+            MPI_Win_lock_all(0, w);
+        else if (round == 1)
+            MPI_Win_fence(0, w);
+        else
+            MPI_Win_lock(MPI_LOCK_SHARED, right, 0, w);
+        for (size_t k = 0; k < nsz; k++) {
+            for (size_t i = 0; i < sizes[k]; i++)
+                buf[i] = bigpat(rank, (int)k, i);
+            CHECK(MPI_Put(buf, (int)sizes[k], MPI_BYTE, right, 0, (int)sizes[k], MPI_BYTE, w) == MPI_SUCCESS);
+            /* The origin buffer may be reused once the put is complete locally. */
+            if (round == 0)
+                CHECK(MPI_Win_flush_local(right, w) == MPI_SUCCESS);
+            else if (round == 2)
+                CHECK(MPI_Win_flush(right, w) == MPI_SUCCESS);
+            else
+                CHECK(MPI_Win_fence(0, w) == MPI_SUCCESS);
+        }
+        if (round == 0) {
+            CHECK(MPI_Win_flush_all(w) == MPI_SUCCESS);
+            MPI_Win_unlock_all(w);
+        } else if (round == 1) {
+            MPI_Win_fence(0, w);
+        } else {
+            MPI_Win_unlock(right, w);
+        }
+        MPI_Barrier(MPI_COMM_WORLD);
+        size_t last = sizes[nsz - 1];
+        int bad = -1;
+        for (size_t i = 0; i < last && bad < 0; i++)
+            if (mem[i] != bigpat(left, (int)nsz - 1, i))
+                bad = (int)i;
+        if (bad >= 0)
+            fprintf(stderr, "round %d: byte %d of the window differs after the puts from %d\n", round, bad, left);
+        CHECK(bad < 0);
+        /* Gets back from the left neighbour's window (which holds what its own left put there). */
+        MPI_Barrier(MPI_COMM_WORLD);
+        MPI_Win_lock_all(0, w);
+        int ll = (left + size - 1) % size;
+        for (size_t k = 0; k < nsz; k++) {
+            memset(got, 0, sizes[k]);
+            CHECK(MPI_Get(got, (int)sizes[k], MPI_BYTE, left, 0, (int)sizes[k], MPI_BYTE, w) == MPI_SUCCESS);
+            CHECK((k % 2 ? MPI_Win_flush(left, w) : MPI_Win_flush_local_all(w)) == MPI_SUCCESS);
+            /* From the end: the helper copies the last chunks, so an incomplete get shows there first. */
+            bad = -1;
+            for (size_t i = sizes[k]; i-- > 0 && bad < 0;)
+                if (got[i] != bigpat(ll, (int)nsz - 1, i))
+                    bad = (int)i;
+            if (bad >= 0)
+                fprintf(stderr, "round %d: byte %d of a %zu-byte get from %d differs\n", round, bad, sizes[k], left);
+            CHECK(bad < 0);
+        }
+        /* A put to self, completed by one flush, once every get from this window is done. */
+        MPI_Barrier(MPI_COMM_WORLD);
+        for (size_t i = 0; i < sizes[2]; i++)
+            buf[i] = bigpat(rank, 7, i);
+        CHECK(MPI_Put(buf, (int)sizes[2], MPI_BYTE, rank, 0, (int)sizes[2], MPI_BYTE, w) == MPI_SUCCESS);
+        CHECK(MPI_Win_flush(rank, w) == MPI_SUCCESS);
+        CHECK(memcmp(mem, buf, sizes[2]) == 0);
+        MPI_Win_unlock_all(w);
+    }
+    MPI_Win_free(&w);
+    free(buf);
+    free(got);
+    if (rank == 0)
+        printf("large puts and gets ok\n");
+}
+
 int main(int argc, char **argv)
 {
     MPI_Init(&argc, &argv);
@@ -482,6 +571,7 @@ int main(int argc, char **argv)
     test_shared();
     test_create_in_place(0);
     test_create_in_place(1);
+    test_large_copies();
     /* Names and info. */
     MPI_Win w;
     long *m;

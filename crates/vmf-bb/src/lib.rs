@@ -1,5 +1,6 @@
 //! Building blocks (layer 1 of vmfabric): a shared [`segment::Segment`] mapped from a file or device and
-//! addressed only by bounds-checked offsets, and the SPSC [`ring`] that carries messages through it.
+//! addressed only by bounds-checked offsets, the SPSC [`ring`] that carries messages through it, and the
+//! [`copier`] that shares large copies with a helper thread.
 //!
 //! # Examples
 //! ```
@@ -17,6 +18,7 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod copier;
 pub mod duplex;
 pub mod ring;
 pub mod segment;

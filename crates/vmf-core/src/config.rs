@@ -52,6 +52,7 @@ pub const PARAMS: &[Param] = &[
     Param { name: "LIVENESS_MS", default: "100", doc: "while waiting, check co-resident peers for death every this many milliseconds" },
     Param { name: "RMA_MEMFD", default: "1", doc: "1: one-sided windows' node segments are memfds co-resident ranks map through pidfd_getfd (one kernel); 0: blocks of the region's pool, as between VMs that share only the region" },
     Param { name: "RMA_SHARE_CREATE_MAX", default: "256M", doc: "MPI_Win_create and MPI_Win_attach on memory of the program's own, up to this many bytes: its whole pages move into a memfd at the same addresses (contents kept; private again at MPI_Win_free), so co-resident ranks reach them with loads and stores instead of a system call per access; 0: never" },
+    Param { name: "RMA_COPY_SHARE_MIN", default: "64K", doc: "one-sided puts and gets of at least this many bytes to memory mapped here are copied by the origin and a helper thread together, each taking chunks while any are left (the emulated DMA engine; complete on return as a plain copy), when this host's ranks do not outnumber its CPUs and the rank may run on more than one; the helper polls 50 us after its last chunk, then sleeps; 0: never" },
     Param { name: "RMA_AGENT_SPIN_US", default: "50", doc: "one-sided agent (the thread serving operations that arrive over TCP): time (microseconds) it keeps polling after serving before it sleeps; origins poll their answers at least this long too" },
     Param { name: "VERBOSE", default: "0", doc: "1: print setup decisions (region, channels, protocols) to stderr" },
 ];
@@ -194,6 +195,8 @@ pub struct Config {
     pub rma_memfd: bool,
     /// RMA_SHARE_CREATE_MAX.
     pub rma_share_create_max: u64,
+    /// RMA_COPY_SHARE_MIN (0: never).
+    pub rma_copy_share_min: u64,
     /// RMA_AGENT_SPIN_US.
     pub rma_agent_spin_us: u64,
     /// VERBOSE.
@@ -380,6 +383,7 @@ impl Config {
             liveness_ms: number("LIVENESS_MS", 1, 60_000, "milliseconds")?,
             rma_memfd: flag("RMA_MEMFD")?,
             rma_share_create_max: size("RMA_SHARE_CREATE_MAX", 0, 1 << 40)?,
+            rma_copy_share_min: size("RMA_COPY_SHARE_MIN", 0, 1 << 40)?,
             rma_agent_spin_us: number("RMA_AGENT_SPIN_US", 0, 10_000_000, "microseconds")?,
             verbose: flag("VERBOSE")?,
             values,

@@ -351,11 +351,48 @@ enum Stage {
     Sleep,
 }
 
+/// Where the copier's helper thread announces that it wants a CPU (`vmf_bb::copier::set_beacon`): the
+/// header of the region this engine maps. Dropped before the transport (declared before it), it takes
+/// the announcements off the region first.
+struct CopierBeacon;
+
+impl CopierBeacon {
+    /// Announce in `shm`'s region from now on (nowhere without one).
+    fn new(shm: Option<&ShmTransport>) -> CopierBeacon {
+        let b = CopierBeacon;
+        b.aim(shm);
+        b
+    }
+
+    /// Announce in `shm`'s region from now on, no longer in the previous one.
+    fn aim(&self, shm: Option<&ShmTransport>) {
+        let words = shm.map_or(std::ptr::null(), |s| &s.region().header().copier_until as *const AtomicU64);
+        // SAFETY: the header lives as long as the transport, which the engine drops only after this guard,
+        // and replaces only after aiming at the new one.
+        unsafe { vmf_bb::copier::set_beacon(words, vmf_pal::process::kernel_id()) };
+    }
+}
+
+impl Drop for CopierBeacon {
+    fn drop(&mut self) {
+        // SAFETY: null is always valid.
+        unsafe { vmf_bb::copier::set_beacon(std::ptr::null(), 0) };
+    }
+}
+
+// `set_beacon` writes `copier_until` and the word after it.
+const _: () = assert!(
+    std::mem::offset_of!(vmf_transport::shm::region::RegionHeader, copier_kernel)
+        == std::mem::offset_of!(vmf_transport::shm::region::RegionHeader, copier_until) + 8
+);
+
 /// The engine of one rank.
 pub struct Engine {
     me: usize,
     n: usize,
     cfg: Config,
+    /// Declared before `shm`: dropped first.
+    copier_beacon: CopierBeacon,
     shm: Option<ShmTransport>,
     tcp: Option<TcpTransport>,
     /// The emulated hardware, when `VMF_TRANSPORT=mphw` routes every peer there.
@@ -525,6 +562,14 @@ impl Waiter {
         }
     }
 
+    /// Large one-sided copies are shared with a helper thread (`vmf_bb::copier`) only when every rank of
+    /// this host has a CPU: oversubscribed, the helper would take the time slice of a rank that needs it.
+    fn share_copies(&self, cfg: &Config) {
+        let min = (cfg.rma_copy_share_min > 0 && !self.oversubscribed)
+            .then(|| usize::try_from(cfg.rma_copy_share_min).unwrap_or(usize::MAX));
+        vmf_bb::copier::configure(min, Duration::from_micros(50));
+    }
+
     fn budgets(&self) -> (Duration, Duration) {
         (self.spin, self.yield_for)
     }
@@ -628,6 +673,7 @@ impl Engine {
         Engine {
             me,
             n,
+            copier_beacon: CopierBeacon::new(shm.as_ref()),
             shm,
             tcp,
             mphw: None,
@@ -657,7 +703,11 @@ impl Engine {
             last_liveness: Instant::now(),
             fatal: None,
             revoked: Vec::new(),
-            waiter: Waiter::new(&cfg, local),
+            waiter: {
+                let w = Waiter::new(&cfg, local);
+                w.share_copies(&cfg);
+                w
+            },
             gang: None,
             locs: vec![migrate::Loc::default(); n],
             mig_ctx: None,
@@ -2550,9 +2600,12 @@ impl Engine {
                     let el = now - *start.get_or_insert(now);
                     self.idle(el, idled);
                     let (spin, yield_for) = self.waiter.budgets();
-                    if el < spin {
+                    // A copier's helper wants a CPU: sleep at once and leave it ours (yielding would keep
+                    // us runnable here, and the helper on its caller's CPU).
+                    let copier = self.copier_wants_cpu();
+                    if el < spin && !copier {
                         vmf_pal::cpu_relax();
-                    } else if el < spin + yield_for {
+                    } else if el < spin + yield_for && !copier {
                         vmf_pal::yield_now();
                         stage = stage.max(Stage::Yield);
                     } else {
@@ -2566,6 +2619,21 @@ impl Engine {
                 }
             }
         }
+    }
+
+    /// True while a rank of this kernel announces that its copier's helper thread wants a CPU
+    /// (`vmf_bb::copier`): spinning or yielding then keeps the helper off this CPU (it shares its caller's
+    /// instead, halving the caller's copy rate, or waits a time slice while its caller waits for a chunk
+    /// it claimed). One load when no copier ever announced itself.
+    fn copier_wants_cpu(&self) -> bool {
+        let Some(s) = self.shm.as_ref() else {
+            return false;
+        };
+        let h = s.region().header();
+        let until = h.copier_until.load(Ordering::Relaxed);
+        until != 0
+            && until > vmf_pal::monotonic_ns()
+            && h.copier_kernel.load(Ordering::Relaxed) == vmf_pal::process::kernel_id()
     }
 
     /// A wait idle for `el`: past a few microseconds, let the idle hook work.

@@ -145,16 +145,7 @@ fn open_region(
     Ok((reg, idx, bell))
 }
 
-/// CLOCK_MONOTONIC in nanoseconds.
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
+pub use vmf_pal::monotonic_ns;
 
 impl MigCtx {
     /// A context.
@@ -517,6 +508,8 @@ impl Engine {
         if let Some(t) = self.tcp.as_mut() {
             t.set_extra_fd(None);
         }
+        // Copier announcements go to the new region before the old one can go.
+        self.copier_beacon.aim(self.shm.as_ref());
         let m = self.mig.as_mut().unwrap();
         m.old_shm = old;
         m.swapped = true;

@@ -810,6 +810,13 @@ impl Fabric {
         if let Some(m) = self.eng.get().mphw() {
             m.report();
         }
+        let c = vmf_bb::copier::stats();
+        if self.eng.get().config().verbose && c.jobs > 0 {
+            eprintln!(
+                "vmfabric: rank {}: copier: {} large copies shared, {} chunks by the helper, {} stalls, {} moves off the caller's CPU",
+                self.rank, c.jobs, c.helper_chunks, c.stalls, c.moves
+            );
+        }
         // The region this rank maps now (it may have moved since init).
         if let Some(shm) = self.eng.get().shm() {
             let reg = shm.region();

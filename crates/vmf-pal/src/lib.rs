@@ -42,6 +42,16 @@ pub fn drain_eventfd(fd: std::os::fd::RawFd) {
     unsafe { libc::read(fd, b.as_mut_ptr().cast(), 8) };
 }
 
+/// CLOCK_MONOTONIC in nanoseconds: one clock for every process of this kernel (a vDSO call, no system
+/// call).
+#[inline]
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 /// Give the CPU to another runnable thread (`sched_yield`).
 #[inline]
 pub fn yield_now() {

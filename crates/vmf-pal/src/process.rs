@@ -105,6 +105,36 @@ pub fn pin_to_cpu(cpu: usize) -> io::Result<()> {
     Ok(())
 }
 
+/// The CPU the calling thread runs on now (`sched_getcpu`, a vDSO call).
+pub fn current_cpu() -> Option<usize> {
+    // SAFETY: no arguments.
+    let c = unsafe { libc::sched_getcpu() };
+    usize::try_from(c).ok()
+}
+
+/// Move the calling thread off `cpu` at once (to another of `allowed`, the thread's mask, which it keeps):
+/// its affinity excludes `cpu` for a moment, which makes the kernel migrate it before the call returns.
+pub fn leave_cpu(cpu: usize, allowed: &[usize]) -> io::Result<()> {
+    let set = |cpus: &mut dyn Iterator<Item = usize>| -> io::Result<()> {
+        // SAFETY: cpu_set_t is plain data; CPU_SET writes within it (indices checked).
+        unsafe {
+            let mut s: libc::cpu_set_t = std::mem::zeroed();
+            for c in cpus.filter(|&c| c < 8 * std::mem::size_of::<libc::cpu_set_t>()) {
+                libc::CPU_SET(c, &mut s);
+            }
+            if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &s) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        Ok(())
+    };
+    if !allowed.iter().any(|&c| c != cpu) {
+        return Err(io::Error::other("no other CPU allowed"));
+    }
+    set(&mut allowed.iter().copied().filter(|&c| c != cpu))?;
+    set(&mut allowed.iter().copied())
+}
+
 /// The CPUs this process may run on, in order.
 pub fn allowed_cpus() -> Vec<usize> {
     // SAFETY: sched_getaffinity fills the set; CPU_ISSET reads within it.

@@ -208,7 +208,7 @@ impl Target {
             Ok(Some(At::Here(p))) => {
                 let mut o = 0usize;
                 layout.for_each_block(|off, n| {
-                    std::ptr::copy_nonoverlapping(data.add(o), p.offset(off), n);
+                    vmf_bb::copier::copy(p.offset(off), data.add(o), n);
                     o += n;
                 });
                 Status::Ok
@@ -235,7 +235,7 @@ impl Target {
             Ok(Some(At::Here(p))) => {
                 let mut o = 0usize;
                 layout.for_each_block(|off, n| {
-                    std::ptr::copy_nonoverlapping(p.offset(off), out.add(o), n);
+                    vmf_bb::copier::copy(out.add(o), p.offset(off), n);
                     o += n;
                 });
                 Status::Ok

@@ -1561,17 +1561,25 @@ impl Window {
 /// Ids of ranges of dynamic windows shared in place (unique in the process).
 static NEXT_SHARE_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
-/// True when no thread of this process but the caller (and the agent, if `agent`) exists.
+/// True when no thread of this process but the caller (and the agent, if `agent`) can write memory. The
+/// copier's helper thread (`vmf_bb::copier`) does not count once its last copy is settled: between copies
+/// it touches only its own statics and stack.
 fn alone(agent: bool) -> bool {
+    vmf_bb::copier::settle();
     let threads = std::fs::read_dir("/proc/self/task").map_or(usize::MAX, |d| d.count());
-    threads <= 1 + usize::from(agent)
+    threads <= 1 + usize::from(agent) + usize::from(vmf_bb::copier::helper_exists())
 }
 
 /// A full memory barrier: stores before it are visible to every processor before loads after it
 /// (remote completion on shared memory). A locked no-op on a stack word, which x86 orders like `mfence`
 /// at a fraction of its cost.
+///
+/// Copies of puts and gets that the copier's helper thread may still be finishing
+/// (`vmf_bb::copier::copy_deferred`) are completed first: every flush, unlock, fence and complete ends
+/// with this barrier.
 #[inline(always)]
 pub fn full_fence() {
+    vmf_bb::copier::settle();
     #[cfg(target_arch = "x86_64")]
     // SAFETY: a locked OR of zero into our own stack slot: no effect but the ordering.
     unsafe {

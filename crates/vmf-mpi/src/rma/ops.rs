@@ -265,14 +265,17 @@ fn fast_target(win: MPI_Win, rank: c_int, disp: MPI_Aint, bytes: usize) -> Optio
     Some((unsafe { d.base.add(off as usize) }, d.ctl))
 }
 
-/// Copy `n` bytes, inline for the sizes of single elements (no call into libc's memcpy).
+/// Copy `n` bytes of a put or get, inline for the sizes of single elements (no call into libc's memcpy).
+/// Large copies are shared with the helper thread when that is on and may still be in progress on
+/// return (`vmf_bb::copier::copy_deferred`): the operation completes at the next flush, unlock, fence or
+/// complete, all of which settle the copier (`vmf_rma::window::full_fence`), as MPI allows.
 #[inline(always)]
 pub(crate) unsafe fn copy_small(src: *const u8, dst: *mut u8, n: usize) {
     match n {
         8 => (dst as *mut u64).write_unaligned((src as *const u64).read_unaligned()),
         4 => (dst as *mut u32).write_unaligned((src as *const u32).read_unaligned()),
         16 => (dst as *mut u128).write_unaligned((src as *const u128).read_unaligned()),
-        _ => std::ptr::copy_nonoverlapping(src, dst, n),
+        _ => vmf_bb::copier::copy_deferred(dst, src, n),
     }
 }
 

@@ -381,6 +381,8 @@ mpi_api! {
         let r = (|| -> R {
             let st = state()?;
             self::win(st, win)?;
+            // Puts and gets whose copies the helper thread may still be finishing complete here too.
+            vmf_bb::copier::settle();
             std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
             Ok(())
         })();

@@ -80,6 +80,12 @@ pub struct RegionHeader {
     pub pool_off: AtomicU64,
     /// Bytes of each slot's pool partition (a multiple of 4096; 0: no pool).
     pub pool_per_slot: AtomicU64,
+    /// A rank's copier (`vmf_bb::copier`) wants a CPU for its helper thread until this time
+    /// (CLOCK_MONOTONIC ns of the kernel `copier_kernel`): ranks of that kernel that wait give up their
+    /// spin and yield meanwhile. A hint: written without ordering, zero until a copier announces itself.
+    pub copier_until: AtomicU64,
+    /// The kernel id of the rank that last wrote `copier_until` (clocks of other kernels differ).
+    pub copier_kernel: AtomicU64,
 }
 // SAFETY: atomics only.
 unsafe impl ShmSafe for RegionHeader {}
