@@ -352,24 +352,30 @@ enum Stage {
 }
 
 /// Where the copier's helper thread announces that it wants a CPU (`vmf_bb::copier::set_beacon`): the
-/// header of the region this engine maps. Dropped before the transport (declared before it), it takes
-/// the announcements off the region first.
-struct CopierBeacon;
+/// header of the region this engine maps. The guard holds that region, so the announcements can never
+/// outlive its mapping, and takes them off the region when it is re-aimed or dropped.
+struct CopierBeacon {
+    region: Option<std::sync::Arc<vmf_transport::shm::region::Region>>,
+}
 
 impl CopierBeacon {
     /// Announce in `shm`'s region from now on (nowhere without one).
     fn new(shm: Option<&ShmTransport>) -> CopierBeacon {
-        let b = CopierBeacon;
+        let mut b = CopierBeacon { region: None };
         b.aim(shm);
         b
     }
 
     /// Announce in `shm`'s region from now on, no longer in the previous one.
-    fn aim(&self, shm: Option<&ShmTransport>) {
-        let words = shm.map_or(std::ptr::null(), |s| &s.region().header().copier_until as *const AtomicU64);
-        // SAFETY: the header lives as long as the transport, which the engine drops only after this guard,
-        // and replaces only after aiming at the new one.
+    fn aim(&mut self, shm: Option<&ShmTransport>) {
+        let region = shm.map(|s| s.region().clone());
+        let words = region
+            .as_ref()
+            .map_or(std::ptr::null(), |r| &r.header().copier_until as *const AtomicU64);
+        // SAFETY: the header stays mapped while `self.region` holds it, which it does until the next
+        // `set_beacon` has returned (below, or in `drop`).
         unsafe { vmf_bb::copier::set_beacon(words, vmf_pal::process::kernel_id()) };
+        self.region = region;
     }
 }
 
@@ -391,7 +397,7 @@ pub struct Engine {
     me: usize,
     n: usize,
     cfg: Config,
-    /// Declared before `shm`: dropped first.
+    /// Where large copies announce that they want a CPU (holds the current region).
     copier_beacon: CopierBeacon,
     shm: Option<ShmTransport>,
     tcp: Option<TcpTransport>,
@@ -2631,8 +2637,14 @@ impl Engine {
         };
         let h = s.region().header();
         let until = h.copier_until.load(Ordering::Relaxed);
-        until != 0
-            && until > vmf_pal::monotonic_ns()
+        if until == 0 {
+            return false;
+        }
+        // An announcement lasts BEACON_NS; one further ahead is another kernel's clock (the two words
+        // are written apart, so a kernel id and another kernel's time can meet).
+        let now = vmf_pal::monotonic_ns();
+        until > now
+            && until <= now + vmf_bb::copier::BEACON_NS
             && h.copier_kernel.load(Ordering::Relaxed) == vmf_pal::process::kernel_id()
     }
 

@@ -495,6 +495,8 @@ impl Engine {
             e.peers.iter().all(|p| p.pending.is_empty())
         })?;
         let mut old = self.shm.replace(new_shm);
+        // Copier announcements go to the new region at once (before anything below can fail).
+        self.copier_beacon.aim(self.shm.as_ref());
         if same_ns && self.tcp.is_some() {
             let job = vmf_transport::shm::region::job_hash(&self.mig_ctx.as_ref().unwrap().job);
             let new = self.shm.as_mut().unwrap();
@@ -508,8 +510,6 @@ impl Engine {
         if let Some(t) = self.tcp.as_mut() {
             t.set_extra_fd(None);
         }
-        // Copier announcements go to the new region before the old one can go.
-        self.copier_beacon.aim(self.shm.as_ref());
         let m = self.mig.as_mut().unwrap();
         m.old_shm = old;
         m.swapped = true;
