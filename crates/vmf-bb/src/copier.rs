@@ -242,11 +242,17 @@ unsafe fn copy_chunk(src: usize, dst: usize, len: usize, chunk: usize, i: u64) {
 /// overlapping.
 #[inline]
 pub unsafe fn copy(dst: *mut u8, src: *const u8, len: usize) {
+    copy_maybe_shared(dst, src, len, false);
+}
+
+/// A plain copy below the threshold; else shared (`defer`: as [`copy_deferred`]).
+#[inline(always)]
+unsafe fn copy_maybe_shared(dst: *mut u8, src: *const u8, len: usize, defer: bool) {
     if len < MIN_LEN.load(Ordering::Relaxed) {
         std::ptr::copy_nonoverlapping(src, dst, len);
-        return;
+    } else {
+        shared(dst, src, len, defer);
     }
-    shared(dst, src, len, false);
 }
 
 /// [`copy`], except that it may return while the helper still copies its last chunks: the copy is
@@ -259,11 +265,7 @@ pub unsafe fn copy(dst: *mut u8, src: *const u8, len: usize) {
 /// writable and unread until [`settle`] returns.
 #[inline]
 pub unsafe fn copy_deferred(dst: *mut u8, src: *const u8, len: usize) {
-    if len < MIN_LEN.load(Ordering::Relaxed) {
-        std::ptr::copy_nonoverlapping(src, dst, len);
-        return;
-    }
-    shared(dst, src, len, true);
+    copy_maybe_shared(dst, src, len, true);
 }
 
 /// Complete every copy of this process that [`copy_deferred`] left to the helper (an unclaimed chunk is
