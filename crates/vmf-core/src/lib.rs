@@ -812,6 +812,13 @@ impl Fabric {
         }
         // A program that left a large put in flight (MPI forbids it) still finds its bytes in place.
         vmf_bb::copier::settle();
+        let fs = self.eng.get().waiter().foreign_switches;
+        if self.eng.get().config().verbose && fs > 0 {
+            eprintln!(
+                "vmfabric: rank {}: waits slept instead of yielding {fs} times (other programs kept this job's CPUs)",
+                self.rank
+            );
+        }
         let c = vmf_bb::copier::stats();
         if self.eng.get().config().verbose && c.jobs > 0 {
             eprintln!(

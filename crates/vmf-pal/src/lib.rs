@@ -42,6 +42,16 @@ pub fn drain_eventfd(fd: std::os::fd::RawFd) {
     unsafe { libc::read(fd, b.as_mut_ptr().cast(), 8) };
 }
 
+/// Tasks runnable on this machine right now, this one included (the kernel's `nr_running`, from
+/// `/proc/loadavg`), and the CPUs online: `None` when that file cannot be read. A few system calls.
+pub fn runnable_tasks() -> Option<(usize, usize)> {
+    let s = std::fs::read_to_string("/proc/loadavg").ok()?;
+    let running = s.split_whitespace().nth(3)?.split('/').next()?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let online = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    Some((running, usize::try_from(online).ok()?.max(1)))
+}
+
 /// CLOCK_MONOTONIC in nanoseconds: one clock for every process of this kernel (a vDSO call, no system
 /// call).
 #[inline]

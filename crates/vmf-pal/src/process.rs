@@ -105,6 +105,25 @@ pub fn pin_to_cpu(cpu: usize) -> io::Result<()> {
     Ok(())
 }
 
+/// Threads of this process other than the caller that are runnable right now (state `R` in
+/// `/proc/self/task/*/stat`): a math library's worker threads, say. One small file read per thread.
+pub fn other_runnable_threads() -> usize {
+    // SAFETY: gettid has no preconditions.
+    let me = unsafe { libc::syscall(libc::SYS_gettid) }.to_string();
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    dir.flatten()
+        .filter(|e| e.file_name().to_str() != Some(me.as_str()))
+        .filter(|e| {
+            std::fs::read_to_string(e.path().join("stat")).is_ok_and(|st| {
+                // The state follows the command name, which is in parentheses and may hold spaces.
+                st.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next()) == Some("R")
+            })
+        })
+        .count()
+}
+
 /// The CPU the calling thread runs on now (`sched_getcpu`, a vDSO call).
 pub fn current_cpu() -> Option<usize> {
     // SAFETY: no arguments.
@@ -176,6 +195,27 @@ pub fn cpu_time_s() -> f64 {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn runnable_counts_see_this_process_and_a_spinning_thread() {
+        let (running, online) = crate::runnable_tasks().expect("/proc/loadavg");
+        assert!(running >= 1 && online >= 1, "{running} {online}");
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let s = stop.clone();
+        let t = std::thread::spawn(move || {
+            while !s.load(std::sync::atomic::Ordering::Relaxed) {
+                std::hint::spin_loop();
+            }
+        });
+        // The spinner is runnable whenever we look (on one CPU it may be waiting its turn: still `R`).
+        let seen = (0..200).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            other_runnable_threads() >= 1
+        });
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        t.join().unwrap();
+        assert!(seen, "a spinning thread was never seen runnable");
+    }
+
     use super::*;
 
     #[test]

@@ -491,6 +491,38 @@ fn ranks_outnumbering_cpus_are_pinned_in_blocks_unless_told_not_to() {
     no_leftovers(&d);
 }
 
+/// Ranks that outnumber the CPUs yield while they wait; beside programs that keep the CPUs (CPU hogs)
+/// each yield hands a hog its time slice, so the ranks notice (yields that last a slice, more runnable
+/// tasks than the job's) and sleep instead, and with `VMF_VERBOSE=1` a rank that did says so when it
+/// finishes. The job stays correct either way.
+#[test]
+fn ranks_beside_cpu_hogs_sleep_instead_of_yielding() {
+    struct Hogs(Vec<Child>);
+    impl Drop for Hogs {
+        fn drop(&mut self) {
+            for h in &mut self.0 {
+                let _ = h.kill();
+                let _ = h.wait();
+            }
+        }
+    }
+    let d = Dir::new("hogs");
+    let cpus = vmf_pal::process::allowed_cpus().len();
+    let _hogs = Hogs(
+        (0..2 * cpus)
+            .map(|_| Command::new("sh").args(["-c", "while :; do :; done"]).spawn().unwrap())
+            .collect(),
+    );
+    let o = job(&d, 2 * cpus, &["selftest", "order", "--count", "4000"], &[("VMF_VERBOSE", "1")]);
+    assert_ok(&o);
+    let (_, err) = text(&o);
+    assert!(
+        err.contains("waits slept instead of yielding"),
+        "no rank noticed the CPU hogs:\n{err}"
+    );
+    no_leftovers(&d);
+}
+
 #[test]
 fn wait_and_bind_flags_work() {
     let d = Dir::new("flags");

@@ -602,6 +602,21 @@ impl ShmTransport {
             .map(|(r, _)| r)
     }
 
+    /// How many co-resident peers of this kernel are asleep (or about to be) in the library right now: a
+    /// snapshot of their slots, for counting the CPU's other users.
+    pub fn peers_asleep(&self) -> usize {
+        self.peers
+            .iter()
+            .flatten()
+            .filter(|p| p.same_kernel)
+            .filter(|p| {
+                self.region
+                    .slot(p.local)
+                    .is_ok_and(|s| s.sleeping.load(Ordering::Relaxed) != 0)
+            })
+            .count()
+    }
+
     /// Publish the one CPU this rank is pinned to (None: it may run on several).
     pub fn set_cpu(&self, cpu: Option<usize>) {
         if let Ok(s) = self.region.slot(self.me_local) {
