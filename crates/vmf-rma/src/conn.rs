@@ -264,3 +264,83 @@ impl Conn {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::net::TcpListener;
+
+    /// A connection to a fake agent (the returned stream), with `n` requests issued whose answers go to
+    /// `dests` (8 bytes each).
+    fn pair(dests: &mut [[u8; 8]]) -> (Conn, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (agent, _) = l.accept().unwrap();
+        c.set_nonblocking(true).unwrap();
+        let mut conn = Conn::new(c, Duration::from_micros(50));
+        for d in dests.iter_mut() {
+            // SAFETY: the destinations outlive the connection's use in each test.
+            unsafe { conn.send(&ReqHeader::default(), &[], &[], d.as_mut_ptr(), 8, false) };
+        }
+        (conn, agent)
+    }
+
+    fn resp(status: u32, data: &[u8], announce: u64) -> Vec<u8> {
+        let mut v = Vec::new();
+        RespHeader { status, flags: 0, len: announce }.encode(&mut v);
+        v.extend_from_slice(data);
+        v
+    }
+
+    #[test]
+    fn one_due_response_is_read_into_place_whole_or_in_pieces() {
+        // Header and data in one segment: one read places both.
+        let mut d = [[0u8; 8]; 1];
+        let (mut c, mut a) = pair(&mut d);
+        a.write_all(&resp(0, &7u64.to_le_bytes(), 8)).unwrap();
+        c.wait(1).unwrap();
+        assert_eq!(u64::from_le_bytes(d[0]), 7);
+        assert!(c.error.is_none());
+        // The same response trickling in: part of the header, the rest of it with part of the data, the end.
+        let mut d = [[0u8; 8]; 1];
+        let (mut c, mut a) = pair(&mut d);
+        let r = resp(0, &0x1122_3344_5566_7788u64.to_le_bytes(), 8);
+        for part in [&r[..5], &r[5..19], &r[19..]] {
+            a.write_all(part).unwrap();
+            a.flush().unwrap();
+            std::thread::sleep(Duration::from_millis(5));
+            c.pump();
+        }
+        c.wait(1).unwrap();
+        assert_eq!(u64::from_le_bytes(d[0]), 0x1122_3344_5566_7788);
+    }
+
+    #[test]
+    fn pipelined_responses_go_to_their_own_destinations() {
+        let mut d = [[0u8; 8]; 3];
+        let (mut c, mut a) = pair(&mut d);
+        let mut all = Vec::new();
+        for v in [1u64, 2, 3] {
+            all.extend(resp(0, &v.to_le_bytes(), 8));
+        }
+        a.write_all(&all).unwrap();
+        c.wait(3).unwrap();
+        assert_eq!(d.map(u64::from_le_bytes), [1, 2, 3]);
+    }
+
+    #[test]
+    fn responses_that_do_not_fit_break_the_connection() {
+        // An error status that carries data.
+        let mut d = [[0u8; 8]; 1];
+        let (mut c, mut a) = pair(&mut d);
+        a.write_all(&resp(3, &[9u8; 8], 8)).unwrap();
+        assert!(c.wait(1).is_err());
+        // More data than the destination holds.
+        let mut d = [[0u8; 8]; 1];
+        let (mut c, mut a) = pair(&mut d);
+        a.write_all(&resp(0, &[9u8; 16], 16)).unwrap();
+        let e = c.wait(1).unwrap_err();
+        assert!(e.contains("at most 8"), "{e}");
+    }
+}
