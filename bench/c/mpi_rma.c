@@ -2,7 +2,7 @@
  * mpi_rma.c -- one-sided micro-benchmarks for MPI (vmfabric vs MPICH vs Open MPI, see bench/README.md).
  *
  *   mpi_rma put|get|fop|cas|putbw|getbw [--sizes 8,64,...] [--iters N] [--json FILE] [--label NAME]
- *           [--target-busy SECONDS]
+ *           [--target-busy SECONDS] [--target-asleep SECONDS]
  *
  * Rank 0 is the origin, rank 1 the target; other ranks idle. The window comes from MPI_Win_allocate
  * and the origin holds MPI_Win_lock_all for the whole run, as OSU's `-w allocate -s flush` does.
@@ -18,10 +18,12 @@
  * --target-busy S, computes without any MPI call until the origin sets a flag in its window (or S
  * seconds pass, after which it calls MPI_Barrier: a library whose passive target needs the target's
  * progress then finishes, late). `target_calls_late` in the JSON says whether that happened.
+ * --target-asleep S does the same with the target asleep (1 ms naps, no MPI call) instead of computing:
+ * outside the library but off the CPU, as on a machine with a core to spare for a progress thread.
  *
  * Every operation is checked: put and get compare the bytes moved, fop and cas the counter.
  *
- * JSON (rank 0): {"benchmark": "rma-put", "transport": "<label>", "target": "idle|busy",
+ * JSON (rank 0): {"benchmark": "rma-put", "transport": "<label>", "target": "idle|busy|asleep",
  *                 "results": [{"size": 8, "latency_us": 0.05, "mb_per_s": 160.0}, ...]}
  */
 #define _POSIX_C_SOURCE 200809L
@@ -65,7 +67,7 @@ int main(int argc, char **argv)
     if (nprocs < 2)
         die("needs 2 ranks");
     if (argc < 2)
-        die("usage: mpi_rma put|get|fop|cas|putbw|getbw [--sizes ...] [--iters N] [--json F] [--label L] [--target-busy S]");
+        die("usage: mpi_rma put|get|fop|cas|putbw|getbw [--sizes ...] [--iters N] [--json F] [--label L] [--target-busy S] [--target-asleep S]");
     const char *mode = argv[1];
     int atomic = !strcmp(mode, "fop") || !strcmp(mode, "cas");
     int bw = !strcmp(mode, "putbw") || !strcmp(mode, "getbw");
@@ -78,6 +80,7 @@ int main(int argc, char **argv)
         sizes[nsizes++] = default_sizes[i];
     long iters = 100000;
     double busy = 0;
+    int asleep = 0;
     const char *json = NULL;
     char label[128] = "mpi";
     for (int i = 2; i < argc; i++) {
@@ -100,6 +103,10 @@ int main(int argc, char **argv)
             i++;
         } else if (!strcmp(a, "--target-busy") && v) {
             busy = atof(v);
+            i++;
+        } else if (!strcmp(a, "--target-asleep") && v) {
+            busy = atof(v);
+            asleep = 1;
             i++;
         } else {
             die("unknown argument");
@@ -204,8 +211,13 @@ int main(int argc, char **argv)
             clock_gettime(CLOCK_MONOTONIC, &ts);
             double start = ts.tv_sec + ts.tv_nsec * 1e-9;
             while (*flag == 0) {
-                for (int k = 0; k < 100; k++)
-                    x = x * 1.000001 + 1e-9;
+                if (asleep) {
+                    struct timespec nap = {0, 1000000};
+                    nanosleep(&nap, NULL);
+                } else {
+                    for (int k = 0; k < 100; k++)
+                        x = x * 1.000001 + 1e-9;
+                }
                 clock_gettime(CLOCK_MONOTONIC, &ts);
                 if (ts.tv_sec + ts.tv_nsec * 1e-9 - start > busy) {
                     late = 1;
@@ -225,7 +237,7 @@ int main(int argc, char **argv)
         MPI_Send(&any_late, 1, MPI_INT, 0, 5, MPI_COMM_WORLD);
     if (rank == 0) {
         MPI_Recv(&late, 1, MPI_INT, 1, 5, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-        printf("# mpi_rma %s (%s), target %s%s\n%10s %14s %14s\n", mode, label, busy > 0 ? "computing" : "idle in MPI",
+        printf("# mpi_rma %s (%s), target %s%s\n%10s %14s %14s\n", mode, label, busy > 0 ? (asleep ? "asleep outside MPI" : "computing") : "idle in MPI",
                late ? " (it had to call MPI before the origin finished)" : "", "size(B)", "latency(us)", "MB/s");
         for (int s = 0; s < nsizes; s++)
             printf("%10ld %14.3f %14.1f\n", sizes[s], lat[s], mbps[s]);
@@ -234,7 +246,7 @@ int main(int argc, char **argv)
             if (!f)
                 die("cannot write the JSON file");
             fprintf(f, "{\"benchmark\": \"rma-%s\", \"transport\": \"%s\", \"target\": \"%s\", \"target_calls_late\": %s, \"results\": [",
-                    mode, label, busy > 0 ? "busy" : "idle", late ? "true" : "false");
+                    mode, label, busy > 0 ? (asleep ? "asleep" : "busy") : "idle", late ? "true" : "false");
             for (int s = 0; s < nsizes; s++) {
                 /* Bandwidth runs report bandwidth only (compare.py judges the first metric present). */
                 if (bw)
