@@ -169,8 +169,11 @@ pub const CHUNKS: &[usize] = &[16 << 10, 64 << 10];
 /// Largest size at which the eager protocol is tried.
 const EAGER_MAX_TRY: usize = 128 << 10;
 
-/// What a cache must match to be used: library version, packet format, kernel release, CPU model and
-/// CPU count.
+/// Version of the rules in [`derive`]: a cache derived under other rules is measured again.
+const DERIVE_VERSION: u32 = 2;
+
+/// What a cache must match to be used: library version, packet format, the rules that derived it,
+/// kernel release, CPU model and CPU count.
 pub fn fingerprint() -> String {
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     let model = std::fs::read_to_string("/proc/cpuinfo")
@@ -183,9 +186,10 @@ pub fn fingerprint() -> String {
         })
         .unwrap_or_default();
     format!(
-        "vmfabric {} proto {}; kernel {}; cpu {}; cpus {}",
+        "vmfabric {} proto {} rules {}; kernel {}; cpu {}; cpus {}",
         env!("CARGO_PKG_VERSION"),
         vmf_transport::proto::PROTO_VERSION,
+        DERIVE_VERSION,
         kernel.trim(),
         model,
         vmf_pal::available_cpus()
@@ -432,6 +436,14 @@ fn cma_works() -> bool {
         && dst == src
 }
 
+/// A rendezvous method lowers the eager limit only where it takes at most this share of eager's time.
+/// The calibration's two threads share one address space, which flatters the rendezvous at small sizes:
+/// on 2026-12-06 the 16 KiB pipeline measured 0.94x eager between the threads, while MPI ping-pongs
+/// between two processes took 1.3-1.6x eager's time with it (16 KiB: 1.96-6.61 us against 1.37-4.77,
+/// `mpi_pingpong` with the calibrated path and with `VMF_SHM_EAGER_LIMIT=16384`, 3 alternating runs).
+/// Eager is also the protocol that completes without the receiver's progress, so a tie goes to it.
+const RNDV_OVER_EAGER_MAX: f64 = 0.8;
+
 /// The choices implied by the measured medians `times` of `plan`.
 fn derive(plan: &[(usize, Method)], times: &[f64], cma: bool) -> LargePath {
     let best_at = |size: usize, ok: &dyn Fn(Method) -> bool| -> Option<(Method, f64)> {
@@ -441,11 +453,15 @@ fn derive(plan: &[(usize, Method)], times: &[f64], cma: bool) -> LargePath {
             .map(|((_, m), &t)| (*m, t))
             .min_by(|a, b| a.1.total_cmp(&b.1))
     };
-    // The eager limit: the largest size up to which eager beats every rendezvous method at every size.
+    // The eager limit: the largest size up to which no rendezvous method beats eager clearly (by
+    // RNDV_OVER_EAGER_MAX) at any size.
     let mut eager_limit = SIZES[0] / 2;
     for &s in SIZES {
-        match best_at(s, &|_| true) {
-            Some((Method::Eager, _)) => eager_limit = s,
+        let eager = best_at(s, &|m| m == Method::Eager);
+        let rndv = best_at(s, &|m| m != Method::Eager);
+        match (eager, rndv) {
+            (Some((_, e)), Some((_, r))) if r > e * RNDV_OVER_EAGER_MAX => eager_limit = s,
+            (Some(_), None) => eager_limit = s,
             _ => break,
         }
     }
@@ -628,6 +644,30 @@ mod tests {
         assert_eq!(p.pick(2_000_000), Strategy::Read);
         assert_eq!(p.pick(5_000_000), Strategy::Write);
         assert_eq!(LargePath::default().pick(1 << 30), Strategy::Pipelined);
+    }
+
+    #[test]
+    fn eager_stays_until_a_rendezvous_is_clearly_faster() {
+        // The 16 KiB pipeline 6 % faster than eager at 16 and 32 KiB (what two threads measured on
+        // 2026-12-06), 21 % faster at 64 KiB: eager up to 32 KiB.
+        let (mut plan, mut times) = (Vec::new(), Vec::new());
+        for &s in SIZES {
+            let k = s as f64 / 1024.0;
+            if s <= EAGER_MAX_TRY {
+                plan.push((s, Method::Eager));
+                times.push(k * 0.1);
+            }
+            plan.push((s, Method::Pipelined(16 << 10)));
+            times.push(if s <= 32 << 10 { k * 0.094 } else { k * 0.079 });
+        }
+        let p = derive(&plan, &times, false);
+        assert_eq!(p.eager_limit, 32 << 10);
+        // A pipeline 25 % faster from the smallest size: the eager limit drops below it.
+        let times: Vec<f64> = plan
+            .iter()
+            .map(|&(s, m)| s as f64 / 1024.0 * if m == Method::Eager { 0.1 } else { 0.075 })
+            .collect();
+        assert_eq!(derive(&plan, &times, false).eager_limit, SIZES[0] / 2);
     }
 
     #[test]
