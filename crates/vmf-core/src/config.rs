@@ -32,7 +32,7 @@ pub const PARAMS: &[Param] = &[
     Param { name: "TRANSPORT", default: "auto", doc: "auto: shared memory between co-resident ranks, TCP between hosts; mphw: every pair of ranks over the emulated message-passing hardware (003_*, docs/mphw.md; one host, at most 64 ranks; VMF_MPHW_* set its options)" },
     Param { name: "TCP_ADDR", default: "auto", doc: "address this rank listens on and publishes; auto: the first non-loopback IPv4 address of this host, else 127.0.0.1" },
     Param { name: "TCP_EAGER_LIMIT", default: "64K", doc: "largest message (bytes) sent eagerly over TCP; larger ones use rendezvous and are read straight into the receive buffer" },
-    Param { name: "TCP_CHUNK", default: "256K", doc: "bytes per data frame of a TCP rendezvous (written straight from the send buffer)" },
+    Param { name: "TCP_CHUNK", default: "1M", doc: "bytes per data frame of a TCP rendezvous (written straight from the send buffer, read straight into the receive buffer)" },
     Param { name: "TCP_HANDSHAKE_MS", default: "2000", doc: "an incoming TCP connection that has not authenticated within this many milliseconds is closed" },
     Param { name: "MIG_TRACE", default: "0", doc: "1: print every step of live migrations (Moved, MovedAck, Ready, TCP connections made and retired) to stderr, with CLOCK_MONOTONIC times, to diagnose a migration" },
     Param { name: "TCP_PENDING_MAX", default: "64", doc: "at most this many incoming TCP connections authenticate at once per rank; more are closed at once" },
