@@ -271,8 +271,8 @@ mod tests {
     use std::io::Write;
     use std::net::TcpListener;
 
-    /// A connection to a fake agent (the returned stream), with `n` requests issued whose answers go to
-    /// `dests` (8 bytes each).
+    /// A connection to a fake agent (the returned stream), with one request issued per entry of `dests`,
+    /// whose answer goes there (8 bytes each).
     fn pair(dests: &mut [[u8; 8]]) -> (Conn, TcpStream) {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
