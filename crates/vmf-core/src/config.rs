@@ -21,7 +21,7 @@ pub const PARAMS: &[Param] = &[
     Param { name: "IVSHMEM", default: "1", doc: "1: when REGION_PATH is empty and this machine (a VM) has an ivshmem PCI device (1af4:1110), use its BAR 2 as the region, so ranks in VMs sharing the device talk through it; 0: ignore ivshmem devices" },
     Param { name: "SHM_EAGER_LIMIT", default: "auto", doc: "largest message (bytes) copied through the ring; larger ones use rendezvous; auto: this host's calibration (see CALIBRATION), else 64K" },
     Param { name: "SHM_RING_SIZE", default: "1M", doc: "largest ring (bytes) per ordered pair of co-resident ranks; shrunk to fit SHM_BUDGET" },
-    Param { name: "SHM_BUDGET", default: "48M", doc: "ring memory per host region (bytes); rings get min(SHM_RING_SIZE, budget / pairs), at least 64K" },
+    Param { name: "SHM_BUDGET", default: "48M", doc: "ring memory per host region (bytes); rings get min(SHM_RING_SIZE, budget / pairs), at least 64K (pairs of the ranks sharing the region; where ranks can move between regions, of a full region)" },
     Param { name: "SHM_DUPLEX", default: "1", doc: "1: besides the rings, each pair of co-resident ranks shares one duplex box (a 128-byte area written in turn) that carries packets up to 104 bytes, so a request and its reply share one cache line; jobs on emulated hosts (where ranks can migrate) never use it; every rank must agree" },
     Param { name: "SHM_CMA", default: "1", doc: "1: large messages by a single process_vm_readv copy where the kernel allows; 0: pipelined copy through the region (the path between VMs)" },
     Param { name: "SHM_CMA_MIN", default: "auto", doc: "smallest rendezvous message (bytes) moved by single copy (process_vm_readv) when SHM_CMA=1, smaller ones by the pipelined copy; auto: every rendezvous message when this host's ranks outnumber its CPUs, else the protocol per size that this host's calibration measured fastest (pipelined, receiver-side or sender-side single copy), else pipelined" },
@@ -446,6 +446,25 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A region where ranks come and go keeps every pair's ring: its heap must hold a ring of the size
+    /// used there (`ring_size_for(max_local)`) for every ordered pair of slots. Sizes chosen by the ranks
+    /// present at the time would not fit (8 slots: 42 rings of 1 MiB and 14 of 512 KiB overrun it).
+    #[test]
+    fn region_heap_holds_a_ring_for_every_pair_of_slots() {
+        let c = Config::from_lookup(|_| None).unwrap();
+        let ctl = vmf_bb::ring::RING_CTL_SIZE as u64;
+        for n in 1..=64usize {
+            let s = c.region_sizing(n);
+            let m = s.max_local as u64;
+            assert!(
+                m * m.saturating_sub(1) * (c.ring_size_for(m as usize) + ctl) <= s.heap,
+                "{n} ranks"
+            );
+        }
+        let s = c.region_sizing(8);
+        assert!(42 * (c.ring_size_for(7) + ctl) + 14 * (c.ring_size_for(8) + ctl) > s.heap);
+    }
 
     #[test]
     fn defaults_parse_works() {

@@ -399,15 +399,10 @@ impl Engine {
         let (claimed, claimed_idx) = (reg.clone(), idx);
         let prepared = (|| -> Result<(ShmTransport, Option<SocketAddr>)> {
             let ctx = self.mig_ctx.as_ref().unwrap();
-            let uuid = reg.uuid;
-            let local = self
-                .locs
-                .iter()
-                .enumerate()
-                .filter(|(r, l)| *r != me && l.uuid == uuid)
-                .count()
-                + 1;
-            let mut t = ShmTransport::new(reg, me, idx, self.n, self.cfg.ring_size_for(local));
+            // Rings sized for a full region, as at start (lib.rs): the rings of pairs made by earlier
+            // occupants stay, and any mix must fit the heap.
+            let ring = self.cfg.ring_size_for(reg.max_local as usize);
+            let mut t = ShmTransport::new(reg, me, idx, self.n, ring);
             t.set_wake_check(matches!(
                 self.cfg.wait,
                 WaitPolicy::Block | WaitPolicy::Adaptive

@@ -410,7 +410,16 @@ impl Fabric {
                     t.set_peer_addr(r, a);
                 }
             }
-            let ring = cfg.ring_size_for(local.len() + 1);
+            // Where ranks move between regions (emulated hosts, VMs with agents), a pair's ring outlives
+            // the ranks that made it and new pairs appear as ranks arrive: every ring is sized for a full
+            // region, so that any mix of them fits the heap (sized for that). Rings made for the few
+            // ranks present at the time (1 MiB) and later pairs filled an 8-slot region's 44 MB after
+            // about 60 random moves.
+            let ring = if std::env::var_os("VMF_HOSTS_TABLE").is_some() {
+                cfg.ring_size_for(reg.max_local as usize)
+            } else {
+                cfg.ring_size_for(local.len() + 1)
+            };
             let mut t = ShmTransport::new(reg.clone(), rank, idx, size, ring);
             // Duplex boxes are never carried over when a rank re-attaches, so not where ranks can migrate.
             t.set_duplex(cfg.shm_duplex && std::env::var_os("VMF_HOSTS_TABLE").is_none());
