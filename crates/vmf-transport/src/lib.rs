@@ -185,4 +185,16 @@ pub trait Transport {
     ) -> Result<Option<Incoming<Self::Token>>, TransportError> {
         self.poll()
     }
+
+    /// The next packet from `peer` alone, looking at nothing else (a receiver that waits for one sender
+    /// watches that sender's channel only), placed like [`Transport::poll_placed`]. `None` when there is
+    /// none, and also when this transport cannot look at one peer by itself right now (no channel yet, a
+    /// send to it still queued): the caller then polls in full. Never blocks. The default looks at nothing.
+    fn poll_from(
+        &mut self,
+        _peer: usize,
+        _place: &mut Place<'_>,
+    ) -> Result<Option<Incoming<Self::Token>>, TransportError> {
+        Ok(None)
+    }
 }

@@ -738,6 +738,15 @@ impl Transport for ShmTransport {
     }
 
     #[inline]
+    fn poll_from(
+        &mut self,
+        peer: usize,
+        _place: &mut crate::Place<'_>,
+    ) -> Result<Option<Incoming<ShmToken>>, TransportError> {
+        self.poll_peer(peer)
+    }
+
+    #[inline]
     fn try_send(
         &mut self,
         peer: usize,

@@ -1599,6 +1599,19 @@ impl Transport for TcpTransport {
         Ok(None)
     }
 
+    /// One socket only: its buffered bytes first, then one nonblocking read. Nothing while the connection
+    /// is not made yet or a send to `peer` is still being written (the full poll flushes it).
+    fn poll_from(
+        &mut self,
+        peer: usize,
+        place: &mut Place<'_>,
+    ) -> Result<Option<Incoming<TcpToken>>, TransportError> {
+        match self.conns.get(peer) {
+            Some(Some(c)) if c.backlog.is_none() => self.poll_peer(peer, place),
+            _ => Ok(None),
+        }
+    }
+
     fn release(&mut self, inc: Incoming<TcpToken>) {
         if let Some(Some(c)) = self.conns.get_mut(inc.token.peer) {
             if c.gen == inc.token.gen {
