@@ -1226,15 +1226,20 @@ impl TcpTransport {
                         },
                     )));
                 }
-                // Need more bytes: make room for the whole frame (read in full-size reads: this one
-                // goes through the buffer anyway).
+                // Need more bytes: make room for the whole frame from where it starts (read in
+                // full-size reads: this one goes through the buffer anyway). A frame that would run
+                // past the buffer's end is moved to its start first: otherwise the buffer fills up
+                // before the frame is whole and nothing is read again (a hang with frames larger than
+                // half the buffer, i.e. VMF_TCP_EAGER_LIMIT above 128K).
                 let c = self.conns[peer].as_mut().unwrap();
                 c.streaming = false;
-                if c.rx.len() < FRAME_HDR + len {
+                if c.rx.len() - c.rx_start < FRAME_HDR + len {
                     c.rx.copy_within(c.rx_start..c.rx_end, 0);
                     c.rx_end -= c.rx_start;
                     c.rx_start = 0;
-                    c.rx.resize(FRAME_HDR + len, 0);
+                    if c.rx.len() < FRAME_HDR + len {
+                        c.rx.resize(FRAME_HDR + len, 0);
+                    }
                 }
             }
             if attempt == 1 || !self.fill(peer)? {
@@ -1818,6 +1823,25 @@ mod tests {
         }
         assert!(t.elapsed() < Duration::from_secs(1), "10 sends took {:?}", t.elapsed());
         drop(fillers);
+    }
+
+    #[test]
+    fn a_buffered_frame_that_runs_past_the_buffer_end_is_read_whole() {
+        // Frames larger than half the receive buffer (VMF_TCP_EAGER_LIMIT above 128K) used to hang when
+        // one started past the buffer's first byte: the buffer filled up before the frame was whole, and
+        // nothing was read again.
+        let (mut a, mut b) = pair();
+        let big: Vec<u8> = (0..RX_BUF - 64).map(|i| (i % 251) as u8).collect();
+        for round in 0..3u64 {
+            let h = PktHeader::new(Kind::Eager, 0, 1, 0, 2 * round, 100);
+            send_all(&mut a, &mut b, 1, &h, &[7u8; 100]);
+            let h = PktHeader::new(Kind::Eager, 0, 2, 0, 2 * round + 1, big.len() as u64);
+            send_all(&mut a, &mut b, 1, &h, &big);
+            assert_eq!(recv_one(&mut b).1, vec![7u8; 100]);
+            let (hh, p) = recv_one(&mut b);
+            assert_eq!(hh.tag, 2);
+            assert!(p == big, "round {round}: the large frame arrived altered");
+        }
     }
 
     #[test]
