@@ -890,7 +890,7 @@ impl Engine {
                 bind,
                 secret,
                 job: self.job_hash,
-                max_frame: self.cfg.tcp_eager_limit.max(64 << 10) + 4096,
+                max_frame: self.cfg.tcp_max_frame(),
             };
             let mut t = TcpTransport::new(self.me, self.n, tc)
                 .map_err(|e| self.terr(self.me, Op::Init, e))?;
@@ -1537,11 +1537,14 @@ impl Engine {
     {
         let (buf, cap, tag, ctx) = want;
         let (looks, progress_every) = every;
+        let direct = self.cfg.tcp_direct;
         for polls in 1..=looks {
             let Some((t, reqs)) = pick(self) else {
                 return Ok(None);
             };
-            let inc = match t.poll_from(peer, &mut |p, h, a| place_target(reqs, p, h, a)) {
+            let inc = match t.poll_from(peer, &mut |p, h, a| {
+                direct.then(|| place_target(reqs, p, h, a)).flatten()
+            }) {
                 Ok(i) => i,
                 Err(e) => {
                     let e = self.terr(peer, Op::Recv, e);
@@ -2323,9 +2326,11 @@ impl Engine {
                     break;
                 }
                 let reqs = &self.reqs;
+                let direct = self.cfg.tcp_direct;
                 let tcp = self.tcp.as_mut().unwrap();
-                let inc =
-                    match tcp.poll_placed(&mut |peer, hdr, a| place_target(reqs, peer, hdr, a)) {
+                let inc = match tcp.poll_placed(&mut |peer, hdr, a| {
+                    direct.then(|| place_target(reqs, peer, hdr, a)).flatten()
+                }) {
                         Ok(Some(i)) => i,
                         Ok(None) => break,
                         Err(e) => {
@@ -3376,15 +3381,53 @@ mod tests {
         direct_receive_cases(&mut a, &mut b, Duration::from_millis(20));
     }
 
+    /// Rendezvous over TCP, its DATA frames read through the connection buffer (the default) and
+    /// straight into the receive buffer (TCP_DIRECT=1): several frames per message, both directions,
+    /// byte for byte.
+    #[test]
+    fn tcp_rendezvous_through_the_buffer_and_placed_works() {
+        for direct in ["0", "1"] {
+            let (mut a, mut b) = tcp_pair_with(&[("VMF_TCP_DIRECT", direct), ("VMF_TCP_CHUNK", "256K")]);
+            for (n, seed) in [(1_000_000usize, 3u8), (300_001, 4)] {
+                let s = pattern(n, seed);
+                let mut r = vec![0u8; n];
+                let rid = unsafe { b.irecv(r.as_mut_ptr(), n, 0, 9, 0).unwrap() };
+                let sid = unsafe { a.isend(s.as_ptr(), n, 1, 9, 0, SendMode::Standard).unwrap() };
+                drive(&mut a, &mut b, &[(true, sid), (false, rid)]);
+                a.take(sid).unwrap();
+                assert_eq!(b.take(rid).unwrap().count, n);
+                assert!(r == s, "TCP_DIRECT={direct}: {n} bytes arrived altered");
+                let mut back = vec![0u8; n];
+                let rid = unsafe { a.irecv(back.as_mut_ptr(), n, 1, 10, 0).unwrap() };
+                let sid = unsafe { b.isend(r.as_ptr(), n, 0, 10, 0, SendMode::Standard).unwrap() };
+                drive(&mut a, &mut b, &[(false, sid), (true, rid)]);
+                b.take(sid).unwrap();
+                a.take(rid).unwrap();
+                assert!(back == s, "TCP_DIRECT={direct}: {n} bytes came back altered");
+            }
+        }
+    }
+
     /// Two engines (ranks 0 and 1) joined only by TCP on loopback, connected by one exchange.
     fn tcp_pair() -> (Engine, Engine) {
+        tcp_pair_with(&[])
+    }
+
+    /// [`tcp_pair`] with these variables set (and VMF_HOST_CPUS=4).
+    fn tcp_pair_with(env: &[(&str, &str)]) -> (Engine, Engine) {
         use vmf_transport::tcp::TcpConfig;
-        let cfg = Config::from_lookup(|k| (k == "VMF_HOST_CPUS").then(|| "4".to_string())).unwrap();
+        let cfg = Config::from_lookup(|k| {
+            env.iter()
+                .chain(&[("VMF_HOST_CPUS", "4")])
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        })
+        .unwrap();
         let tc = TcpConfig {
             bind: std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
             secret: [3; 16],
             job: 99,
-            max_frame: cfg.tcp_eager_limit.max(64 << 10) + 4096,
+            max_frame: cfg.tcp_max_frame(),
         };
         let mut t0 = TcpTransport::new(0, 2, tc.clone()).unwrap();
         let mut t1 = TcpTransport::new(1, 2, tc).unwrap();
@@ -3921,7 +3964,7 @@ mod tests {
             bind: lo,
             secret: [7; 16],
             job: job_hash(job),
-            max_frame: cfg.tcp_eager_limit.max(64 << 10) + 4096,
+            max_frame: cfg.tcp_max_frame(),
         };
         let (tx, rx) = std::sync::mpsc::channel();
         // Each rank tells the other where it listens (a transport stays on the thread that made it).

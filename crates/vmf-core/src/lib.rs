@@ -325,7 +325,7 @@ impl Fabric {
                     bind,
                     secret: secret_env.unwrap_or([0; 16]),
                     job: vmf_transport::shm::region::job_hash(&job),
-                    max_frame: cfg.tcp_eager_limit.max(64 << 10) + 4096,
+                    max_frame: cfg.tcp_max_frame(),
                 };
                 tcp = Some(TcpTransport::new(rank, size, tc).map_err(|e| setup(rank, e))?);
             }
