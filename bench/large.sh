@@ -5,8 +5,8 @@
 #   - the C ping-pong (bench/c/mpi_pingpong.c, latency mode: half round trip; ping-pong bandwidth = size /
 #     half round trip) at 16 KiB .. 4 MiB: the MPICH-built binary over vmfabric's libmpich.so.12 with this
 #     host's calibration, the same with VMF_CALIBRATION=off (the built-in defaults), MPICH, Open MPI;
-#   - TCP on one host: bare sockets (bench/c/tcp_floor.c: busy-recv ping-pong, and --bw plain: the
-#     kernel's bandwidth ceiling), vmfabric with VMF_SHM=0, Open MPI's tcp BTL (pml ob1, btl tcp,self):
+#   - TCP on one host: bare sockets (bench/c/tcp_floor.c: busy-recv ping-pong, and --bw spin: the
+#     kernel's bandwidth ceiling, nonblocking send and recv retried at once), vmfabric with VMF_SHM=0, Open MPI's tcp BTL (pml ob1, btl tcp,self):
 #     8-byte latency and windowed bandwidth at 1 MiB;
 #   - TCP between 2 emulated hosts (network namespaces, root only): vmfabric, same two figures.
 # Writes $BENCH_RESULTS_DIR/large.json: {"rounds": [{"pingpong": {impl: {size: us}}, "tcp": {...}}, ...],
@@ -48,22 +48,37 @@ for r in $(seq 1 "$ROUNDS"); do
         "${OMPI[@]}" -n 2 "$BUILD/mpi_pingpong.openmpi" latency --sizes $SZ --iters 3000 --json "$d/pp-openmpi.json" \
             --label openmpi >/dev/null 2>&1 || echo "bench/large.sh: Open MPI ping-pong failed" >&2
     fi
-    "$BUILD/tcp_floor" --sizes 8 --iters 30000 --json "$d/tcplat-kernel-floor.json" >/dev/null
-    "$BUILD/tcp_floor" --bw plain --sizes 1048576 --iters 1000 --json "$d/tcpbw-kernel-floor.json" >/dev/null
-    VMF_SHM=0 timeout 600 "$VMF" run --quiet -n 2 "$VMF" bench latency --sizes 8 --iters 5000 \
-        --json "$d/tcplat-vmfabric.json" >/dev/null
-    VMF_SHM=0 timeout 600 "$VMF" run --quiet -n 2 "$VMF" bench bw --sizes 1048576 --iters 500 \
-        --json "$d/tcpbw-vmfabric.json" >/dev/null
-    if [ "$HAVE_O" = 1 ]; then
-        "${OTCP[@]}" -n 2 "$BUILD/mpi_pingpong.openmpi" latency --sizes 8 --iters 5000 \
+    # TCP on one host. Latency runs of 30000 round trips (about 0.3 s; 5000 before, 45 ms: this machine's
+    # speed flips between states for seconds at a time, and such short runs drew single samples of it).
+    # Bandwidth: both ping-pong programs scale --iters 2000 at 1 MiB to 20 windows of 64 messages (1.25 GiB);
+    # the bare sockets stream 2000 MiB. The three implementations take turns being first (the first after
+    # the ping-pongs runs on a machine still settling).
+    tcp_floor_run() {
+        "$BUILD/tcp_floor" --sizes 8 --iters 60000 --json "$d/tcplat-kernel-floor.json" >/dev/null
+        "$BUILD/tcp_floor" --bw spin --sizes 1048576 --iters 2000 --json "$d/tcpbw-kernel-floor.json" >/dev/null
+    }
+    tcp_vmfabric_run() {
+        VMF_SHM=0 timeout 600 "$VMF" run --quiet -n 2 "$VMF" bench latency --sizes 8 --iters 30000 \
+            --json "$d/tcplat-vmfabric.json" >/dev/null
+        VMF_SHM=0 timeout 600 "$VMF" run --quiet -n 2 "$VMF" bench bw --sizes 1048576 --iters 2000 \
+            --json "$d/tcpbw-vmfabric.json" >/dev/null
+    }
+    tcp_openmpi_run() {
+        [ "$HAVE_O" = 1 ] || return 0
+        "${OTCP[@]}" -n 2 "$BUILD/mpi_pingpong.openmpi" latency --sizes 8 --iters 30000 \
             --json "$d/tcplat-openmpi.json" --label openmpi-tcp >/dev/null 2>&1 || echo "bench/large.sh: Open MPI tcp latency failed" >&2
-        "${OTCP[@]}" -n 2 "$BUILD/mpi_pingpong.openmpi" bw --sizes 1048576 --iters 500 \
+        "${OTCP[@]}" -n 2 "$BUILD/mpi_pingpong.openmpi" bw --sizes 1048576 --iters 2000 \
             --json "$d/tcpbw-openmpi.json" --label openmpi-tcp >/dev/null 2>&1 || echo "bench/large.sh: Open MPI tcp bw failed" >&2
-    fi
+    }
+    case $((r % 3)) in
+        1) tcp_vmfabric_run; tcp_openmpi_run; tcp_floor_run ;;
+        2) tcp_openmpi_run; tcp_floor_run; tcp_vmfabric_run ;;
+        0) tcp_floor_run; tcp_vmfabric_run; tcp_openmpi_run ;;
+    esac
     if [ "$(id -u)" = 0 ]; then
-        timeout 300 "$VMF" run --quiet --hosts 2 -n 2 "$VMF" bench latency --sizes 8 --iters 5000 \
+        timeout 300 "$VMF" run --quiet --hosts 2 -n 2 "$VMF" bench latency --sizes 8 --iters 30000 \
             --json "$d/tcplat-vmfabric-hosts.json" >/dev/null || echo "bench/large.sh: emulated hosts latency failed" >&2
-        timeout 300 "$VMF" run --quiet --hosts 2 -n 2 "$VMF" bench bw --sizes 1048576 --iters 500 \
+        timeout 300 "$VMF" run --quiet --hosts 2 -n 2 "$VMF" bench bw --sizes 1048576 --iters 2000 \
             --json "$d/tcpbw-vmfabric-hosts.json" >/dev/null || echo "bench/large.sh: emulated hosts bw failed" >&2
     fi
     echo "bench/large.sh: round $r of $ROUNDS done"
