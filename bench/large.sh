@@ -8,7 +8,8 @@
 #   - TCP on one host: bare sockets (bench/c/tcp_floor.c: busy-recv ping-pong, and --bw spin: the
 #     kernel's bandwidth ceiling, nonblocking send and recv retried at once), vmfabric with VMF_SHM=0, Open MPI's tcp BTL (pml ob1, btl tcp,self):
 #     8-byte latency and windowed bandwidth at 1 MiB;
-#   - TCP between 2 emulated hosts (network namespaces, root only): vmfabric, same two figures.
+#   - TCP between 2 emulated hosts (network namespaces, root only): vmfabric and Open MPI's tcp BTL, same two
+#     figures (the two alternate which runs first).
 # Writes $BENCH_RESULTS_DIR/large.json: {"rounds": [{"pingpong": {impl: {size: us}}, "tcp": {...}}, ...],
 # "calibration": the cache in use}. docs/benchmarks.md shows the medians of within-round ratios.
 #
@@ -36,6 +37,40 @@ gcc -O2 -o "$BUILD/tcp_floor" bench/c/tcp_floor.c
 "$VMF" info >/dev/null
 OMPI=(timeout 600 mpirun.openmpi --allow-run-as-root --oversubscribe)
 OTCP=("${OMPI[@]}" --mca pml ob1 --mca btl tcp,self)
+# Open MPI between 2 emulated hosts (root only): the topology `vmfabric run --hosts 2` builds (a namespace per
+# host, 198.18.0.{1,2}/24 on veths into a bridge in a switch namespace, MTU 65535), built here once for all
+# rounds. mpirun runs in the switch namespace with the bridge at 198.18.0.254; each rank is moved into its
+# host's namespace by a wrapper before exec, and reaches mpirun's PMIx server over the bridge (PMIx 4 has
+# only the TCP rendezvous, so the loopback it would use otherwise is not shared across namespaces). The tcp
+# BTL is limited to the hosts' subnet: every MPI byte crosses the two veths and the bridge.
+OHOSTS=0
+OHNS="vmfbo$$-"
+ohosts_cleanup() {
+    for n in h0 h1 sw; do ip netns del "$OHNS$n" 2>/dev/null || true; done
+}
+if [ "$(id -u)" = 0 ] && [ "$HAVE_O" = 1 ]; then
+    trap 'ohosts_cleanup; rm -rf "$TMP"' EXIT
+    if ip netns add "${OHNS}sw" && ip -n "${OHNS}sw" link add br0 type bridge \
+        && ip -n "${OHNS}sw" link set br0 up && ip -n "${OHNS}sw" link set lo up \
+        && ip -n "${OHNS}sw" addr add 198.18.0.254/24 dev br0; then
+        OHOSTS=1
+        for i in 0 1; do
+            { ip netns add "${OHNS}h$i" \
+                && ip link add "vb$$h$i" mtu 65535 type veth peer name "vb$$s$i" mtu 65535 \
+                && ip link set "vb$$h$i" netns "${OHNS}h$i" && ip link set "vb$$s$i" netns "${OHNS}sw" \
+                && ip -n "${OHNS}sw" link set "vb$$s$i" master br0 && ip -n "${OHNS}sw" link set "vb$$s$i" up \
+                && ip -n "${OHNS}h$i" addr add "198.18.0.$((i + 1))/24" dev "vb$$h$i" \
+                && ip -n "${OHNS}h$i" link set "vb$$h$i" up && ip -n "${OHNS}h$i" link set lo up; } || OHOSTS=0
+        done
+    fi
+    [ "$OHOSTS" = 1 ] || echo "bench/large.sh: cannot build the emulated hosts for Open MPI; skipping that column" >&2
+    printf '#!/bin/sh\nexec ip netns exec "%sh${OMPI_COMM_WORLD_RANK}" "$@"\n' "$OHNS" >"$TMP/onhost.sh"
+    chmod +x "$TMP/onhost.sh"
+fi
+OHOSTRUN=(timeout 600 ip netns exec "${OHNS}sw" env PMIX_MCA_ptl_tcp_if_include=198.18.0.0/24
+    PMIX_MCA_ptl_tcp_remote_connections=1 mpirun.openmpi --allow-run-as-root --oversubscribe
+    --mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include 198.18.0.0/24 --mca oob_tcp_if_include 198.18.0.0/24
+    -x PMIX_MCA_ptl_tcp_if_include -x PMIX_MCA_ptl_tcp_remote_connections -n 2 "$TMP/onhost.sh")
 for r in $(seq 1 "$ROUNDS"); do
     d="$TMP/r$r"; mkdir -p "$d"
     timeout 600 env LD_LIBRARY_PATH="$LIB" "$VMF" run --quiet -n 2 "$BUILD/mpi_pingpong.mpich" latency --sizes $SZ \
@@ -75,12 +110,21 @@ for r in $(seq 1 "$ROUNDS"); do
         2) tcp_openmpi_run; tcp_floor_run; tcp_vmfabric_run ;;
         0) tcp_floor_run; tcp_vmfabric_run; tcp_openmpi_run ;;
     esac
-    if [ "$(id -u)" = 0 ]; then
+    hosts_vmfabric_run() {
+        [ "$(id -u)" = 0 ] || return 0
         timeout 300 "$VMF" run --quiet --hosts 2 -n 2 "$VMF" bench latency --sizes 8 --iters 30000 \
             --json "$d/tcplat-vmfabric-hosts.json" >/dev/null || echo "bench/large.sh: emulated hosts latency failed" >&2
         timeout 300 "$VMF" run --quiet --hosts 2 -n 2 "$VMF" bench bw --sizes 1048576 --iters 2000 \
             --json "$d/tcpbw-vmfabric-hosts.json" >/dev/null || echo "bench/large.sh: emulated hosts bw failed" >&2
-    fi
+    }
+    hosts_openmpi_run() {
+        [ "$OHOSTS" = 1 ] || return 0
+        "${OHOSTRUN[@]}" "$BUILD/mpi_pingpong.openmpi" latency --sizes 8 --iters 30000 --json "$d/tcplat-openmpi-hosts.json" \
+            --label openmpi-tcp-hosts >/dev/null 2>&1 || echo "bench/large.sh: Open MPI emulated hosts latency failed" >&2
+        "${OHOSTRUN[@]}" "$BUILD/mpi_pingpong.openmpi" bw --sizes 1048576 --iters 2000 --json "$d/tcpbw-openmpi-hosts.json" \
+            --label openmpi-tcp-hosts >/dev/null 2>&1 || echo "bench/large.sh: Open MPI emulated hosts bw failed" >&2
+    }
+    if [ $((r % 2)) = 1 ]; then hosts_vmfabric_run; hosts_openmpi_run; else hosts_openmpi_run; hosts_vmfabric_run; fi
     echo "bench/large.sh: round $r of $ROUNDS done"
 done
 CAL="$(VMF_VERBOSE=0 "$VMF" info | sed -n 's/^ *calibrated (\(.*\)): .*/\1/p')"

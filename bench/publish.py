@@ -199,7 +199,7 @@ if lg:
         rows.append("\nCalibration in use (`vmfabric info --calibrate`, %d ms): eager up to %d B, chunk %d B, %s.\n"
                     % (c.get("took_ms", 0), c["eager_limit"], c["chunk"], steps))
     tnames = [("vmfabric", "vmfabric (VMF_SHM=0)"), ("openmpi", "Open MPI tcp BTL"),
-              ("kernel-floor", "bare sockets (reference)"), ("vmfabric-hosts", "vmfabric, 2 emulated hosts")]
+              ("kernel-floor", "bare sockets (reference)")]
     rows += ["TCP on one host: 8-byte latency (µs, half round trip) and windowed bandwidth at 1 MiB (MB/s):\n",
              "| | " + " | ".join(n for _, n in tnames) + " | vmfabric / Open MPI | target |", "|" + "---|" * (len(tnames) + 3)]
     for kind, key, t, le in (("tcplat", "8", 0.8, True), ("tcpbw", "1048576", 1.2, False)):
@@ -218,6 +218,16 @@ if lg:
                     "retried at once, the kernel's loopback ceiling here): median %.2fx (rounds %s). A bandwidth 1.2x "
                     "Open MPI's needs the reference to run below 0.83x of that ceiling; see docs/transports/tcp.md.\n"
                     % (_med(xs), ", ".join("%.2f" % x for x in xs)))
+    if any(rnd["tcplat"].get("vmfabric-hosts") or rnd["tcplat"].get("openmpi-hosts") for rnd in R):
+        rows += ["\nTCP between 2 emulated hosts (network namespaces joined by veths and a bridge, MTU 65535: "
+                 "`vmfabric run --hosts 2` against Open MPI's tcp BTL on the same topology; no target in the issue):\n",
+                 "| | vmfabric | Open MPI tcp BTL | vmfabric / Open MPI |", "|---|---|---|---|"]
+        for kind, key, name in (("tcplat", "8", "8-byte latency, µs"), ("tcpbw", "1048576", "bandwidth 1 MiB, MB/s")):
+            cells = [_f(_med([rnd[kind].get(i, {}).get(key) for rnd in R])) for i in ("vmfabric-hosts", "openmpi-hosts")]
+            xs = [rnd[kind]["vmfabric-hosts"][key] / rnd[kind]["openmpi-hosts"][key] for rnd in R
+                  if key in rnd[kind].get("vmfabric-hosts", {}) and key in rnd[kind].get("openmpi-hosts", {})]
+            rows.append("| %s | %s | %s (rounds %s) |" % (name, " | ".join(cells), _f(_med(xs)) + "x",
+                                                          ", ".join("%.2f" % x for x in xs)))
     parts.append("\n".join(rows) + "\n")
 
 
