@@ -2614,7 +2614,7 @@ impl Engine {
         let mut polls: u32 = 0;
         let mut start: Option<Instant> = None;
         let mut slept = false;
-        // How far this wait went (a sleep phase may only yield: `block_once` says what it did).
+        // How far this wait went (a sleep phase may only yield: `block_once_for` says what it did).
         let mut stage = Stage::Spin;
         let mut backoff = Duration::from_micros(1);
         let live_every = Duration::from_millis(self.cfg.liveness_ms);
@@ -2662,12 +2662,8 @@ impl Engine {
                         vmf_pal::yield_now();
                         stage = stage.max(Stage::Yield);
                     } else {
-                        slept = true;
-                        self.idle_end(idled);
-                        self.hook(HookPoint::Sleep);
-                        let r = self.block_once_for(op, &mut backoff, &mut done, Duration::from_millis(1));
-                        self.hook(HookPoint::Wake);
-                        stage = stage.max(r?);
+                        let most = Duration::from_millis(1);
+                        stage = stage.max(self.sleep_step(op, &mut backoff, &mut done, idled, &mut slept, most)?);
                     }
                 }
                 if polls % 256 == 0 && self.last_liveness.elapsed() >= live_every {
@@ -2698,9 +2694,7 @@ impl Engine {
                 WaitPolicy::Adaptive if self.waiter.oversubscribed => {
                     // Beside tasks that keep the CPU, yielding only hands them their slices: sleep.
                     if self.waiter.sleeps_instead() {
-                        slept = true;
-                        self.idle_end(idled);
-                        stage = stage.max(self.block_once(op, &mut backoff, &mut done)?);
+                        stage = stage.max(self.sleep_step(op, &mut backoff, &mut done, idled, &mut slept, live_every)?);
                         if self.last_liveness.elapsed() >= live_every {
                             self.check_liveness(op)?;
                         }
@@ -2743,9 +2737,7 @@ impl Engine {
                         self.yield_cpu();
                         stage = stage.max(Stage::Yield);
                     } else {
-                        slept = true;
-                        self.idle_end(idled);
-                        stage = stage.max(self.block_once(op, &mut backoff, &mut done)?);
+                        stage = stage.max(self.sleep_step(op, &mut backoff, &mut done, idled, &mut slept, live_every)?);
                     }
                     if self.last_liveness.elapsed() >= live_every {
                         self.check_liveness(op)?;
@@ -2785,9 +2777,7 @@ impl Engine {
                         self.yield_cpu();
                         stage = stage.max(Stage::Yield);
                     } else {
-                        slept = true;
-                        self.idle_end(idled);
-                        stage = stage.max(self.block_once(op, &mut backoff, &mut done)?);
+                        stage = stage.max(self.sleep_step(op, &mut backoff, &mut done, idled, &mut slept, live_every)?);
                     }
                     if self.last_liveness.elapsed() >= live_every {
                         self.check_liveness(op)?;
@@ -2864,19 +2854,28 @@ impl Engine {
         }
     }
 
-    /// Sleep until something may have arrived (or a timeout for liveness checks). Returns what it did:
-    /// slept, only yielded (queued sends, a migration, no doorbell), or neither (something is there).
-    fn block_once(
+    /// The sleep step of a wait: note that it slept, end the idle period, block once for at most `most`
+    /// (between the engine's threads' `Sleep` and `Wake` hooks when it has any).
+    fn sleep_step(
         &mut self,
         op: Op,
         backoff: &mut Duration,
         done: &mut impl FnMut(&Engine) -> bool,
+        idled: &mut bool,
+        slept: &mut bool,
+        most: Duration,
     ) -> Result<Stage> {
-        let live_every = Duration::from_millis(self.cfg.liveness_ms);
-        self.block_once_for(op, backoff, done, live_every)
+        *slept = true;
+        self.idle_end(idled);
+        self.hook(HookPoint::Sleep);
+        let r = self.block_once_for(op, backoff, done, most);
+        self.hook(HookPoint::Wake);
+        r
     }
 
-    /// [`Engine::block_once`] sleeping at most `most` at a time.
+    /// Sleep until something may have arrived, at most `most` (the liveness period in an ordinary wait).
+    /// Returns what it did: slept, only yielded (queued sends, a migration, no doorbell), or neither
+    /// (something is there).
     fn block_once_for(
         &mut self,
         op: Op,
