@@ -2113,6 +2113,100 @@ mod tests {
         assert!(got && dst == body);
     }
 
+    /// Whatever a peer writes, polling ends in an error once it hangs up (or before), never a panic, an
+    /// out-of-bounds access or a wait that outlives the connection: frames with every length, header
+    /// length, kind and source, torn anywhere, valid ones between, and plain noise; read through the
+    /// buffer (`poll`) and placed straight into a receive buffer (`poll_placed`).
+    #[test]
+    fn any_byte_stream_from_a_peer_ends_in_an_error_not_a_panic_or_a_hang() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rnd = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let mut dst = vec![0u8; 1 << 20];
+        let (mut corrupt, mut lost, mut accepted) = (0, 0, 0);
+        for case in 0..2000 {
+            let (mut a, mut b) = pair();
+            let h = PktHeader::new(Kind::Eager, 0, 0, 0, 0, 1);
+            send_all(&mut a, &mut b, 1, &h, b"1");
+            recv_one(&mut b);
+            let mut bytes = Vec::new();
+            for _ in 0..1 + rnd() % 6 {
+                let pick = rnd() % 8;
+                if pick == 0 {
+                    // Noise.
+                    bytes.extend((0..rnd() % 200).map(|_| rnd() as u8));
+                    continue;
+                }
+                let kind = if pick < 4 { 1 + (rnd() % 10) as u8 } else { (rnd() % 16) as u8 };
+                let src = if rnd() % 4 == 0 { rnd() as u32 % 4 } else { 0 };
+                let body = (rnd() % 300) as usize;
+                let a_len = if rnd() % 3 == 0 { (rnd() % 70) as usize } else { 0 };
+                let len = match rnd() % 6 {
+                    0 => rnd() as u32 as usize,
+                    1 => (1 << 20) + (rnd() % 200) as usize,
+                    2 => (rnd() % (HDR_SIZE as u64 + 8)) as usize,
+                    _ => HDR_SIZE + a_len + body,
+                };
+                let mut hdr = PktHeader::new(Kind::Eager, src, rnd() as i32, 0, 0, body as u64);
+                hdr.kind = kind;
+                if rnd() % 3 == 0 {
+                    hdr.len = rnd() % (3 << 20);
+                }
+                bytes.extend((len as u32).to_le_bytes());
+                bytes.extend((a_len as u16).to_le_bytes());
+                bytes.extend([0u8; FRAME_HDR - 6]);
+                bytes.extend(hdr.as_bytes());
+                bytes.extend((0..a_len + body).map(|_| rnd() as u8));
+            }
+            if rnd() % 4 == 0 {
+                let cut = (rnd() as usize) % (bytes.len() + 1);
+                bytes.truncate(cut);
+            }
+            {
+                let c = a.conns[1].as_mut().unwrap();
+                (&c.stream).write_all(&bytes).unwrap();
+            }
+            drop(a);
+            let placed = case % 2 == 1;
+            let mut end = None;
+            for _ in 0..1_000_000 {
+                let r = if placed {
+                    let (p, cap) = (dst.as_mut_ptr(), dst.len());
+                    b.poll_placed(&mut |_, h: &PktHeader, _| ((h.len as usize) <= cap).then_some(p))
+                } else {
+                    b.poll()
+                };
+                match r {
+                    Err(e) => {
+                        end = Some(e);
+                        break;
+                    }
+                    Ok(Some(i)) => {
+                        accepted += 1;
+                        if i.placed == 0 {
+                            // SAFETY: the transport lent these bytes until release.
+                            let n = unsafe { i.payload() }.len();
+                            assert!(n <= 1 << 20, "case {case}: a {n}-byte payload lent");
+                        }
+                        b.release(i);
+                    }
+                    Ok(None) => {}
+                }
+            }
+            match end {
+                Some(TransportError::Corrupt { peer: 0, .. }) => corrupt += 1,
+                Some(TransportError::ConnectionLost { peer: 0, .. }) => lost += 1,
+                other => panic!("case {case} ({} bytes): polling ended with {other:?}", bytes.len()),
+            }
+        }
+        // The generator reaches both endings and valid frames get through.
+        assert!(corrupt > 300 && lost > 100 && accepted > 100, "{corrupt} corrupt, {lost} lost, {accepted} accepted");
+    }
+
     #[test]
     fn bad_frames_fail() {
         let (mut a, mut b) = pair();
