@@ -563,6 +563,87 @@ mod tests {
         assert!(matches!(rx.peek(), Err(RingError::BadRecord { .. })));
     }
 
+    /// A peer that scribbles over the ring (control block, record headers, bodies; random words,
+    /// plausible stamps, lengths and padding flags) makes the consumer and producer fail or carry on, but
+    /// every record they hand out lies inside the data area.
+    #[test]
+    fn scribbled_rings_never_lend_memory_outside_the_data_area() {
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut rnd = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let cap = 4096u64;
+        let (mut errors, mut records) = (0, 0);
+        for case in 0..3000 {
+            let mut m = Mem::new(cap);
+            let base = m.base();
+            let (mut tx, mut rx) = pair(&mut m, cap);
+            // Some honest traffic first, so the ring has laps, records and padding behind it.
+            for _ in 0..rnd() % 40 {
+                let n = (rnd() % 1500) as usize;
+                if let Ok(Some(s)) = tx.reserve(n) {
+                    tx.commit(s);
+                }
+                if rnd() % 2 == 0 {
+                    if let Ok(Some(r)) = rx.peek() {
+                        rx.release(r);
+                    }
+                }
+            }
+            let pos = tx.head();
+            for _ in 0..1 + rnd() % 4 {
+                let at = (rnd() % ((RING_CTL_SIZE as u64 + cap) / 8)) as usize * 8;
+                let near = pos.wrapping_sub(rnd() % 8 * REC_ALIGN).wrapping_add(rnd() % 16 * REC_ALIGN);
+                let v = match rnd() % 5 {
+                    0 => rnd(),
+                    1 => near + 1,
+                    2 => (rnd() % 6000) | ((rnd() % 3) << 32),
+                    3 => near,
+                    _ => rnd() % (cap * 4),
+                };
+                // SAFETY: inside the ring's memory (control block + data area).
+                unsafe { (base.add(at) as *mut u64).write_volatile(v) };
+            }
+            let data = base as usize + RING_CTL_SIZE;
+            for _ in 0..64 {
+                match rx.peek() {
+                    Ok(Some(r)) => {
+                        // SAFETY: the consumer lent this body until release.
+                        let b = unsafe { r.body() };
+                        let (lo, hi) = (b.as_ptr() as usize, b.as_ptr() as usize + b.len());
+                        assert!(
+                            lo >= data && hi <= data + cap as usize,
+                            "case {case}: a record of {} bytes at {:#x} outside the data area [{data:#x}, +{cap})",
+                            b.len(),
+                            lo
+                        );
+                        records += 1;
+                        rx.release(r);
+                    }
+                    Ok(None) => break,
+                    Err(_) => {
+                        errors += 1;
+                        break;
+                    }
+                }
+            }
+            for _ in 0..8 {
+                match tx.reserve((rnd() % 2000) as usize) {
+                    Ok(Some(s)) => tx.commit(s),
+                    Ok(None) => break,
+                    Err(_) => {
+                        errors += 1;
+                        break;
+                    }
+                }
+            }
+        }
+        assert!(errors > 20 && records > 1000, "{errors} errors, {records} records");
+    }
+
     #[test]
     fn stale_payload_is_not_a_stamp_works() {
         // Fill records whose payload is full of "future stamps"; the consumer must never see phantom records.
