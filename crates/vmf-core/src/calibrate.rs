@@ -198,14 +198,19 @@ pub fn fingerprint() -> String {
 
 /// The cache file for `setting` (`VMF_CALIBRATION`): `off` → none; `auto` →
 /// `$XDG_CACHE_HOME/vmfabric/calibration-<host>.json` (else `~/.cache/...`, else
-/// `/tmp/vmfabric-<uid>/...`); anything else is the path itself.
+/// `/tmp/vmfabric-<uid>/...`; `<host>`: `VMF_MACHINE_NAME`, which the launcher gives ranks on emulated
+/// hosts, else the host name); anything else is the path itself.
 pub fn cache_path(setting: &str) -> Option<PathBuf> {
     match setting {
         "off" | "0" | "" => None,
         "auto" => {
-            let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            // A rank on an emulated host has that host's name; the launcher passes the machine's.
+            let host = std::env::var("VMF_MACHINE_NAME")
+                .ok()
+                .filter(|h| !h.trim().is_empty() && !h.contains('/'))
+                .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
                 .map(|h| h.trim().to_owned())
-                .unwrap_or_else(|_| "localhost".into());
+                .unwrap_or_else(|| "localhost".into());
             let dir = std::env::var_os("XDG_CACHE_HOME")
                 .filter(|v| !v.is_empty())
                 .map(PathBuf::from)

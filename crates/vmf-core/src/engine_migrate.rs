@@ -20,7 +20,7 @@
 use super::*;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::fd::AsRawFd;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use vmf_transport::proto::MovedInfo;
@@ -238,6 +238,23 @@ pub fn region_source(dir: &std::path::Path) -> std::result::Result<RegionSource,
     match std::fs::metadata(dir) {
         Ok(m) if !m.is_dir() => Ok(RegionSource::Device(dir.to_owned())),
         _ => Ok(RegionSource::Dir(dir.to_owned())),
+    }
+}
+
+/// After a move between emulated hosts: take the new host's name (its namespace's name, as the
+/// launcher gave it at start), but only in a UTS namespace of our own, never the launcher's (the
+/// machine's). Its /etc/hosts names every host of the job already.
+fn take_host_name(netns: &Path) {
+    let Some(name) = netns.file_name().and_then(|n| n.to_str()) else {
+        return;
+    };
+    let launcher = std::env::var("VMF_LAUNCHER_PID").ok().and_then(|p| p.parse::<i32>().ok());
+    if let Some(pid) = launcher {
+        if vmf_pal::hostid::own_uts_namespace(pid) && vmf_pal::hostid::hostname() != name {
+            if let Err(e) = vmf_pal::hostid::set_hostname(name) {
+                mtrace!("cannot take the host name {name}: {e}");
+            }
+        }
     }
 }
 
@@ -544,6 +561,9 @@ impl Engine {
         ctx.phases = phases;
         ctx.acked = acked;
         drop(back.0.take()); // stay in the new namespace
+        if !same_ns {
+            take_host_name(&spec.netns);
+        }
         mtrace!("{me}: migrate to host {host} done");
         Ok(t0.elapsed())
     }

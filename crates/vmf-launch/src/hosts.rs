@@ -13,7 +13,7 @@ use std::process::Command;
 /// One emulated host.
 #[derive(Debug)]
 pub struct Host {
-    /// Network namespace name (under /run/netns).
+    /// Network namespace name (under /run/netns), also the host name its processes see.
     pub netns: String,
     /// Its region directory.
     pub dir: PathBuf,
@@ -23,6 +23,11 @@ pub struct Host {
 }
 
 impl Host {
+    /// The file its processes see as /etc/hosts.
+    pub fn hosts_file(&self) -> PathBuf {
+        self.dir.join("hosts")
+    }
+
     /// Descriptor of the namespace (for `setns`).
     pub fn ns_fd(&self) -> RawFd {
         self.ns.as_raw_fd()
@@ -59,6 +64,12 @@ fn ip(args: &[&str]) -> Result<(), String> {
 /// transfer measured 2.0-2.1 GB/s here, at 65535 4.7-5.1 GB/s; the 8-byte latency does not change).
 pub const DEFAULT_MTU: u32 = 65535;
 
+/// Whether ranks get their host's name and /etc/hosts (`VMF_HOSTS_NAMES`, default 1; 0: they keep the
+/// machine's, for systems that allow network namespaces but not mount or UTS ones).
+pub fn names_enabled() -> bool {
+    std::env::var("VMF_HOSTS_NAMES").map_or(true, |v| v.trim() != "0")
+}
+
 /// The MTU to give the emulated links: `VMF_HOSTS_MTU`, else [`DEFAULT_MTU`].
 pub fn mtu_from_env() -> Result<u32, LaunchError> {
     parse_mtu(std::env::var("VMF_HOSTS_MTU").ok().as_deref())
@@ -72,6 +83,19 @@ fn parse_mtu(v: Option<&str>) -> Result<u32, LaunchError> {
             "VMF_HOSTS_MTU={v} is not an MTU between 1280 and 65535"
         ))),
     }
+}
+
+/// The machine's hosts file with the emulated hosts after it (their names are unique to the job).
+fn hosts_file_text(machine: &str, hosts: &[Host]) -> String {
+    let mut t = machine.to_owned();
+    if !t.is_empty() && !t.ends_with('\n') {
+        t.push('\n');
+    }
+    t.push_str("# vmfabric emulated hosts\n");
+    for h in hosts {
+        t.push_str(&format!("{}\t{}\n", h.ip, h.netns));
+    }
+    t
 }
 
 /// Name prefix of a job's namespaces.
@@ -161,7 +185,25 @@ impl Topology {
                 ns: f,
             });
         }
+        topo.write_hosts_files()?;
         Ok(topo)
+    }
+
+    /// Each host directory's `hosts`: the machine's /etc/hosts and every emulated host's name with its
+    /// address. A rank sees it as its /etc/hosts (`vmf_pal::hostid::enter`), so the host name it gets
+    /// (`gethostname`, `MPI_Get_processor_name`) resolves to its host's address everywhere in the job.
+    fn write_hosts_files(&self) -> Result<(), LaunchError> {
+        let machine = std::fs::read_to_string("/etc/hosts")
+            .unwrap_or_else(|_| "127.0.0.1\tlocalhost\n::1\tlocalhost\n".into());
+        let text = hosts_file_text(&machine, &self.hosts);
+        for h in &self.hosts {
+            let path = h.hosts_file();
+            std::fs::write(&path, &text).map_err(|e| LaunchError::Io {
+                what: format!("write {}", path.display()),
+                source: e,
+            })?;
+        }
+        Ok(())
     }
 
     /// Remove namespaces and host directories.
@@ -208,6 +250,22 @@ pub fn remove_leftovers(job: &str, region_dir: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hosts_file_keeps_the_machine_entries_and_names_every_emulated_host() {
+        let host = |i: usize| Host {
+            netns: format!("vmf-abc-h{i}"),
+            dir: PathBuf::from("/nonexistent"),
+            ip: format!("198.18.0.{}", i + 1),
+            ns: File::open("/dev/null").unwrap(),
+        };
+        let hosts = [host(0), host(1)];
+        assert_eq!(
+            hosts_file_text("127.0.0.1 localhost", &hosts),
+            "127.0.0.1 localhost\n# vmfabric emulated hosts\n198.18.0.1\tvmf-abc-h0\n198.18.0.2\tvmf-abc-h1\n"
+        );
+        assert!(hosts_file_text("", &hosts).starts_with("# vmfabric"));
+    }
 
     #[test]
     fn mtu_defaults_to_the_largest_and_rejects_nonsense() {

@@ -77,7 +77,9 @@ mod output;
 pub mod signals;
 mod spawn;
 
+use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -728,9 +730,17 @@ impl Job<'_> {
         }
         let ctl_fd = ctl.as_ref().map(|c| c.2);
         let mut ns_fd: Option<i32> = None;
+        // The host name and /etc/hosts of the rank's emulated host (prepared before the fork: the child
+        // only makes system calls).
+        let mut identity: Option<(CString, CString)> = None;
         let host_env = self.topo.as_ref().map(|t| {
             let host = &t.hosts[p.host];
             ns_fd = Some(host.ns_fd());
+            if hosts::names_enabled() {
+                identity = CString::new(host.netns.as_str())
+                    .ok()
+                    .zip(CString::new(host.hosts_file().as_os_str().as_bytes()).ok());
+            }
             (
                 host.dir.clone(),
                 host.ip.clone(),
@@ -771,13 +781,18 @@ impl Job<'_> {
                 .env("VMF_TCP_ADDR", ip)
                 .env("VMF_HOST", h.to_string())
                 .env("VMF_HOSTS_TABLE", table);
+            if identity.is_some() {
+                // What is cached per machine (the calibration) stays keyed by the machine's name.
+                cmd.env("VMF_MACHINE_NAME", vmf_pal::hostid::hostname());
+            }
         }
         for (k, v) in &o.extra_env {
             cmd.env(k, v);
         }
         let parent = me.pid;
+        let named = identity.is_some();
         // SAFETY: the closure runs between fork and exec and only makes async-signal-safe system calls
-        // (fcntl, setns, setsid, prctl, sched_setaffinity, getppid, raise).
+        // (fcntl, setns, unshare, mount, sethostname, setsid, prctl, sched_setaffinity, getppid, raise).
         unsafe {
             cmd.pre_exec(move || {
                 if libc::fcntl(fd, libc::F_SETFD, 0) < 0 {
@@ -792,6 +807,9 @@ impl Job<'_> {
                     if libc::setns(ns, libc::CLONE_NEWNET) != 0 {
                         return Err(std::io::Error::last_os_error());
                     }
+                }
+                if let Some((name, file)) = &identity {
+                    vmf_pal::hostid::enter(name, file)?;
                 }
                 // A session (and so an autogroup) per rank: see the module documentation.
                 if own_session && libc::setsid() < 0 {
@@ -810,6 +828,11 @@ impl Job<'_> {
         }
         let mut child = cmd.spawn().map_err(|source| {
             let why = match source.kind() {
+                // EPERM (not EACCES): from unshare or mount before exec.
+                _ if named && source.raw_os_error() == Some(libc::EPERM) => format!(
+                    "cannot give it its emulated host's name and /etc/hosts ({source}); on a system \
+                     that allows network namespaces but not mount or UTS ones, set VMF_HOSTS_NAMES=0"
+                ),
                 std::io::ErrorKind::NotFound => "the program was not found".to_string(),
                 std::io::ErrorKind::PermissionDenied => {
                     "the program is not executable (permission denied)".into()
@@ -922,10 +945,10 @@ impl Job<'_> {
         }
         let cwd = std::env::current_dir()
             .map_err(|e| format!("the launcher's working directory is unusable: {e}"))?;
-        let ips: Vec<String> = self
+        let ips: Vec<(String, String)> = self
             .topo
             .as_ref()
-            .map(|t| t.hosts.iter().map(|h| h.ip.clone()).collect())
+            .map(|t| t.hosts.iter().map(|h| (h.netns.clone(), h.ip.clone())).collect())
             .unwrap_or_default();
         let prepared = cmds
             .iter()

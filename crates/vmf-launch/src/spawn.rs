@@ -23,9 +23,9 @@ pub(crate) struct Prepared {
     pub hosts: Option<Vec<usize>>,
 }
 
-/// Check `cmd` and resolve its program and info keys. `host_ips` are the addresses of the emulated hosts
-/// (empty without `--hosts`); `cwd` is the launcher's working directory.
-pub(crate) fn prepare(cmd: &SpawnCmd, host_ips: &[String], cwd: &Path) -> Result<Prepared, String> {
+/// Check `cmd` and resolve its program and info keys. `hosts` are the names and addresses of the
+/// emulated hosts (empty without `--hosts`); `cwd` is the launcher's working directory.
+pub(crate) fn prepare(cmd: &SpawnCmd, hosts: &[(String, String)], cwd: &Path) -> Result<Prepared, String> {
     // MPI_Info has one value per key; should a client repeat one, the last counts.
     let info = |key: &str| {
         cmd.info
@@ -65,7 +65,7 @@ pub(crate) fn prepare(cmd: &SpawnCmd, host_ips: &[String], cwd: &Path) -> Result
     let exe = resolve_exe(&cmd.exe, &path, base)?;
     let hosts = match info("host").or_else(|| info("hosts")) {
         None => None,
-        Some(v) => Some(parse_hosts(v, host_ips)?),
+        Some(v) => Some(parse_hosts(v, hosts)?),
     };
     Ok(Prepared {
         exe,
@@ -145,21 +145,11 @@ pub(crate) fn resolve_exe(exe: &str, path: &[PathBuf], base: &Path) -> Result<Pa
     }))
 }
 
-/// This machine's host name.
-fn hostname() -> String {
-    let mut b = [0u8; 256];
-    // SAFETY: gethostname writes at most b.len() bytes.
-    if unsafe { libc::gethostname(b.as_mut_ptr().cast(), b.len()) } != 0 {
-        return String::new();
-    }
-    let n = b.iter().position(|&c| c == 0).unwrap_or(b.len());
-    String::from_utf8_lossy(&b[..n]).into_owned()
-}
-
-/// The host(s) named by an info `host` value: a comma-separated list. With emulated hosts (`host_ips` not
-/// empty) a host is `hostK`, `K` or its address; without them only this machine (`localhost`, its host
-/// name, a loopback address) is accepted, as host 0.
-pub(crate) fn parse_hosts(v: &str, host_ips: &[String]) -> Result<Vec<usize>, String> {
+/// The host(s) named by an info `host` value: a comma-separated list. With emulated hosts (`hosts`, their
+/// names and addresses, not empty) a host is `hostK`, `K`, its name (what `MPI_Get_processor_name` says
+/// there) or its address; without them only this machine (`localhost`, its host name, a loopback
+/// address) is accepted, as host 0.
+pub(crate) fn parse_hosts(v: &str, hosts: &[(String, String)]) -> Result<Vec<usize>, String> {
     let names: Vec<&str> = v
         .split(',')
         .map(str::trim)
@@ -168,28 +158,30 @@ pub(crate) fn parse_hosts(v: &str, host_ips: &[String]) -> Result<Vec<usize>, St
     if names.is_empty() {
         return Err(format!("the info host value {v:?} names no host"));
     }
-    names.iter().map(|h| parse_host(h, host_ips)).collect()
+    names.iter().map(|h| parse_host(h, hosts)).collect()
 }
 
-fn parse_host(h: &str, host_ips: &[String]) -> Result<usize, String> {
-    let n = host_ips.len();
+fn parse_host(h: &str, hosts: &[(String, String)]) -> Result<usize, String> {
+    let n = hosts.len();
     if n > 0 {
         let idx = h
             .strip_prefix("host")
             .unwrap_or(h)
             .parse::<usize>()
             .ok()
-            .or_else(|| host_ips.iter().position(|ip| ip == h));
+            .or_else(|| hosts.iter().position(|(name, ip)| ip == h || name == h));
         return match idx {
             Some(i) if i < n => Ok(i),
             _ => Err(format!(
-                "host {h} is not one of the job's {n} emulated hosts (host0..host{}, 0..{}, or their addresses)",
+                "host {h} is not one of the job's {n} emulated hosts (host0..host{}, 0..{}, their names {}..{}, or their addresses)",
                 n - 1,
-                n - 1
+                n - 1,
+                hosts[0].0,
+                hosts[n - 1].0
             )),
         };
     }
-    let me = hostname();
+    let me = vmf_pal::hostid::hostname();
     let short = me.split('.').next().unwrap_or("");
     if ["localhost", "127.0.0.1", "::1"].contains(&h) || (!me.is_empty() && (h == me || h == short))
     {
@@ -295,13 +287,15 @@ mod tests {
 
     #[test]
     fn hosts_are_parsed_works() {
-        let ips: Vec<String> = (1..=3).map(|i| format!("198.18.0.{i}")).collect();
+        let ips: Vec<(String, String)> =
+            (1..=3).map(|i| (format!("vmf-j-h{}", i - 1), format!("198.18.0.{i}"))).collect();
         assert_eq!(parse_hosts("host2", &ips).unwrap(), vec![2]);
+        assert_eq!(parse_hosts("vmf-j-h1,vmf-j-h0", &ips).unwrap(), vec![1, 0]);
         assert_eq!(
             parse_hosts("1, host0,198.18.0.3", &ips).unwrap(),
             vec![1, 0, 2]
         );
-        for bad in ["host3", "7", "elsewhere", "", " , "] {
+        for bad in ["host3", "7", "elsewhere", "", " , ", "vmf-j-h3", "vmf-k-h0"] {
             assert!(parse_hosts(bad, &ips).is_err(), "{bad}");
         }
         let e = parse_hosts("host9", &ips).unwrap_err();
@@ -311,7 +305,7 @@ mod tests {
         );
         // Without emulated hosts: this machine only.
         assert_eq!(parse_hosts("localhost", &[]).unwrap(), vec![0]);
-        assert_eq!(parse_hosts(&hostname(), &[]).unwrap(), vec![0]);
+        assert_eq!(parse_hosts(&vmf_pal::hostid::hostname(), &[]).unwrap(), vec![0]);
         let e = parse_hosts("far-away-node", &[]).unwrap_err();
         assert!(
             e.starts_with("host far-away-node is not this machine"),

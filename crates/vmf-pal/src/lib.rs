@@ -14,6 +14,7 @@
 pub mod cma;
 pub mod fdpass;
 pub mod futex;
+pub mod hostid;
 pub mod inplace;
 pub mod membarrier;
 pub mod pci;

@@ -599,8 +599,9 @@ fn stream(f: &Fabric, secs: u64) -> Result<(), Error> {
         rounds += 1;
     }
     println!(
-        "rank {me}: streamed {rounds} rounds, all verified, now on host {:?}",
-        f.current_host()
+        "rank {me}: streamed {rounds} rounds, all verified, now on host {:?} named {}",
+        f.current_host(),
+        vmf_pal::hostid::hostname()
     );
     f.barrier()
 }

@@ -655,6 +655,57 @@ fn tcp_only_job_every_rank_on_its_own_host_works() {
     no_leftovers(&d);
 }
 
+/// Each emulated host has a name of its own, which every rank of the job resolves to that host's address
+/// (as on a cluster whose nodes know each other by name: mpi4py's Comm.Join test binds to its host name
+/// and the other rank connects to it); the machine keeps its name and its /etc/hosts.
+#[test]
+fn ranks_on_emulated_hosts_have_their_hosts_names_and_resolve_every_host() {
+    let d = Dir::new("hostnames");
+    let before = (vmf_pal::hostid::hostname(), std::fs::read_to_string("/etc/hosts").unwrap());
+    let o = Command::new(bin())
+        .args(["run", "--quiet", "--hosts", "2", "--map", "block", "-n", "4", "--region-dir"])
+        .arg(&d.0)
+        .args([
+            "sh",
+            "-c",
+            "echo \"rank $PMI_RANK is $(hostname)\"; for h in 0 1; do getent hosts vmf-$VMF_JOB_ID-h$h; done",
+        ])
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{out}{}", String::from_utf8_lossy(&o.stderr));
+    let job = out
+        .lines()
+        .find_map(|l| l.strip_prefix("rank 0 is vmf-"))
+        .and_then(|l| l.strip_suffix("-h0"))
+        .unwrap_or_else(|| panic!("rank 0's name: {out}"));
+    for r in 0..4 {
+        assert!(out.contains(&format!("rank {r} is vmf-{job}-h{}\n", r / 2)), "{out}");
+    }
+    for h in 0..2 {
+        let line = format!("198.18.0.{}", h + 1);
+        let n = out
+            .lines()
+            .filter(|l| l.starts_with(&line) && l.ends_with(&format!("vmf-{job}-h{h}")))
+            .count();
+        assert_eq!(n, 4, "host {h} resolved by every rank:\n{out}");
+    }
+    // VMF_HOSTS_NAMES=0: the ranks keep the machine's name.
+    let o = Command::new(bin())
+        .args(["run", "--quiet", "--hosts", "2", "-n", "2", "--region-dir"])
+        .arg(&d.0)
+        .args(["sh", "-c", "hostname"])
+        .env("VMF_HOSTS_NAMES", "0")
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        format!("{0}\n{0}\n", before.0)
+    );
+    assert_eq!((vmf_pal::hostid::hostname(), std::fs::read_to_string("/etc/hosts").unwrap()), before);
+    no_leftovers(&d);
+}
+
 /// Ranks on emulated hosts share this machine's cores: 4 ranks on 2 hosts count as 4 for the waiting
 /// policy, not 2 per host (a rank that spins on TCP while the rank it waits for needs its core made
 /// ScaLAPACK's LU test 17x slower on 2 cores).
@@ -781,6 +832,7 @@ fn start_stream(
 #[test]
 fn migrate_command_moves_ranks_and_rejects_unknown_hosts() {
     let d = Dir::new("migcli");
+    let machine = vmf_pal::hostid::hostname();
     let (child, job, _err) = start_stream(&d, Some(3), 3, 5);
     std::thread::sleep(Duration::from_millis(800));
     let jobs = Command::new(bin())
@@ -820,6 +872,17 @@ fn migrate_command_moves_ranks_and_rejects_unknown_hosts() {
         text.contains("rank 0: streamed") && text.contains("now on host Some(2)"),
         "{text}"
     );
+    // Each rank took its new host's name as it moved (rank 2 went from host 2 to 0, rank 1 from 1
+    // to 2 and back to 1, rank 0 from 0 to 2).
+    for (r, h) in [(0, 2), (1, 1), (2, 0)] {
+        let want = format!("rank {r}: streamed");
+        let line = text.lines().find(|l| l.contains(&want)).unwrap_or_default();
+        assert!(
+            line.ends_with(&format!("now on host Some({h}) named vmf-{job}-h{h}")),
+            "rank {r}: {line}"
+        );
+    }
+    assert_eq!(vmf_pal::hostid::hostname(), machine, "the machine was renamed");
     let o = m("1", "0");
     assert!(!o.status.success(), "the job is gone");
 }
