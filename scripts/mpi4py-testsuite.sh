@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # mpi4py's own test suite (mpi4py 4.1.2 from PyPI, built against Debian's MPICH with mpicc.mpich, as a
 # user would: `MPICC=mpicc.mpich pip install mpi4py`) run over vmfabric with our libmpich.so.12, at 1 and
-# 2 ranks under `vmfabric run`. Part of `make test`.
+# 2 ranks under `vmfabric run` over shared memory, at 2 ranks over TCP on one host (VMF_SHM=0) and, as
+# root, between 2 emulated hosts (`--hosts 2`; VMF_MPI4PY_HOSTS=0 leaves it out). Part of `make test`.
 #
 #   scripts/mpi4py-testsuite.sh              run the suite over vmfabric (the MPICH reference first, once)
 #   scripts/mpi4py-testsuite.sh --reference  run it under Debian's MPICH (mpiexec.mpich) and record the
@@ -161,11 +162,21 @@ for np in 1 2; do
   [ -f "$cache/reference-$np" ] && [ -f "$cache/reference-$np.skipped" ] || { reference || exit 1; break; }
 done
 bad=0
-for np in 1 2; do
+# At 1 and 2 ranks over shared memory, then at 2 ranks over TCP on one host and (root) between 2 emulated
+# hosts: every path a job's messages can take, each held to MPICH's skips.
+runs=("1 shm" "2 shm" "2 tcp")
+[ "$(id -u)" = 0 ] && [ "${VMF_MPI4PY_HOSTS:-1}" != 0 ] && runs+=("2 hosts")
+for run in "${runs[@]}"; do
+  read -r np path <<<"$run"
   extra=()
-  log="$cache/vmfabric-$np.log"
-  if ! run_suite "vmfabric" "$np" "$log" env LD_LIBRARY_PATH="$lib" "$vmf" run --quiet -n "$np"; then
-    echo "mpi4py-testsuite: FAILED at $np rank(s); failing tests and the end of $log:"
+  how=(run --quiet -n "$np"); envs=()
+  case $path in
+    shm) log="$cache/vmfabric-$np.log" ;;
+    tcp) log="$cache/vmfabric-$np-tcp.log"; envs=(VMF_SHM=0) ;;
+    hosts) log="$cache/vmfabric-$np-hosts.log"; how=(run --quiet --hosts 2 -n "$np") ;;
+  esac
+  if ! run_suite "vmfabric ($path)" "$np" "$log" env LD_LIBRARY_PATH="$lib" "${envs[@]}" "$vmf" "${how[@]}"; then
+    echo "mpi4py-testsuite: FAILED at $np rank(s) over $path; failing tests and the end of $log:"
     cat "$log".results.* 2>/dev/null | grep -E "^(fail|error) " | sort -u | head -20 | sed 's/^/  /'
     tail -40 "$log"
     bad=1
@@ -174,12 +185,12 @@ for np in 1 2; do
   read -r _ skip _ < <(summarize "$log" "$np")
   read -r _ _ ref_skip _ <"$cache/reference-$np"
   if [ "$skip" -gt "$ref_skip" ]; then
-    echo "mpi4py-testsuite: $skip tests skipped at $np rank(s), MPICH skips $ref_skip"
+    echo "mpi4py-testsuite: $skip tests skipped at $np rank(s) over $path, MPICH skips $ref_skip"
     bad=1
   fi
   extra_skips=$(skipped_ids "$log" "$np" | LC_ALL=C comm -23 - "$cache/reference-$np.skipped")
   if [ -n "$extra_skips" ]; then
-    echo "mpi4py-testsuite: at $np rank(s), $(wc -l <<<"$extra_skips") tests skipped that MPICH runs (rank test):"
+    echo "mpi4py-testsuite: at $np rank(s) over $path, $(wc -l <<<"$extra_skips") tests skipped that MPICH runs (rank test):"
     head -20 <<<"$extra_skips" | while read -r r id; do
       echo "  $r $id ($(grep -m1 -F "skip $id	" "$log.results.$r" | cut -f2))"
     done
@@ -191,10 +202,11 @@ for np in 1 2; do
   dpm_skips=$(cat "$log".results.* | grep -E "^skip test_(spawn|dynproc)\.|^skip test_util_pool\.TestProcessPool\." |
     grep -v "	mpi-world-size" | sort -u)
   if [ -n "$dpm_skips" ]; then
-    echo "mpi4py-testsuite: at $np rank(s), $(wc -l <<<"$dpm_skips") dynamic-process tests skipped (tests, class, reason):"
+    echo "mpi4py-testsuite: at $np rank(s) over $path, $(wc -l <<<"$dpm_skips") dynamic-process tests skipped (tests, class, reason):"
     sed 's/^skip //; s/\.[^.]*\t/\t/' <<<"$dpm_skips" | sort | uniq -c | sed 's/^ */  /'
     bad=1
   fi
 done
-[ $bad = 0 ] && echo "mpi4py-testsuite: passed (MPICH skips $(cut -d' ' -f3 "$cache/reference-1") and $(cut -d' ' -f3 "$cache/reference-2") at 1 and 2 ranks)"
+done_runs=$(printf '%s, ' "${runs[@]}")
+[ $bad = 0 ] && echo "mpi4py-testsuite: passed (ranks and path: ${done_runs%, }; MPICH skips $(cut -d' ' -f3 "$cache/reference-1") and $(cut -d' ' -f3 "$cache/reference-2") at 1 and 2 ranks)"
 exit $bad

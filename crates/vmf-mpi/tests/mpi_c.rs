@@ -1474,7 +1474,8 @@ fn netpipe_binary_from_debian_runs_unmodified_with_integrity_checks_over_every_p
     // sweeps 1 byte to 4 MiB, across every eager/rendezvous boundary of both transports.
     // SAFETY: geteuid has no preconditions.
     let root_user = unsafe { libc::geteuid() } == 0;
-    let paths: &[(&str, &[&str], &[(&str, &str)])] = &[
+    type Route = (&'static str, &'static [&'static str], &'static [(&'static str, &'static str)]);
+    let paths: &[Route] = &[
         ("shm", &[], &[]),
         ("tcp", &[], &[("VMF_SHM", "0")]),
         ("tcp, placed", &[], &[("VMF_SHM", "0"), ("VMF_TCP_DIRECT", "1")]),
