@@ -11,4 +11,6 @@ if [ -n "${MPIEXEC_TIMEOUT:-}" ] && [ "$MPIEXEC_TIMEOUT" -ne 180 ] 2>/dev/null; 
   limit=$MPIEXEC_TIMEOUT
   [ "$limit" -gt 600 ] && limit=600
 fi
-exec timeout -k 5 "$limit" "$here/target/release/vmfabric" run --quiet "$@"
+# VMF_RUN_FLAGS: extra `vmfabric run` flags, e.g. "--hosts 2" to run the suite across emulated hosts.
+# shellcheck disable=SC2086
+exec timeout -k 5 "$limit" "$here/target/release/vmfabric" run --quiet ${VMF_RUN_FLAGS:-} "$@"
