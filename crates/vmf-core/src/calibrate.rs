@@ -208,7 +208,7 @@ pub fn cache_path(setting: &str) -> Option<PathBuf> {
             let host = std::env::var("VMF_MACHINE_NAME")
                 .ok()
                 .filter(|h| !h.trim().is_empty() && !h.contains('/'))
-                .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+                .or_else(|| Some(vmf_pal::hostid::hostname()).filter(|h| !h.trim().is_empty()))
                 .map(|h| h.trim().to_owned())
                 .unwrap_or_else(|| "localhost".into());
             let dir = std::env::var_os("XDG_CACHE_HOME")

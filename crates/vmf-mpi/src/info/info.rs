@@ -55,8 +55,9 @@ fn env_pairs() -> Pairs {
     if let Ok(d) = std::env::current_dir() {
         v.push(("wdir".to_string(), d.display().to_string()));
     }
-    if let Ok(h) = std::fs::read_to_string("/proc/sys/kernel/hostname") {
-        v.push(("host".to_string(), h.trim().to_string()));
+    let h = vmf_pal::hostid::hostname();
+    if !h.is_empty() {
+        v.push(("host".to_string(), h));
     }
     // No "thread_level": the standard means a level requested at launch (which `vmfabric run` has no flag
     // for), not the one MPI_Init_thread provided, and the keys must not change when MPI_Init runs.

@@ -471,10 +471,7 @@ mpi_api! {
         if name.is_null() || resultlen.is_null() {
             return raise(MPI_COMM_WORLD, "MPI_Get_processor_name", MpiErr { code: MPI_ERR_ARG, msg: "NULL argument".into() });
         }
-        let mut buf = [0u8; 256];
-        libc::gethostname(buf.as_mut_ptr() as *mut c_char, buf.len() - 1);
-        let h = CStr::from_ptr(buf.as_ptr() as *const c_char).to_string_lossy();
-        put_str(&h, name, resultlen, MPI_MAX_PROCESSOR_NAME);
+        put_str(&vmf_pal::hostid::hostname(), name, resultlen, MPI_MAX_PROCESSOR_NAME);
         MPI_SUCCESS
     }
 
