@@ -536,8 +536,12 @@ impl Engine {
         // 4. Leave the old region.
         let mut m = self.mig.take().unwrap();
         let acked = std::mem::take(&mut m.acked);
-        if let Some(old) = m.old_shm {
+        if let Some(mut old) = m.old_shm {
             old.region().detach(old.local_index());
+            // Its doorbell socket's name stays bound in the old host's namespace until the socket is
+            // closed: close it now, not on the unmapping thread, or a move straight back to that host
+            // fails to bind it ("Address already in use", seen once in the migration stress test).
+            drop(old.take_socket_doorbell());
             // Unmapping the old region (256 MiB of an ivshmem BAR, say) takes milliseconds in a TCG
             // guest: a thread of its own does it, while this rank goes back to work.
             std::thread::Builder::new()
